@@ -1,0 +1,3 @@
+from amp_rewrite.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,212 @@
+"""Applies a painting to the GraphDef: retype, fold constants, insert and share Casts.
+
+Guarantees, for a painting from :mod:`amp_rewrite.painting`:
+
+- only vertices that were float32 change, and they become the target type;
+- every edge whose two ends now differ gets exactly one Cast per (source
+  port, direction), shared by all the consumers that need it, named after the
+  source tensor and placed on the source's device;
+- a float32 Const whose consumers are all half becomes a half Const, unless a
+  value lies outside the half range (then it keeps a Cast and is reported);
+- no Cast reads from a widening Cast we inserted: ``half -> float -> X``
+  becomes ``half -> X``, so no float16 → float32 → float16 round trip remains.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from amp_rewrite.painting import PaintContext, Painting
+from amp_rewrite.typed_graph import DT_BFLOAT16, DT_FLOAT, DT_HALF, TypedGraph
+
+logger = logging.getLogger(__name__)
+
+CAST_SUFFIX = "AmpRewrite"
+_CAST_WORD = {DT_HALF: "CastToFp16", DT_BFLOAT16: "CastToBf16", DT_FLOAT: "CastToFp32"}
+HALF_MAX = {DT_HALF: 65504.0, DT_BFLOAT16: 3.3895313892515355e38}
+BATCH_NORM_V1 = {"FusedBatchNorm": "FusedBatchNormV2", "FusedBatchNormGrad": "FusedBatchNormGradV2"}
+
+
+@dataclass
+class Applied:
+    """What applying a painting changed."""
+
+    converted: list[str] = field(default_factory=list)
+    casts: list[str] = field(default_factory=list)
+    folded_consts: list[str] = field(default_factory=list)
+    consts_out_of_range: dict[str, float] = field(default_factory=dict)
+
+
+def apply_painting(ctx: PaintContext, painting: Painting, was_float32: list[bool]) -> Applied:
+    """Rewrites ``ctx.graph.graph_def`` in place according to ``painting``.
+
+    Args:
+        ctx: the painting context (its graph's GraphDef is the working copy).
+        painting: the colours.
+        was_float32: per vertex, whether it held float32 before any change.
+    """
+    graph = ctx.graph
+    applied = Applied()
+    retype_allow_vertices(graph, painting, was_float32, ctx.target_dtype, applied)
+    restore_unconverted_batch_norms(graph, painting)
+    folded = fold_half_consts(ctx, painting, applied)
+    if folded:
+        converted = set(applied.converted) | set(applied.folded_consts)
+        applied.converted = [n.name for n in graph.nodes if n.name in converted]
+    insert_casts(ctx, painting, was_float32, folded, applied)
+    bypass_widening_casts(ctx, applied)
+    return applied
+
+
+def retype_allow_vertices(graph: TypedGraph, painting: Painting, was_float32: list[bool],
+                          target: int, applied: Applied) -> None:
+    """Sets every ALLOW float32 vertex to the target type; a V1 batch norm becomes V2."""
+    changed: dict[int, None] = {}
+    for vid in sorted(painting.allow):
+        if was_float32[vid]:
+            graph.set_dtype(vid, target)
+            changed[graph.vertices[vid][0]] = None
+    applied.converted = [graph.nodes[i].name for i in sorted(changed)]
+
+
+def promote_batch_norms(graph_def, skip: set[str]) -> list[str]:
+    """Renames FusedBatchNorm(Grad) V1 nodes to V2 with ``U=float``, so their ``T`` can be half.
+
+    V1 ties the scale, offset and statistics to ``T``; V2 types them with
+    ``U``, which stays float32. :func:`restore_unconverted_batch_norms` undoes
+    this for nodes whose ``T`` is not painted.
+    """
+    promoted = []
+    for node in graph_def.node:
+        if node.op in BATCH_NORM_V1 and node.name not in skip and node.attr["T"].type == DT_FLOAT:
+            node.op = BATCH_NORM_V1[node.op]
+            node.attr["U"].type = DT_FLOAT
+            promoted.append(node.name)
+    return promoted
+
+
+def restore_unconverted_batch_norms(graph: TypedGraph, painting: Painting) -> None:
+    promoted = getattr(graph, "promoted_batch_norms", ())
+    v1_of = {v2: v1 for v1, v2 in BATCH_NORM_V1.items()}
+    for name in promoted:
+        vid = graph.vertex(name, "T")
+        if vid not in painting.allow:
+            node = graph.nodes[graph.index[name]]
+            node.op = v1_of[node.op]
+            del node.attr["U"]
+
+
+def fold_half_consts(ctx: PaintContext, painting: Painting, applied: Applied) -> set[int]:
+    """Turns float32 Consts read only by ALLOW vertices into half Consts.
+
+    Returns the indices of the nodes folded. A Const with a value outside the
+    half range stays float32 (a Cast follows it) and is reported.
+    """
+    from amp_rewrite import tensors
+
+    graph = ctx.graph
+    folded: set[int] = set()
+    for i, node in enumerate(graph.nodes):
+        if node.op != "Const" or ctx.skip_reason[i] is not None:
+            continue
+        if node.attr["dtype"].type != DT_FLOAT:
+            continue
+        consumers = graph.consumers.get((i, 0), [])
+        if not consumers or not all(graph.input_vertex(d, k) in painting.allow for d, k in consumers):
+            continue
+        peak = tensors.max_abs(node.attr["value"].tensor)
+        if peak > HALF_MAX[ctx.target_dtype]:
+            applied.consts_out_of_range[node.name] = peak
+            continue
+        tensors.convert_const(node, ctx.target_dtype)
+        folded.add(i)
+        applied.folded_consts.append(node.name)
+    return folded
+
+
+def insert_casts(ctx: PaintContext, painting: Painting, was_float32: list[bool],
+                 folded: set[int], applied: Applied) -> None:
+    """Puts one Cast on each float32 source port whose consumers' colour differs from its own."""
+    graph = ctx.graph
+    names = set(graph.index)
+    new_nodes = []
+    for (src, port), consumers in sorted(graph.consumers.items()):
+        if src in folded:
+            continue
+        src_vid = graph.output_vertex(src, port)
+        if src_vid is not None and not was_float32[src_vid]:
+            continue
+        src_allow = src_vid in painting.allow
+        needing = []
+        for dst, k in consumers:
+            dst_vid = graph.input_vertex(dst, k)
+            if src_vid is None and (dst_vid is None or not was_float32[dst_vid]):
+                continue  # unknown producer, and nothing says this edge is float32
+            if (dst_vid in painting.allow) != src_allow:
+                needing.append((dst, k))
+        if not needing:
+            continue
+        dst_type = DT_FLOAT if src_allow else ctx.target_dtype
+        src_type = ctx.target_dtype if src_allow else DT_FLOAT
+        source = graph.nodes[src]
+        tensor = source.name if port == 0 else f"{source.name}:{port}"
+        name = _unique(f"{source.name}-{port}-{_CAST_WORD[dst_type]}-{CAST_SUFFIX}", names)
+        new_nodes.append(_cast_node(name, tensor, src_type, dst_type, source.device))
+        for dst, k in needing:
+            graph.nodes[dst].input[k] = name
+        applied.casts.append(name)
+    graph.graph_def.node.extend(new_nodes)
+
+
+def bypass_widening_casts(ctx: PaintContext, applied: Applied) -> None:
+    """Lets a Cast read past one of our half → float32 Casts: ``half -> f32 -> X`` becomes ``half -> X``.
+
+    Widening is exact, so casting the half value straight to X gives the same
+    result. A Cast of ours left with no consumer is removed.
+    """
+    graph_def = ctx.graph.graph_def
+    inserted = set(applied.casts)
+    ours = {n.name: n for n in graph_def.node
+            if n.name in inserted and n.attr["DstT"].type == DT_FLOAT}
+    if not ours:
+        return
+    used: set[str] = set()
+    for node in graph_def.node:
+        for k, ref in enumerate(node.input):
+            is_control = ref.startswith("^")
+            name = ref[1:] if is_control else ref
+            widening = ours.get(name)
+            if widening is None:
+                continue
+            if (not is_control and k == 0 and node.op == "Cast"
+                    and node.name not in ctx.preserved and node.name not in ours):
+                node.input[0] = widening.input[0]
+                node.attr["SrcT"].type = widening.attr["SrcT"].type
+            else:
+                used.add(name)
+    dead = set(ours) - used
+    if dead:
+        keep = [n for n in graph_def.node if n.name not in dead]
+        del graph_def.node[:]
+        graph_def.node.extend(keep)
+        applied.casts = [c for c in applied.casts if c not in dead]
+
+
+def _cast_node(name: str, tensor: str, src_type: int, dst_type: int, device: str):
+    from tensorflow.core.framework import node_def_pb2
+
+    node = node_def_pb2.NodeDef(name=name, op="Cast", input=[tensor], device=device)
+    node.attr["SrcT"].type = src_type
+    node.attr["DstT"].type = dst_type
+    node.attr["Truncate"].b = False
+    return node
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    candidate, k = name, 1
+    while candidate in taken:
+        candidate = f"{name}_{k}"
+        k += 1
+    taken.add(candidate)
+    return candidate

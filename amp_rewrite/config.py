@@ -1,0 +1,69 @@
+"""The one frozen configuration of a rewrite, and how the environment fills it."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from typing import Mapping
+
+from amp_rewrite.errors import UsageError
+from amp_rewrite.op_lists import ENV_PREFIX, TARGETS, ListEdit, env_edits
+
+LEVELS = ("DEFAULT", "TENSOR_CORES_ONLY", "TREAT_INFER_AS_DENY", "UNSAFE_FORCE_ALL")
+LEVEL_ENV = ENV_PREFIX + "LEVEL"
+DEVICE_TYPES = ("GPU", "CPU")
+
+
+@dataclass(frozen=True)
+class Config:
+    """What to rewrite to, and how.
+
+    Attributes:
+        target: ``"float16"`` or ``"bfloat16"``.
+        level: one of :data:`LEVELS`; ``DEFAULT`` is TensorFlow's normal behaviour.
+        fetches: node names (``name`` or ``name:port``) the caller will fetch; they
+            keep their dtype. ``None`` means every node that has no consumers.
+        preserve: further node names never to change (feeds, for instance).
+        device_type: the device the graph will run on (``"GPU"``/``"CPU"``);
+            nodes pinned to another device type are left alone, and half
+            kernels are checked for this type. ``None`` picks GPU when this
+            TensorFlow build has GPU kernels, else CPU.
+        lists_dir: a directory of list files replacing the bundled ones.
+        list_edits: adds/removes applied on top of the files, in order.
+    """
+
+    target: str = "float16"
+    level: str = "DEFAULT"
+    fetches: tuple[str, ...] | None = None
+    preserve: tuple[str, ...] = ()
+    device_type: str | None = None
+    lists_dir: str | None = None
+    list_edits: tuple[ListEdit, ...] = field(default=())
+
+    def __post_init__(self):
+        if self.target not in TARGETS:
+            raise UsageError(f"unknown target {self.target!r}; choose one of {', '.join(TARGETS)}")
+        if self.level not in LEVELS:
+            raise UsageError(f"unknown level {self.level!r}; choose one of {', '.join(LEVELS)}")
+        if self.device_type is not None and self.device_type not in DEVICE_TYPES:
+            raise UsageError(
+                f"unknown device type {self.device_type!r}; choose one of {', '.join(DEVICE_TYPES)}"
+            )
+        if self.level == "UNSAFE_FORCE_ALL" and self.target == "bfloat16":
+            # TensorFlow refuses this too: few ops have bfloat16 kernels.
+            raise UsageError("level UNSAFE_FORCE_ALL is only available for float16")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **fields) -> "Config":
+        """A config whose level and list edits come from TensorFlow's environment variables.
+
+        Explicit ``fields`` win over the environment; ``list_edits`` given here
+        are applied after the environment's.
+        """
+        environ = os.environ if environ is None else environ
+        level = environ.get(LEVEL_ENV, "").strip().upper() or "DEFAULT"
+        if level not in LEVELS:
+            raise UsageError(f"{LEVEL_ENV}={environ[LEVEL_ENV]!r}: choose one of {', '.join(LEVELS)}")
+        extra_edits = tuple(fields.pop("list_edits", ()))
+        base = cls(level=level, list_edits=env_edits(environ) + extra_edits)
+        return replace(base, **fields)

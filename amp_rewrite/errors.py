@@ -1,0 +1,31 @@
+"""The exceptions amp-rewrite raises.
+
+Every message names what the user must look at: the file, node, op or type
+attribute. The CLI prints ``str(error)`` as its one-line message.
+"""
+
+from __future__ import annotations
+
+
+class AmpRewriteError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class UsageError(AmpRewriteError):
+    """The caller asked for something that does not make sense (bad flag, bad level)."""
+
+
+class ListError(AmpRewriteError):
+    """An op list file or override is malformed, or an op sits in two lists."""
+
+
+class GraphError(AmpRewriteError):
+    """The input graph is malformed: a bad input reference, a missing attr, a bad fetch."""
+
+
+class InputFileError(AmpRewriteError):
+    """An input file is missing, unreadable or not in the expected format."""
+
+
+class TensorFlowMissingError(AmpRewriteError):
+    """TensorFlow is not importable; amp-rewrite needs it for the op registry."""

@@ -1,0 +1,100 @@
+"""Reading and writing graphs: binary ``.pb`` and text ``.pbtxt`` GraphDefs.
+
+This module is the only one that touches files. Writes are atomic: the
+output is written to a temporary file beside the target and renamed over
+it, so an interrupted run never leaves a half-written graph.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from amp_rewrite.errors import InputFileError
+from amp_rewrite.op_registry import graph_pb2
+
+FORMATS = ("pb", "pbtxt")
+_TEXT_SUFFIXES = (".pbtxt", ".pb.txt", ".txt", ".prototxt")
+
+
+def format_of(path: str | os.PathLike, forced: str | None = None) -> str:
+    """``"pb"`` or ``"pbtxt"``: forced, else by the file name's ending (binary unless text-like)."""
+    if forced:
+        return forced
+    return "pbtxt" if str(path).lower().endswith(_TEXT_SUFFIXES) else "pb"
+
+
+def load_graph_def(path: str | os.PathLike, *, input_format: str | None = None):
+    """Reads a GraphDef from ``path``.
+
+    Raises:
+        InputFileError: the file is missing, unreadable, empty or not a GraphDef
+            in the expected format; the message names the file.
+    """
+    from google.protobuf import message, text_format
+
+    path = Path(path)
+    if path.is_dir():
+        raise InputFileError(f"{path}: is a directory; give a .pb or .pbtxt GraphDef file")
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise InputFileError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise InputFileError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if not data:
+        raise InputFileError(f"{path}: file is empty")
+    fmt = format_of(path, input_format)
+    graph_def = graph_pb2().GraphDef()
+    if fmt == "pbtxt":
+        try:
+            text_format.Parse(data.decode("utf-8"), graph_def)
+        except (text_format.ParseError, UnicodeDecodeError) as exc:
+            hint = "" if input_format else " (use --input-format pb if it is a binary GraphDef)"
+            raise InputFileError(f"{path}: not a text GraphDef: {_first_line(exc)}{hint}") from None
+    else:
+        try:
+            graph_def.ParseFromString(data)
+        except message.DecodeError as exc:
+            hint = "" if input_format else " (use --input-format pbtxt if it is a text GraphDef)"
+            raise InputFileError(f"{path}: not a binary GraphDef: {_first_line(exc)}{hint}") from None
+        if any(not node.name or not node.op for node in graph_def.node):
+            raise InputFileError(f"{path}: not a binary GraphDef: a node has no name or op")
+    return graph_def
+
+
+def graph_def_bytes(graph_def, fmt: str) -> bytes:
+    """The bytes a GraphDef is saved as: deterministic binary, or protobuf text."""
+    if fmt == "pbtxt":
+        from google.protobuf import text_format
+
+        return text_format.MessageToString(graph_def).encode("utf-8")
+    return graph_def.SerializeToString(deterministic=True)
+
+
+def write_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Writes ``data`` to ``path`` through a temporary file and a rename."""
+    path = Path(path)
+    directory = path.parent if str(path.parent) else Path(".")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def save_graph_def(graph_def, path: str | os.PathLike, *, output_format: str | None = None) -> None:
+    """Writes a GraphDef atomically, binary or text by ``output_format`` or the file name."""
+    write_atomic(path, graph_def_bytes(graph_def, format_of(path, output_format)))
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

@@ -1,0 +1,188 @@
+"""The allow/infer/deny/clear op lists: loading, overrides and validation.
+
+Lists are data files, one op per line, under ``lists/<target>/<colour>.txt``
+(installed as ``amp_rewrite/lists``). ``#`` starts a comment. A directory given
+with ``--lists`` replaces the files it contains, colour by colour; edits from
+the environment and then from the command line are applied on top, in that
+order. After every edit an op may be in at most one list; otherwise a
+:class:`ListError` names the op, both lists and where each entry came from.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Mapping, NamedTuple
+
+from amp_rewrite.errors import ListError
+
+COLOURS = ("allow", "infer", "deny", "clear")
+TARGETS = ("float16", "bfloat16")
+
+# Environment variable names TensorFlow reads, per colour; the second name of
+# each pair is the legacy spelling, applied after the current one as TF does.
+_ENV_NAMES = {
+    "allow": ("ALLOWLIST", "WHITELIST"),
+    "infer": ("INFERLIST", "GRAYLIST"),
+    "deny": ("DENYLIST", "BLACKLIST"),
+    "clear": ("CLEARLIST",),
+}
+ENV_PREFIX = "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_"
+
+
+class ListEdit(NamedTuple):
+    """One add or remove of an op in a list, with where it came from."""
+
+    colour: str
+    op: str
+    is_add: bool
+    source: str
+
+
+@dataclass(frozen=True)
+class OpLists:
+    """The four effective lists for one target dtype.
+
+    ``origins`` maps (colour, op) to a short description of where the entry
+    came from, used in error messages and in the report.
+    """
+
+    target: str
+    allow: frozenset[str]
+    infer: frozenset[str]
+    deny: frozenset[str]
+    clear: frozenset[str]
+    origins: Mapping[tuple[str, str], str]
+
+    def colour_of(self, op: str) -> str | None:
+        """Returns the list an op is on, or None."""
+        for colour in COLOURS:
+            if op in getattr(self, colour):
+                return colour
+        return None
+
+    def as_dict(self) -> dict[str, list[str]]:
+        """Sorted lists by colour, for dumps and reports."""
+        return {colour: sorted(getattr(self, colour)) for colour in COLOURS}
+
+
+def default_lists_root() -> Path:
+    """Where the bundled lists live: inside the installed package, or at the top of a checkout."""
+    installed = Path(__file__).resolve().parent / "lists"
+    if (installed / "float16").is_dir():
+        return installed
+    return Path(__file__).resolve().parent.parent / "lists"
+
+
+def parse_list_file(path: Path) -> list[str]:
+    """Reads one list file: op names, one per line, ``#`` comments ignored."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ListError(f"{path}: cannot read op list: {exc.strerror or exc}") from exc
+    ops = []
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if not line.replace("_", "").replace(">", "").isalnum() or " " in line:
+            raise ListError(f"{path}:{lineno}: not an op name: {line!r}")
+        ops.append(line)
+    return ops
+
+
+def env_edits(environ: Mapping[str, str] | None = None) -> tuple[ListEdit, ...]:
+    """The list edits TensorFlow's ``TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_*`` variables ask for.
+
+    For each colour: the current name's ADD then REMOVE, then the legacy name's,
+    which is the order TensorFlow applies them in.
+    """
+    environ = os.environ if environ is None else environ
+    edits = []
+    for colour in COLOURS:
+        for name in _ENV_NAMES[colour]:
+            for suffix, is_add in (("_ADD", True), ("_REMOVE", False)):
+                var = ENV_PREFIX + name + suffix
+                for op in _split_ops(environ.get(var, "")):
+                    edits.append(ListEdit(colour, op, is_add, var))
+    return tuple(edits)
+
+
+def _split_ops(value: str) -> list[str]:
+    return [op.strip() for op in value.split(",") if op.strip()]
+
+
+def load_lists(
+    target: str,
+    *,
+    lists_dir: str | os.PathLike | None = None,
+    edits: Iterable[ListEdit] = (),
+    level: str = "DEFAULT",
+) -> OpLists:
+    """Builds the effective lists for ``target``.
+
+    Args:
+        target: ``"float16"`` or ``"bfloat16"``.
+        lists_dir: a directory whose ``<colour>.txt`` files (or
+            ``<target>/<colour>.txt``) replace the bundled ones.
+        edits: adds and removes, applied in order after the files.
+        level: ``TENSOR_CORES_ONLY`` empties infer, deny and clear (only allow
+            ops convert); ``TREAT_INFER_AS_DENY`` moves infer ops to deny.
+
+    Raises:
+        ListError: a file is unreadable or malformed, or an op ends up in two lists.
+    """
+    if target not in TARGETS:
+        raise ListError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
+    root = default_lists_root() / target
+    members: dict[str, dict[str, str]] = {}
+    for colour in COLOURS:
+        path = _list_path(root, colour, lists_dir, target)
+        members[colour] = {op: str(path) for op in parse_list_file(path)}
+        _check_overlap(members)
+    for edit in edits:
+        if edit.colour not in COLOURS:
+            raise ListError(f"{edit.source}: unknown list {edit.colour!r}")
+        if edit.is_add:
+            members[edit.colour].setdefault(edit.op, edit.source)
+        else:
+            members[edit.colour].pop(edit.op, None)
+    _check_overlap(members)
+    if level == "TENSOR_CORES_ONLY":
+        for colour in ("infer", "deny", "clear"):
+            members[colour] = {}
+    elif level == "TREAT_INFER_AS_DENY":
+        members["deny"].update(members["infer"])
+        members["infer"] = {}
+    origins = {(colour, op): src for colour in COLOURS for op, src in members[colour].items()}
+    return OpLists(
+        target=target,
+        origins=origins,
+        **{colour: frozenset(members[colour]) for colour in COLOURS},
+    )
+
+
+def _list_path(root: Path, colour: str, lists_dir, target: str) -> Path:
+    if lists_dir is not None:
+        override = Path(lists_dir)
+        if not override.is_dir():
+            raise ListError(f"{override}: --lists must be a directory of <colour>.txt files")
+        for candidate in (override / target / f"{colour}.txt", override / f"{colour}.txt"):
+            if candidate.is_file():
+                return candidate
+    return root / f"{colour}.txt"
+
+
+def _check_overlap(members: dict[str, dict[str, str]]) -> None:
+    seen: dict[str, str] = {}
+    for colour in COLOURS:
+        for op in sorted(members.get(colour, ())):
+            if op in seen:
+                first = seen[op]
+                raise ListError(
+                    f"op {op} is in both the {first} list ({members[first][op]}) "
+                    f"and the {colour} list ({members[colour][op]}); "
+                    f"move it with an add to one and a remove from the other"
+                )
+            seen[op] = colour

@@ -1,0 +1,410 @@
+"""The painting rules: which type attributes become half.
+
+Colour is state kept in two sets of vertex ids (``allow`` and ``deny``) on a
+:class:`Painting`, never attributes written on nodes. Each rule is one
+function that reads a :class:`PaintContext` and grows or shrinks those sets;
+:func:`amp_rewrite.pipeline.paint` calls them in order. Every rule is a
+reachability question answered by :meth:`TypedGraph.reach`, so no result
+depends on the order nodes appear in the GraphDef.
+
+Legend for the examples in the docstrings: ``allow``/``infer``/``clear``/``deny``
+name the list an op is on; ``ALLOW``/``DENY`` the colour painted.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from amp_rewrite.op_lists import OpLists
+from amp_rewrite.op_registry import OpRegistry, device_type_of
+from amp_rewrite.typed_graph import DT_FLOAT, DT_VARIANT, TypedGraph
+
+logger = logging.getLogger(__name__)
+
+# Ops the tensor-list rule cannot see past: a list handle that reaches one of
+# these may be read or written somewhere this graph does not show.
+_OPAQUE_HANDLE_OPS = frozenset({
+    "_Arg", "_Retval", "OptionalFromValue", "OptionalGetValue",
+    "PartitionedCall", "Placeholder", "StatefulPartitionedCall",
+})
+_TENSOR_LIST_READERS = frozenset({
+    "TensorListConcat", "TensorListConcatV2", "TensorListGather",
+    "TensorListGetItem", "TensorListPopBack", "TensorListStack",
+})
+_TENSOR_LIST_WRITERS = frozenset({
+    "TensorListFromTensor", "TensorListPushBack", "TensorListPushBackBatch",
+    "TensorListScatter", "TensorListScatterV2", "TensorListScatterIntoExistingList",
+    "TensorListSetItem", "TensorListSplit",
+})
+# Ops whose half conversion UNSAFE_FORCE_ALL must not force: the loss op
+# has no usable half kernel, and constants are folded instead.
+_NEVER_FORCED = frozenset({"Const", "SoftmaxCrossEntropyWithLogits"})
+
+
+@dataclass
+class Painting:
+    """The colour of every vertex: in ``allow`` (becomes half), in ``deny``, or neither.
+
+    ``reasons`` maps a vertex to (rule, cause): the rule that last decided its
+    colour and the neighbouring vertex that caused it, or None.
+    """
+
+    allow: set[int] = field(default_factory=set)
+    deny: set[int] = field(default_factory=set)
+    reasons: dict[int, tuple[str, int | None]] = field(default_factory=dict)
+    tensor_list_clusters: list[list[int]] = field(default_factory=list)
+
+    def mark_allow(self, vid: int, rule: str, cause: int | None = None) -> None:
+        if vid not in self.allow:
+            self.allow.add(vid)
+            self.reasons[vid] = (rule, cause)
+
+    def mark_deny(self, vid: int, rule: str, cause: int | None = None) -> None:
+        self.allow.discard(vid)
+        if vid not in self.deny:
+            self.deny.add(vid)
+            self.reasons[vid] = (rule, cause)
+
+    def unmark_allow(self, vid: int, rule: str, cause: int | None = None) -> None:
+        if vid in self.allow:
+            self.allow.discard(vid)
+            self.reasons[vid] = (rule, cause)
+
+
+class PaintContext:
+    """Read-only facts the rules consult: lists, target, and per-vertex predicates.
+
+    Args:
+        graph: the typed graph.
+        lists: the effective op lists.
+        target_dtype: DataType enum of the half type.
+        device_type: the device type the graph runs on.
+        preserved: names of nodes never to change.
+        force_all: the UNSAFE_FORCE_ALL level.
+    """
+
+    def __init__(self, graph: TypedGraph, lists: OpLists, *, target_dtype: int,
+                 device_type: str, preserved: frozenset[str], force_all: bool = False):
+        self.graph = graph
+        self.lists = lists
+        self.target_dtype = target_dtype
+        self.device_type = device_type
+        self.preserved = preserved
+        self.force_all = force_all
+        self._supports: dict[int, bool] = {}
+        self.skip_reason: list[str | None] = [self._skip_reason(n) for n in graph.nodes]
+
+    def _skip_reason(self, node) -> str | None:
+        if node.name in self.preserved:
+            return "fetched or preserved: keeps its dtype"
+        dev = device_type_of(node.device)
+        if dev is not None and dev != self.device_type:
+            return f"placed on {dev}"
+        return None
+
+    def processable(self, vid: int) -> bool:
+        """Whether the vertex's node may be changed at all (not preserved, on our device type)."""
+        return self.skip_reason[self.graph.vertices[vid][0]] is None
+
+    def is_float32(self, vid: int) -> bool:
+        return self.graph.dtype(vid) == DT_FLOAT
+
+    def on_list(self, vid: int, colour: str) -> bool:
+        return self.graph.op(vid) in getattr(self.lists, colour)
+
+    def supports_target(self, vid: int) -> bool:
+        """Whether the OpDef admits the target type for this attr and a kernel exists for it."""
+        cached = self._supports.get(vid)
+        if cached is None:
+            cached = self._supports[vid] = self._check_support(vid)
+        return cached
+
+    def _check_support(self, vid: int) -> bool:
+        graph = self.graph
+        node_idx, attr = graph.vertices[vid]
+        if not attr.name:
+            return False
+        allowed = graph.allowed_types(vid)
+        if allowed is not None and self.target_dtype not in allowed:
+            return False
+        node = graph.nodes[node_idx]
+        device_type = device_type_of(node.device) or self.device_type
+        attrs = {}
+        for other in graph.node_vertices[node_idx]:
+            other_attr = graph.vertices[other][1]
+            dtype = self.target_dtype if other == vid else graph.dtype(other)
+            if other_attr.index < 0:
+                attrs[other_attr.name] = dtype
+            else:
+                current = attrs.get(other_attr.name, ())
+                attrs[other_attr.name] = current + (dtype,)
+        found = OpRegistry.has_kernel(node.op, device_type, attrs)
+        return True if found is None else found
+
+    def can_convert(self, vid: int) -> bool:
+        """Processable, float32 now, and the target type is supported."""
+        return self.processable(vid) and self.is_float32(vid) and self.supports_target(vid)
+
+    def can_force(self, vid: int) -> bool:
+        """Whether UNSAFE_FORCE_ALL may convert this vertex."""
+        node_idx = self.graph.vertices[vid][0]
+        op_def = self.graph.op_defs[node_idx]
+        node = self.graph.nodes[node_idx]
+        if node.op in _NEVER_FORCED or op_def.is_stateful:
+            return False
+        return not any(arg.is_ref for arg in list(op_def.input_arg) + list(op_def.output_arg))
+
+    @cached_property
+    def reads_ref_variable(self) -> set[int]:
+        """Nodes that implicitly read a ref (non-resource) variable: Identity(VariableV2), Enter of such."""
+        graph = self.graph
+        result: set[int] = set()
+
+        def reads(i: int, depth: int = 0) -> bool:
+            node = graph.nodes[i]
+            if node.op not in ("Identity", "Enter") or not graph.inputs[i] or depth > 64:
+                return False
+            src = graph.inputs[i][0][0]
+            src_op = graph.nodes[src].op
+            if node.op == "Identity":
+                return src_op in ("Variable", "VariableV2")
+            return reads(src, depth + 1)
+
+        for i in range(len(graph.nodes)):
+            if reads(i):
+                result.add(i)
+        return result
+
+
+# -- the rules, in the order the pipeline applies them ----------------------
+
+
+def paint_allow_ops(ctx: PaintContext, painting: Painting) -> None:
+    """Paints ALLOW every float32 vertex of an allow-list op that can run in half.
+
+    Under UNSAFE_FORCE_ALL every convertible vertex is painted, except those of
+    stateful ops, ops with ref inputs or outputs, and Consts.
+    """
+    for vid in range(len(ctx.graph.vertices)):
+        if not ctx.can_convert(vid):
+            continue
+        if ctx.on_list(vid, "allow"):
+            painting.mark_allow(vid, "allow-list op")
+        elif ctx.force_all and ctx.can_force(vid):
+            painting.mark_allow(vid, "forced (UNSAFE_FORCE_ALL)")
+
+
+def paint_deny_forward(ctx: PaintContext, painting: Painting) -> None:
+    """Paints DENY each deny op and the clear/infer ops on its paths to a deny or infer op.
+
+    ``deny -> infer -> clear -> infer -> clear -> allow -> infer`` becomes
+    ``DENY -> DENY -> DENY -> DENY -> clear -> allow -> infer``: the last clear
+    op only leads to an allow op, so a deny op upstream does not taint it.
+    """
+    if ctx.force_all:
+        return
+    graph = ctx.graph
+    deny_or_infer = [v for v in range(len(graph.vertices))
+                     if ctx.on_list(v, "deny") or ctx.on_list(v, "infer")]
+    upstream = set(graph.reach(deny_or_infer, forward=False, backward=True,
+                               enter=lambda v: ctx.on_list(v, "clear")))
+    deny_roots = [v for v in deny_or_infer if ctx.on_list(v, "deny")]
+    for v in deny_roots:
+        painting.mark_deny(v, "deny-list op")
+    parents: dict[int, int] = {}
+    for v in graph.reach(deny_roots, forward=True, backward=False,
+                         enter=upstream.__contains__, parents=parents):
+        painting.mark_deny(v, "downstream of a deny-list op", parents.get(v))
+
+
+def paint_between_allow(ctx: PaintContext, painting: Painting) -> None:
+    """Paints ALLOW the clear and infer vertices lying on a path from one ALLOW vertex to another.
+
+    ``allow -> infer -> clear -> allow`` becomes ``ALLOW -> ALLOW -> ALLOW -> ALLOW``:
+    keeping them float32 would only add a Cast pair between two half ops.
+    """
+    graph = ctx.graph
+    roots = sorted(painting.allow)
+
+    def passable(v: int) -> bool:
+        return (v not in painting.allow and v not in painting.deny
+                and (ctx.on_list(v, "clear") or ctx.on_list(v, "infer"))
+                and ctx.can_convert(v))
+
+    downstream = set(graph.reach(roots, forward=True, backward=False, enter=passable))
+    parents: dict[int, int] = {}
+    between = graph.reach(roots, forward=False, backward=True,
+                          enter=downstream.__contains__, parents=parents)
+    for v in between:
+        if v in downstream and v not in painting.allow:
+            painting.mark_allow(v, "between allow ops", parents.get(v))
+
+
+def paint_infer_after_allow(ctx: PaintContext, painting: Painting) -> None:
+    """Paints ALLOW an infer vertex fed by an ALLOW vertex and by no DENY vertex, to a fixed point.
+
+    ``allow -> infer -> infer`` becomes ``ALLOW -> ALLOW -> ALLOW``. The result
+    is the same whatever order the nodes come in.
+    """
+    graph = ctx.graph
+
+    def eligible(v: int) -> int | None:
+        if (v in painting.allow or v in painting.deny or not ctx.on_list(v, "infer")
+                or not ctx.can_convert(v)):
+            return None
+        fed_by = None
+        for u in graph.fanin[v]:
+            if u in painting.deny:
+                return None
+            if u in painting.allow and fed_by is None:
+                fed_by = u
+        return fed_by
+
+    work = sorted({w for v in painting.allow for w in graph.fanout[v]}, reverse=True)
+    while work:
+        v = work.pop()
+        cause = eligible(v)
+        if cause is None:
+            continue
+        painting.mark_allow(v, "infer op after an allow op", cause)
+        work.extend(w for w in graph.fanout[v] if w not in painting.allow)
+
+
+def paint_clear_around_allow(ctx: PaintContext, painting: Painting) -> None:
+    """Spreads ALLOW from ALLOW vertices to connected clear vertices, up and downstream.
+
+    ``clear -> allow -> clear -> clear`` becomes ``ALLOW -> ALLOW -> ALLOW -> ALLOW``.
+    An Identity or Enter that reads a ref variable is not entered, so a
+    variable's value is never read in half.
+    """
+    graph = ctx.graph
+    refs = ctx.reads_ref_variable
+
+    def passable(v: int) -> bool:
+        return (v not in painting.allow and v not in painting.deny
+                and ctx.on_list(v, "clear") and ctx.can_convert(v)
+                and graph.vertices[v][0] not in refs)
+
+    roots = sorted(v for v in painting.allow if ctx.processable(v))
+    parents: dict[int, int] = {}
+    for v in graph.reach(roots, forward=True, backward=True, enter=passable, parents=parents):
+        if v not in painting.allow:
+            painting.mark_allow(v, "clear op next to an allow op", parents.get(v))
+
+
+def find_tensor_list_clusters(ctx: PaintContext, painting: Painting) -> None:
+    """Groups the TensorList ops that share list handles, so they can share one element type.
+
+    A cluster whose handle reaches an op the rule cannot see through (a
+    placeholder, a function call, ``_Arg``/``_Retval``) or a node that may not
+    be changed is painted DENY. Every writer → reader pair in a cluster gets
+    an element-type edge, so painting flows through the list.
+    """
+    graph = ctx.graph
+    element = {i: _float32_element_vertex(ctx, i) for i in range(len(graph.nodes))
+               if "TensorList" in graph.nodes[i].op}
+    element = {i: v for i, v in element.items() if v is not None}
+    clustered: set[int] = set()
+    for node_idx in sorted(element):
+        if node_idx in clustered or ctx.skip_reason[node_idx] is not None:
+            continue
+        handles = [v for v in graph.node_vertices[node_idx] if graph.vertices[v][1].fixed == DT_VARIANT]
+        reached = graph.reach(handles, forward=True, backward=True, enter=lambda v: True)
+        members = sorted({graph.vertices[v][0] for v in reached} & element.keys())
+        opaque = any(
+            graph.nodes[graph.vertices[v][0]].op in _OPAQUE_HANDLE_OPS
+            or graph.registry.is_library_function(graph.nodes[graph.vertices[v][0]].op)
+            for v in reached
+        )
+        unprocessable = any(ctx.skip_reason[m] is not None for m in members)
+        clustered.update(members)
+        cluster = [element[m] for m in members]
+        painting.tensor_list_clusters.append(cluster)
+        if opaque or unprocessable:
+            for v in cluster:
+                painting.mark_deny(v, "tensor list handle escapes what the rewrite can see")
+        _add_writer_reader_edges(ctx, members, element)
+
+
+def _float32_element_vertex(ctx: PaintContext, node_idx: int) -> int | None:
+    graph = ctx.graph
+    for v in graph.node_vertices[node_idx]:
+        attr = graph.vertices[v][1]
+        if attr.name and attr.index < 0 and graph.dtype(v) == DT_FLOAT:
+            return v
+    return None
+
+
+def _add_writer_reader_edges(ctx: PaintContext, members: list[int], element: dict[int, int]) -> None:
+    graph = ctx.graph
+    for reader in members:
+        if graph.nodes[reader].op not in _TENSOR_LIST_READERS:
+            continue
+        handles = [v for v in graph.node_vertices[reader] if graph.vertices[v][1].fixed == DT_VARIANT]
+        for v in graph.reach(handles, forward=False, backward=True, enter=ctx.processable):
+            writer = graph.vertices[v][0]
+            if graph.nodes[writer].op in _TENSOR_LIST_WRITERS and writer in element:
+                src, dst = element[writer], element[reader]
+                if dst not in graph.fanout[src]:
+                    graph.fanout[src].append(dst)
+                    graph.fanin[dst].append(src)
+
+
+def match_tensor_list_clusters(ctx: PaintContext, painting: Painting) -> None:
+    """Gives every op of a tensor-list cluster one colour: DENY if any is, else ALLOW if any is."""
+    for cluster in painting.tensor_list_clusters:
+        if any(v in painting.deny for v in cluster):
+            for v in cluster:
+                painting.mark_deny(v, "shares a tensor list with a float32 op")
+        elif any(v in painting.allow for v in cluster):
+            cause = next(v for v in cluster if v in painting.allow)
+            for v in cluster:
+                painting.mark_allow(v, "shares a tensor list with a half op", cause)
+
+
+def match_loop_edges(ctx: PaintContext, painting: Painting) -> None:
+    """Gives a NextIteration the colour of the Merge nodes it feeds; all must agree.
+
+    If any of those Merges is not ALLOW, none of them nor the NextIteration is:
+    a loop variable has one dtype on every iteration.
+    """
+    graph = ctx.graph
+    for i, node in enumerate(graph.nodes):
+        if node.op != "NextIteration":
+            continue
+        nxt = graph.vertex(node.name, "T")
+        merges = [graph.vertex(graph.nodes[dst].name, "T")
+                  for dst, _ in graph.consumers.get((i, 0), [])]
+        merges = [m for m in merges if m is not None]
+        if nxt is None or not merges:
+            continue
+        blocker = next((m for m in merges if m not in painting.allow), None)
+        if blocker is not None:
+            for m in merges:
+                painting.unmark_allow(m, "loop variable: another Merge of its NextIteration stays float32", blocker)
+            painting.unmark_allow(nxt, "loop variable: its Merge stays float32", blocker)
+        elif ctx.is_float32(nxt):
+            painting.mark_allow(nxt, "loop variable: its Merge is half", merges[0])
+
+
+def retarget_existing_casts(ctx: PaintContext, painting: Painting) -> None:
+    """Makes an existing Cast to float32 cast to half when every consumer is ALLOW.
+
+    ``Cast(bool -> float) -> allow`` becomes ``Cast(bool -> half) -> ALLOW``
+    instead of gaining a second Cast.
+    """
+    graph = ctx.graph
+    for i, node in enumerate(graph.nodes):
+        if node.op != "Cast":
+            continue
+        dst_t = graph.vertex(node.name, "DstT")
+        if dst_t is None or not ctx.processable(dst_t) or not ctx.is_float32(dst_t):
+            continue
+        consumers = graph.consumers.get((i, 0), [])
+        if not consumers:
+            continue
+        targets = [graph.input_vertex(dst, k) for dst, k in consumers]
+        if all(t is not None and t in painting.allow for t in targets):
+            painting.mark_allow(dst_t, "existing Cast feeding only half ops", targets[0])

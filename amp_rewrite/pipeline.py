@@ -1,0 +1,240 @@
+"""``rewrite()``: a float32 GraphDef in, a mixed-precision GraphDef out.
+
+The algorithm, in the order :func:`paint` runs it:
+
+1. Allow: every float32 vertex of an allow-list op that has a half kernel.
+2. Deny forward: each deny-list op, and the clear/infer ops on its paths to
+   another deny or infer op, stay float32.
+3. Tensor lists: ops sharing a list handle get one element type; a handle
+   that escapes the graph keeps its list float32.
+4. Between allow: clear and infer ops on a path between two allow ops join them.
+5. Infer after allow: an infer op fed by a half op (and no deny op) joins it,
+   repeated to a fixed point.
+6. Clear around allow: clear ops connected to a half op through clear ops join it.
+7. Loops: a NextIteration and its Merges agree; an existing Cast feeding only
+   half ops is retargeted.
+
+Then :mod:`amp_rewrite.casts` retypes the painted attrs and inserts the Casts.
+Fetched nodes, feeds, variables and their reads are never changed; the
+caller's GraphDef is never mutated.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+
+from amp_rewrite import painting as rules
+from amp_rewrite.casts import Applied, apply_painting, promote_batch_norms
+from amp_rewrite.config import Config
+from amp_rewrite.op_lists import OpLists, load_lists
+from amp_rewrite.op_registry import OpRegistry, default_device_type, graph_pb2
+from amp_rewrite.painting import PaintContext, Painting
+from amp_rewrite.errors import GraphError
+from amp_rewrite.typed_graph import DT_BFLOAT16, DT_FLOAT, DT_HALF, TypedGraph, parse_input
+
+logger = logging.getLogger(__name__)
+
+TARGET_DTYPES = {"float16": DT_HALF, "bfloat16": DT_BFLOAT16}
+
+
+def paint(ctx: PaintContext) -> Painting:
+    """Runs the painting rules in order and returns the colours."""
+    painting = Painting()
+    rules.find_tensor_list_clusters(ctx, painting)
+    rules.paint_allow_ops(ctx, painting)
+    if not painting.allow:
+        logger.debug("no allow-list op can run in half; nothing to do")
+        return painting
+    rules.paint_deny_forward(ctx, painting)
+    rules.match_tensor_list_clusters(ctx, painting)
+    rules.paint_between_allow(ctx, painting)
+    rules.paint_infer_after_allow(ctx, painting)
+    rules.paint_clear_around_allow(ctx, painting)
+    rules.match_tensor_list_clusters(ctx, painting)
+    rules.match_loop_edges(ctx, painting)
+    rules.retarget_existing_casts(ctx, painting)
+    return painting
+
+
+@dataclass(frozen=True)
+class RewriteResult:
+    """The rewritten graph and what was done to it.
+
+    Attributes:
+        graph_def: the rewritten GraphDef (a new object).
+        config: the configuration used.
+        lists: the effective op lists.
+        seconds: wall time of the rewrite.
+    """
+
+    graph_def: object
+    config: Config
+    lists: OpLists
+    seconds: float
+    nodes_total: int
+    applied: Applied
+    node_outcomes: dict = field(repr=False)
+    unknown_ops: tuple[str, ...] = ()
+
+    @property
+    def converted(self) -> list[str]:
+        return self.applied.converted
+
+    @property
+    def casts(self) -> list[str]:
+        return self.applied.casts
+
+    @cached_property
+    def half_flop_share(self) -> float | None:
+        """Share of MatMul/Conv FLOPs computed in the target type; None when no shapes are known."""
+        from amp_rewrite.flops import half_flop_share
+
+        return half_flop_share(self.graph_def)
+
+    def summary(self) -> str:
+        """One line: converted nodes, casts, FLOP share."""
+        share = self.half_flop_share
+        share_text = ("MatMul/Conv FLOPs unknown (no static shapes)" if share is None
+                      else f"{share:.1%} of MatMul/Conv FLOPs in {self.config.target}")
+        return (f"converted {len(self.converted)}/{self.nodes_total} nodes to {self.config.target}, "
+                f"{len(self.casts)} casts, {share_text}")
+
+    def report(self) -> dict:
+        """The JSON-able report: totals, names, and per node its colour and rule."""
+        return {
+            "target": self.config.target,
+            "level": self.config.level,
+            "device_type": self.config.device_type,
+            "nodes_total": self.nodes_total,
+            "converted": self.converted,
+            "casts": self.casts,
+            "folded_consts": self.applied.folded_consts,
+            "consts_kept_float32": self.applied.consts_out_of_range,
+            "unknown_ops": list(self.unknown_ops),
+            "fp16_flop_share": self.half_flop_share,
+            "seconds": round(self.seconds, 6),
+            "nodes": self.node_outcomes,
+        }
+
+
+def rewrite(graph_def, *, fetches=None, target: str | None = None,
+            config: Config | None = None) -> RewriteResult:
+    """Rewrites a float32 GraphDef to mixed precision.
+
+    Args:
+        graph_def: a ``tf.compat.v1.GraphDef``; never modified.
+        fetches: node names (``name`` or ``name:port``) the caller fetches; they
+            keep their dtype. Overrides ``config.fetches``. When neither gives
+            any, every node without consumers is kept.
+        target: ``"float16"`` or ``"bfloat16"``; overrides ``config.target``.
+        config: the configuration; by default read from TensorFlow's
+            ``TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_*`` environment variables.
+
+    Returns:
+        A :class:`RewriteResult` with the new GraphDef and the report.
+
+    Raises:
+        GraphError: the graph is malformed or a fetch names no node.
+        ListError: the op lists are inconsistent.
+    """
+    start = time.perf_counter()
+    config = config if config is not None else Config.from_env()
+    if fetches is not None:
+        config = replace(config, fetches=tuple(fetches))
+    if target is not None:
+        config = replace(config, target=target)
+    if config.device_type is None:
+        config = replace(config, device_type=default_device_type())
+    lists = load_lists(config.target, lists_dir=config.lists_dir, edits=config.list_edits,
+                       level=config.level)
+
+    work = graph_pb2().GraphDef()
+    work.CopyFrom(graph_def)
+    preserved = _preserved_nodes(work, config)
+    promoted = promote_batch_norms(work, skip=preserved)
+    graph = TypedGraph(work, OpRegistry(work.library))
+    graph.promoted_batch_norms = promoted
+    ctx = PaintContext(graph, lists, target_dtype=TARGET_DTYPES[config.target],
+                       device_type=config.device_type, preserved=preserved,
+                       force_all=config.level == "UNSAFE_FORCE_ALL")
+    painting = paint(ctx)
+    was_float32 = [graph.dtype(v) == DT_FLOAT for v in range(len(graph.vertices))]
+    outcomes = _node_outcomes(ctx, painting)
+    applied = apply_painting(ctx, painting, was_float32)
+    for name in applied.folded_consts:
+        outcomes[name].update(colour="allow", rule="constant read only by half ops: stored in half")
+    for name, peak in applied.consts_out_of_range.items():
+        outcomes[name].update(rule=f"constant read by half ops but |value| reaches {peak:g}: "
+                                   "kept float32 with a Cast")
+    result = RewriteResult(
+        graph_def=work, config=config, lists=lists, seconds=time.perf_counter() - start,
+        nodes_total=len(graph.nodes), applied=applied, node_outcomes=outcomes,
+        unknown_ops=tuple(graph.unknown_ops),
+    )
+    logger.info("converted %d/%d nodes to %s, %d casts, in %.3f s", len(applied.converted),
+                len(graph.nodes), config.target, len(applied.casts), result.seconds)
+    return result
+
+
+def _preserved_nodes(graph_def, config: Config) -> frozenset[str]:
+    names = {node.name for node in graph_def.node}
+    if config.fetches:
+        fetched = set()
+        for fetch in config.fetches:
+            name = parse_input(fetch)[0]
+            if name not in names:
+                raise GraphError(f"fetch {fetch!r} names no node of the graph")
+            fetched.add(name)
+    else:
+        consumed = {parse_input(ref)[0] for node in graph_def.node for ref in node.input}
+        fetched = names - consumed
+    missing = [p for p in config.preserve if parse_input(p)[0] not in names]
+    if missing:
+        raise GraphError(f"node to preserve {missing[0]!r} names no node of the graph")
+    return frozenset(fetched | {parse_input(p)[0] for p in config.preserve})
+
+
+def _node_outcomes(ctx: PaintContext, painting: Painting) -> dict[str, dict]:
+    """Per node: its colour, the rule that decided it, and the neighbour that caused it."""
+    graph = ctx.graph
+    outcomes = {}
+    for i, node in enumerate(graph.nodes):
+        vids = graph.node_vertices[i]
+        colour, rule, cause = _node_colour(ctx, painting, i, vids)
+        entry = {"op": node.op, "colour": colour, "rule": rule}
+        if cause is not None:
+            entry["cause"] = graph.nodes[graph.vertices[cause][0]].name
+        outcomes[node.name] = entry
+    return outcomes
+
+
+def _node_colour(ctx: PaintContext, painting: Painting, i: int, vids: list[int]):
+    graph = ctx.graph
+    if ctx.skip_reason[i] is not None:
+        return "preserved", ctx.skip_reason[i], None
+    for group, colour in ((painting.allow, "allow"), (painting.deny, "deny")):
+        hits = [v for v in vids if v in group]
+        if hits:
+            rule, cause = painting.reasons.get(hits[0], ("", None))
+            return colour, rule, cause
+    for v in vids:
+        if v in painting.reasons:  # painted, then unpainted by a later rule
+            rule, cause = painting.reasons[v]
+            return "float32", rule, cause
+    node = graph.nodes[i]
+    if graph.op_defs[i] is None:
+        return "unknown", "op not registered: kept as it is", None
+    listed = ctx.lists.colour_of(node.op)
+    floats = [v for v in vids if ctx.is_float32(v)]
+    if not floats:
+        return listed or "none", "no float32 type to change", None
+    if listed is None:
+        return "none", "op on no list", None
+    if not any(ctx.supports_target(v) for v in floats):
+        return listed, f"no {ctx.lists.target} kernel or OpDef type on {ctx.device_type}", None
+    if listed == "allow":
+        return listed, "allow-list op", None
+    return listed, "not connected to a half op", None

@@ -1,0 +1,15 @@
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import pytest  # noqa: E402
+
+from amp_rewrite.op_lists import ENV_PREFIX  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _no_amp_env(monkeypatch):
+    """Tests start without TensorFlow's AMP variables, whatever the shell exported."""
+    for name in list(os.environ):
+        if name.startswith(ENV_PREFIX):
+            monkeypatch.delenv(name)

@@ -1,0 +1,104 @@
+"""Shared test helpers: build, run and inspect graphs."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import tensorflow as tf
+
+from amp_rewrite import Config, rewrite
+
+tf1 = tf.compat.v1
+F32, F16, BF16 = tf.float32.as_datatype_enum, tf.float16.as_datatype_enum, tf.bfloat16.as_datatype_enum
+HALF_TYPES = (F16, BF16)
+
+# Tests run the rewritten graphs on this CPU, so they paint for CPU kernels.
+CPU = Config(device_type="CPU")
+
+
+def amp(graph_def, fetches=None, **fields):
+    """Rewrites with a CPU config (plus ``fields``) and returns the RewriteResult."""
+    from dataclasses import replace
+
+    return rewrite(graph_def, fetches=fetches, config=replace(CPU, **fields))
+
+
+def node_types(graph_def) -> dict[str, int]:
+    """Node name → its main dtype attr (T, else dtype, else DstT), or 0."""
+    out = {}
+    for node in graph_def.node:
+        for attr in ("T", "dtype", "DstT"):
+            if attr in node.attr and node.attr[attr].type:
+                out[node.name] = node.attr[attr].type
+                break
+        else:
+            out[node.name] = 0
+    return out
+
+
+def half_nodes(graph_def) -> set[str]:
+    """Names of nodes with any type attr (or list entry) in a half type, Casts excluded."""
+    names = set()
+    for node in graph_def.node:
+        if node.op == "Cast":
+            continue
+        for value in node.attr.values():
+            if value.type in HALF_TYPES or any(t in HALF_TYPES for t in value.list.type):
+                names.add(node.name)
+    return names
+
+
+def casts(graph_def) -> list:
+    return [n for n in graph_def.node if n.op == "Cast"]
+
+
+def run(graph_def, fetches, feeds=None, init: str | None = None):
+    """Runs ``fetches`` (tensor or node names) of ``graph_def`` in a fresh session on CPU."""
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.import_graph_def(graph_def, name="")
+    feeds = feeds or {}
+    feed_dict = {graph.get_tensor_by_name(_tensor(k)): v for k, v in feeds.items()}
+    with tf1.Session(graph=graph) as sess:
+        if init:
+            sess.run(graph.get_operation_by_name(init))
+        return sess.run([_fetch(graph, f) for f in fetches], feed_dict)
+
+
+def _tensor(name: str) -> str:
+    return name if ":" in name else name + ":0"
+
+
+def _fetch(graph, name):
+    if ":" in name:
+        return graph.get_tensor_by_name(name)
+    op = graph.get_operation_by_name(name)
+    return op.outputs[0] if op.outputs else op
+
+
+def assert_same_outputs_within_half(original, rewritten, fetches, feeds=None, *, rtol=2e-2, atol=2e-2):
+    """Runs both graphs on the same feeds; outputs keep their dtype and agree within half tolerance."""
+    want = run(original, fetches, feeds)
+    got = run(rewritten, fetches, feeds)
+    for name, w, g in zip(fetches, want, got):
+        assert g.dtype == w.dtype, f"{name}: dtype {g.dtype} != {w.dtype}"
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, err_msg=name)
+    return want, got
+
+
+@contextlib.contextmanager
+def v1_control_flow():
+    """Builds tf.compat.v1.while_loop/cond as Enter/Merge/Switch/NextIteration while active."""
+    from tensorflow.python.ops import control_flow_util
+
+    old = control_flow_util.ENABLE_CONTROL_FLOW_V2
+    control_flow_util.ENABLE_CONTROL_FLOW_V2 = False
+    try:
+        yield
+    finally:
+        control_flow_util.ENABLE_CONTROL_FLOW_V2 = old
+
+
+def rng(seed=0):
+    return np.random.default_rng(seed)

@@ -1,0 +1,109 @@
+"""The command line, end to end in a subprocess."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from google.protobuf import text_format
+
+from helpers import F16, assert_same_outputs_within_half, half_nodes, tf1
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "tools" / "example" / "mlp.pb"
+
+
+def cli(*args, cwd, env=None):
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("TF_AUTO_MIXED_PRECISION")}
+    environ.update(env or {})
+    return subprocess.run([sys.executable, "-m", "amp_rewrite", *map(str, args)], cwd=cwd, env=environ,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def graph_file(tmp_path_factory):
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [4, 8], name="x")
+        w = tf.constant(np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32) * 0.3, name="w")
+        h = tf.nn.relu(tf.matmul(x, w, name="mm"), name="relu")
+        tf.identity(tf.matmul(h, w, name="mm2"), name="logits")
+    path = tmp_path_factory.mktemp("graphs") / "model.pb"
+    path.write_bytes(g.as_graph_def().SerializeToString())
+    return path
+
+
+def test_rewrites_binary_graph_and_prints_one_summary_line(graph_file, tmp_path):
+    out = tmp_path / "out.pb"
+    report = tmp_path / "report.json"
+    proc = cli(graph_file, out, "--fetch", "logits", "--device-type", "CPU", "--report", report, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines() == [
+        "converted 4/6 nodes to float16, 2 casts, 100.0% of MatMul/Conv FLOPs in float16"]
+    gd = tf.compat.v1.GraphDef.FromString(out.read_bytes())
+    assert {"mm", "relu", "mm2"} <= half_nodes(gd)
+    data = json.loads(report.read_text())
+    assert data["target"] == "float16" and data["nodes_total"] == 6
+    assert data["converted"] == ["w", "mm", "relu", "mm2"]
+    assert len(data["casts"]) == 2 and data["fp16_flop_share"] == 1.0
+    assert data["nodes"]["relu"]["colour"] == "allow"
+    feeds = {"x": np.ones((4, 8), np.float32)}
+    original = tf.compat.v1.GraphDef.FromString(graph_file.read_bytes())
+    assert_same_outputs_within_half(original, gd, ["logits"], feeds, rtol=5e-2, atol=5e-2)
+
+
+def test_text_in_text_out_with_bfloat16(graph_file, tmp_path):
+    src = tmp_path / "model.pbtxt"
+    src.write_text(text_format.MessageToString(tf.compat.v1.GraphDef.FromString(graph_file.read_bytes())))
+    out = tmp_path / "out.pbtxt"
+    proc = cli(src, out, "--target", "bfloat16", "--device-type", "CPU", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    gd = text_format.Parse(out.read_text(), tf.compat.v1.GraphDef())
+    assert next(n for n in gd.node if n.name == "mm").attr["T"].type == tf.bfloat16.as_datatype_enum
+
+
+def test_same_input_gives_byte_identical_output(graph_file, tmp_path):
+    a, b = tmp_path / "a.pb", tmp_path / "b.pb"
+    assert cli(graph_file, a, "-q", cwd=tmp_path).returncode == 0
+    assert cli(graph_file, b, "-q", cwd=tmp_path).returncode == 0
+    assert a.read_bytes() == b.read_bytes()
+    c = tmp_path / "c.pb"
+    assert cli(a, c, "-q", cwd=tmp_path).returncode == 0
+    assert c.read_bytes() == a.read_bytes()  # idempotent
+
+
+def test_list_flags_apply_after_environment(graph_file, tmp_path):
+    env = {"TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_ALLOWLIST_REMOVE": "MatMul"}
+    proc = cli(graph_file, tmp_path / "o.pb", "--device-type", "CPU", cwd=tmp_path, env=env)
+    assert proc.stdout.startswith("converted 0/6")
+    proc = cli(graph_file, tmp_path / "o.pb", "--device-type", "CPU", "--allow-add", "MatMul", cwd=tmp_path, env=env)
+    assert proc.stdout.startswith("converted 4/6"), proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("args,code,message", [
+    (["missing.pb", "out.pb"], 1, "missing.pb: no such file"),
+    (["GRAPH", "out.pb", "--fetch", "nope"], 1, "fetch 'nope' names no node"),
+    (["GRAPH", "out.pb", "--allow-add", "Tanh"], 1, "op Tanh is in both the allow list (--allow-add) and the infer list"),
+    (["GRAPH", "GRAPH"], 2, "pass --in-place"),
+    (["GRAPH", "out.pb", "--level", "FAST"], 2, "invalid choice"),
+    (["GRAPH"], 2, "required"),
+])
+def test_errors_are_one_line_with_exit_code_and_no_output(graph_file, tmp_path, args, code, message):
+    args = [str(graph_file) if a == "GRAPH" else a for a in args]
+    proc = cli(*args, cwd=tmp_path)
+    assert proc.returncode == code
+    assert message in proc.stderr
+    assert not (tmp_path / "out.pb").exists()
+    if code == 1:
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_bundled_example_rewrites(tmp_path):
+    proc = cli(EXAMPLE, tmp_path / "mlp_amp.pb", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("converted ")
+    gd = tf.compat.v1.GraphDef.FromString((tmp_path / "mlp_amp.pb").read_bytes())
+    assert any(n.op == "MatMul" and n.attr["T"].type == F16 for n in gd.node)

@@ -1,0 +1,116 @@
+"""rewrite(): purity, determinism, idempotence, fetch handling, levels end to end."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from amp_rewrite import Config, GraphError, rewrite
+from helpers import CPU, amp, assert_same_outputs_within_half, half_nodes, rng, tf1
+
+
+def mixed_graph():
+    g = tf.Graph()
+    r = rng(3)
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [4, 16], name="x")
+        h = x
+        for i in range(3):
+            w = tf.constant(r.standard_normal((16, 16)).astype(np.float32) * 0.3, name=f"w{i}")
+            h = tf.nn.relu(tf.nn.bias_add(tf.matmul(h, w, name=f"mm{i}"), tf.zeros([16]), name=f"bias{i}"))
+            h = tf.tanh(h, name=f"tanh{i}")
+        logits = tf.identity(h, name="logits")
+        tf.reduce_mean(tf.exp(logits), name="loss")
+    return g.as_graph_def()
+
+
+def feeds():
+    return {"x": rng(4).standard_normal((4, 16)).astype(np.float32)}
+
+
+def test_caller_graph_is_not_mutated():
+    gd = mixed_graph()
+    before = gd.SerializeToString(deterministic=True)
+    amp(gd, ["logits", "loss"])
+    assert gd.SerializeToString(deterministic=True) == before
+
+
+def test_output_is_byte_identical_across_runs():
+    a = amp(mixed_graph(), ["logits", "loss"]).graph_def.SerializeToString(deterministic=True)
+    b = amp(mixed_graph(), ["logits", "loss"]).graph_def.SerializeToString(deterministic=True)
+    assert a == b
+
+
+def test_rewriting_the_output_again_changes_nothing():
+    once = amp(mixed_graph(), ["logits", "loss"])
+    twice = amp(once.graph_def, ["logits", "loss"])
+    assert twice.graph_def == once.graph_def
+    assert twice.converted == [] and twice.casts == []
+
+
+def test_fetch_outputs_keep_dtype_and_numbers():
+    gd = mixed_graph()
+    out = amp(gd, ["logits", "loss"]).graph_def
+    assert {"mm0", "mm1", "mm2", "tanh0"} <= half_nodes(out)
+    assert_same_outputs_within_half(gd, out, ["logits", "loss"], feeds())
+
+
+def test_default_fetches_are_nodes_without_consumers():
+    result = amp(mixed_graph())
+    assert result.report()["nodes"]["loss"]["colour"] == "preserved"
+
+
+def test_unknown_fetch_is_an_error_naming_it():
+    with pytest.raises(GraphError, match="'nope'"):
+        amp(mixed_graph(), ["nope"])
+
+
+def test_tensor_cores_only_converts_allow_ops_alone():
+    out = amp(mixed_graph(), ["logits", "loss"], level="TENSOR_CORES_ONLY").graph_def
+    assert half_nodes(out) == {"mm0", "mm1", "mm2", "w0", "w1", "w2"}
+
+
+def test_treat_infer_as_deny_keeps_infer_ops_float32():
+    out = amp(mixed_graph(), ["logits", "loss"], level="TREAT_INFER_AS_DENY").graph_def
+    assert not {"tanh0", "bias0"} & half_nodes(out)
+    assert "mm0" in half_nodes(out)
+
+
+def test_unsafe_force_all_converts_even_deny_ops():
+    gd = mixed_graph()
+    out = amp(gd, ["logits"], level="UNSAFE_FORCE_ALL").graph_def
+    assert {"Exp", "loss"} <= half_nodes(out)
+    assert_same_outputs_within_half(gd, out, ["logits"], feeds())
+
+
+def test_environment_configures_the_default_config(monkeypatch):
+    monkeypatch.setenv("TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LEVEL", "TENSOR_CORES_ONLY")
+    monkeypatch.setenv("TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_ALLOWLIST_REMOVE", "MatMul")
+    result = rewrite(mixed_graph(), fetches=["logits", "loss"])
+    assert result.config.level == "TENSOR_CORES_ONLY"
+    assert result.converted == []
+
+
+def test_report_has_the_promised_fields():
+    report = amp(mixed_graph(), ["logits", "loss"]).report()
+    assert {"target", "nodes_total", "converted", "casts", "fp16_flop_share", "nodes"} <= set(report)
+    assert report["fp16_flop_share"] == pytest.approx(1.0)
+    tanh = report["nodes"]["tanh0"]
+    assert tanh["colour"] == "allow" and tanh["cause"] and tanh["rule"]
+
+
+def test_flop_share_counts_the_float32_matmul():
+    result = amp(mixed_graph(), ["mm1", "logits", "loss"])  # mm1 fetched: stays float32
+    assert result.half_flop_share == pytest.approx(2 / 3)
+    assert "66.7% of MatMul/Conv FLOPs in float16" in result.summary()
+
+
+def test_bfloat16_on_cpu_runs():
+    gd = mixed_graph()
+    out = rewrite(gd, fetches=["logits", "loss"], target="bfloat16", config=CPU).graph_def
+    assert "mm0" in half_nodes(out)
+    assert_same_outputs_within_half(gd, out, ["logits", "loss"], feeds(), rtol=5e-2, atol=5e-2)
+
+
+def test_gpu_device_type_on_a_cpu_build_checks_opdefs_only():
+    result = rewrite(mixed_graph(), fetches=["logits", "loss"], config=Config(device_type="GPU"))
+    assert "mm0" in result.converted

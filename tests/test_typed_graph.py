@@ -1,0 +1,75 @@
+"""The typed view: one vertex per (node, type attr), ports mapped through OpDefs."""
+
+import pytest
+import tensorflow as tf
+
+from amp_rewrite import GraphError
+from amp_rewrite.typed_graph import TypeAttr, TypedGraph
+from helpers import tf1
+
+
+def build(fn):
+    g = tf.Graph()
+    with g.as_default():
+        fn()
+    return TypedGraph(g.as_graph_def())
+
+
+def attrs_of(view, name):
+    i = view.index[name]
+    return [view.vertices[v][1] for v in view.node_vertices[i]]
+
+
+def test_vertices_per_type_attr_list_entry_and_fixed_type():
+    def fn():
+        x = tf1.placeholder(tf.float32, [2, 4, 4, 3], name="x")
+        tf.raw_ops.FusedBatchNormV3(x=x, scale=tf.ones([3]), offset=tf.zeros([3]), mean=tf.zeros([3]),
+                                    variance=tf.ones([3]), is_training=False, name="bn")
+        tf.raw_ops.IdentityN(input=[x, tf.constant(1)], name="idn")
+        tf.math.add_n([x, x, x], name="addn")
+        tf.reduce_sum(x, axis=0, name="sum")
+
+    view = build(fn)
+    assert set(attrs_of(view, "bn")) >= {TypeAttr("T"), TypeAttr("U")}
+    assert set(attrs_of(view, "idn")) == {TypeAttr("T", 0), TypeAttr("T", 1)}
+    assert attrs_of(view, "addn") == [TypeAttr("T")]  # N inputs share one vertex
+    assert view.in_attrs[view.index["addn"]] == [TypeAttr("T")] * 3
+    assert set(attrs_of(view, "sum")) == {TypeAttr("T"), TypeAttr("Tidx")}
+
+
+def test_edges_join_producer_port_to_consumer_port_vertices():
+    def fn():
+        x = tf1.placeholder(tf.float32, [2, 3], name="x")
+        bn = tf.raw_ops.FusedBatchNormV3(x=tf.reshape(x, [1, 1, 2, 3]), scale=tf.ones([3]), offset=tf.zeros([3]),
+                                         mean=tf.zeros([3]), variance=tf.ones([3]), is_training=False, name="bn")
+        tf.identity(bn.batch_mean, name="mean_out")
+
+    view = build(fn)
+    mean_out = view.vertex("mean_out", "T")
+    assert view.fanin[mean_out] == [view.vertex("bn", "U")]
+
+
+def test_unknown_op_gets_no_vertices_and_a_warning(caplog):
+    gd = tf.compat.v1.GraphDef()
+    gd.node.add(name="a", op="MyCustomOp")
+    with caplog.at_level("WARNING"):
+        view = TypedGraph(gd)
+    assert view.node_vertices == [[]] and view.unknown_ops == ["MyCustomOp"]
+    assert "MyCustomOp" in caplog.text
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (lambda gd: gd.node[1].input.append("missing"), "names a node that does not exist"),
+    (lambda gd: gd.node.add().CopyFrom(gd.node[0]), "duplicate node name"),
+    (lambda gd: gd.node[1].input.pop(), "expected 1 data inputs, got 0"),
+    (lambda gd: gd.node[1].input.__setitem__(0, "x:3"), "asks for output 3"),
+])
+def test_malformed_graphs_name_node_and_op(mutate, message):
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [2], name="x")
+        tf.nn.relu(x, name="r")
+    gd = g.as_graph_def()
+    mutate(gd)
+    with pytest.raises(GraphError, match=message):
+        TypedGraph(gd)
