@@ -54,8 +54,11 @@ def apply_painting(ctx: PaintContext, painting: Painting, was_float32: list[bool
     if folded:
         converted = set(applied.converted) | set(applied.folded_consts)
         applied.converted = [n.name for n in graph.nodes if n.name in converted]
-    insert_casts(ctx, painting, was_float32, folded, applied)
-    bypass_widening_casts(ctx, applied)
+    new_casts, widening = insert_casts(ctx, painting, was_float32, folded)
+    dead = bypass_widening_casts(ctx, widening)
+    new_casts = [cast for cast in new_casts if cast.name not in dead]
+    graph.graph_def.node.extend(new_casts)
+    applied.casts = [cast.name for cast in new_casts]
     return applied
 
 
@@ -126,11 +129,16 @@ def fold_half_consts(ctx: PaintContext, painting: Painting, applied: Applied) ->
 
 
 def insert_casts(ctx: PaintContext, painting: Painting, was_float32: list[bool],
-                 folded: set[int], applied: Applied) -> None:
-    """Puts one Cast on each float32 source port whose consumers' colour differs from its own."""
+                 folded: set[int]) -> tuple[list, dict]:
+    """Rewires each float32 source port whose consumers' colour differs from its own through one Cast.
+
+    Returns the new Cast NodeDefs (not yet in the graph), and our half → float32
+    Casts by name with the (node, input) pairs they feed.
+    """
     graph = ctx.graph
     names = set(graph.index)
     new_nodes = []
+    widening = {}
     for (src, port), consumers in sorted(graph.consumers.items()):
         if src in folded:
             continue
@@ -152,45 +160,40 @@ def insert_casts(ctx: PaintContext, painting: Painting, was_float32: list[bool],
         source = graph.nodes[src]
         tensor = source.name if port == 0 else f"{source.name}:{port}"
         name = _unique(f"{source.name}-{port}-{_CAST_WORD[dst_type]}-{CAST_SUFFIX}", names)
-        new_nodes.append(_cast_node(name, tensor, src_type, dst_type, source.device))
+        cast = _cast_node(name, tensor, src_type, dst_type, source.device)
+        new_nodes.append(cast)
         for dst, k in needing:
             graph.nodes[dst].input[k] = name
-        applied.casts.append(name)
-    graph.graph_def.node.extend(new_nodes)
+        if dst_type == DT_FLOAT:
+            widening[name] = (cast, needing)
+    return new_nodes, widening
 
 
-def bypass_widening_casts(ctx: PaintContext, applied: Applied) -> None:
+def bypass_widening_casts(ctx: PaintContext, widening: dict[str, tuple[object, list]]) -> set[str]:
     """Lets a Cast read past one of our half → float32 Casts: ``half -> f32 -> X`` becomes ``half -> X``.
 
     Widening is exact, so casting the half value straight to X gives the same
-    result. A Cast of ours left with no consumer is removed.
+    result.
+
+    Args:
+        widening: our half → float32 Casts by name, with the (node, input) pairs reading them.
+
+    Returns:
+        The names of our Casts left with no consumer.
     """
-    graph_def = ctx.graph.graph_def
-    inserted = set(applied.casts)
-    ours = {n.name: n for n in graph_def.node
-            if n.name in inserted and n.attr["DstT"].type == DT_FLOAT}
-    if not ours:
-        return
-    used: set[str] = set()
-    for node in graph_def.node:
-        for k, ref in enumerate(node.input):
-            is_control = ref.startswith("^")
-            name = ref[1:] if is_control else ref
-            widening = ours.get(name)
-            if widening is None:
-                continue
-            if (not is_control and k == 0 and node.op == "Cast"
-                    and node.name not in ctx.preserved and node.name not in ours):
-                node.input[0] = widening.input[0]
-                node.attr["SrcT"].type = widening.attr["SrcT"].type
-            else:
-                used.add(name)
-    dead = set(ours) - used
-    if dead:
-        keep = [n for n in graph_def.node if n.name not in dead]
-        del graph_def.node[:]
-        graph_def.node.extend(keep)
-        applied.casts = [c for c in applied.casts if c not in dead]
+    graph = ctx.graph
+    dead = set()
+    for name, (cast, consumers) in widening.items():
+        bypassed = 0
+        for dst, k in consumers:
+            node = graph.nodes[dst]
+            if node.op == "Cast" and k == 0 and node.name not in ctx.preserved:
+                node.input[0] = cast.input[0]
+                node.attr["SrcT"].type = cast.attr["SrcT"].type
+                bypassed += 1
+        if bypassed == len(consumers):
+            dead.add(name)
+    return dead
 
 
 def _cast_node(name: str, tensor: str, src_type: int, dst_type: int, device: str):

@@ -110,15 +110,21 @@ class OpRegistry:
             True or False; None when this build has no kernels for ``device_type``
             at all, so nothing can be said.
         """
-        if not build_has_device_type(device_type):
-            return None
-        for dev, constraints in _kernels(op):
-            # A DEFAULT kernel serves every device type that has none of its own.
-            if dev != device_type and dev != "DEFAULT":
-                continue
-            if all(_satisfies(attrs.get(name), allowed) for name, allowed in constraints.items()):
-                return True
-        return False
+        return _has_kernel(op, device_type, tuple(sorted(attrs.items())))
+
+
+@functools.lru_cache(maxsize=65536)
+def _has_kernel(op: str, device_type: str, attrs: tuple) -> bool | None:
+    if not build_has_device_type(device_type):
+        return None
+    values = dict(attrs)
+    for dev, constraints in _kernels(op):
+        # A DEFAULT kernel serves every device type that has none of its own.
+        if dev != device_type and dev != "DEFAULT":
+            continue
+        if all(_satisfies(values.get(name), allowed) for name, allowed in constraints.items()):
+            return True
+    return False
 
 
 def _satisfies(value, allowed: frozenset) -> bool:

@@ -94,6 +94,7 @@ class PaintContext:
         self.preserved = preserved
         self.force_all = force_all
         self._supports: dict[int, bool] = {}
+        self.node_list = [lists.colour_of(node.op) for node in graph.nodes]
         self.skip_reason: list[str | None] = [self._skip_reason(n) for n in graph.nodes]
 
     def _skip_reason(self, node) -> str | None:
@@ -112,7 +113,8 @@ class PaintContext:
         return self.graph.dtype(vid) == DT_FLOAT
 
     def on_list(self, vid: int, colour: str) -> bool:
-        return self.graph.op(vid) in getattr(self.lists, colour)
+        """Whether the vertex's op is on the ``colour`` list."""
+        return self.node_list[self.graph.vertices[vid][0]] == colour
 
     def supports_target(self, vid: int) -> bool:
         """Whether the OpDef admits the target type for this attr and a kernel exists for it."""
@@ -188,11 +190,12 @@ def paint_allow_ops(ctx: PaintContext, painting: Painting) -> None:
     stateful ops, ops with ref inputs or outputs, and Consts.
     """
     for vid in range(len(ctx.graph.vertices)):
-        if not ctx.can_convert(vid):
+        if vid in painting.deny:
             continue
         if ctx.on_list(vid, "allow"):
-            painting.mark_allow(vid, "allow-list op")
-        elif ctx.force_all and ctx.can_force(vid):
+            if ctx.can_convert(vid):
+                painting.mark_allow(vid, "allow-list op")
+        elif ctx.force_all and ctx.can_convert(vid) and ctx.can_force(vid):
             painting.mark_allow(vid, "forced (UNSAFE_FORCE_ALL)")
 
 

@@ -25,6 +25,7 @@ import logging
 import time
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from typing import Callable
 
 from amp_rewrite import painting as rules
 from amp_rewrite.casts import Applied, apply_painting, promote_batch_norms
@@ -76,8 +77,13 @@ class RewriteResult:
     seconds: float
     nodes_total: int
     applied: Applied
-    node_outcomes: dict = field(repr=False)
+    explain: Callable[[], dict] = field(repr=False)
     unknown_ops: tuple[str, ...] = ()
+
+    @cached_property
+    def node_outcomes(self) -> dict[str, dict]:
+        """Per node: its colour, the rule that decided it, and the neighbour that caused it."""
+        return self.explain()
 
     @property
     def converted(self) -> list[str]:
@@ -162,16 +168,11 @@ def rewrite(graph_def, *, fetches=None, target: str | None = None,
                        force_all=config.level == "UNSAFE_FORCE_ALL")
     painting = paint(ctx)
     was_float32 = [graph.dtype(v) == DT_FLOAT for v in range(len(graph.vertices))]
-    outcomes = _node_outcomes(ctx, painting)
     applied = apply_painting(ctx, painting, was_float32)
-    for name in applied.folded_consts:
-        outcomes[name].update(colour="allow", rule="constant read only by half ops: stored in half")
-    for name, peak in applied.consts_out_of_range.items():
-        outcomes[name].update(rule=f"constant read by half ops but |value| reaches {peak:g}: "
-                                   "kept float32 with a Cast")
     result = RewriteResult(
         graph_def=work, config=config, lists=lists, seconds=time.perf_counter() - start,
-        nodes_total=len(graph.nodes), applied=applied, node_outcomes=outcomes,
+        nodes_total=len(graph.nodes), applied=applied,
+        explain=lambda: _node_outcomes(ctx, painting, applied, was_float32),
         unknown_ops=tuple(graph.unknown_ops),
     )
     logger.info("converted %d/%d nodes to %s, %d casts, in %.3f s", len(applied.converted),
@@ -197,21 +198,27 @@ def _preserved_nodes(graph_def, config: Config) -> frozenset[str]:
     return frozenset(fetched | {parse_input(p)[0] for p in config.preserve})
 
 
-def _node_outcomes(ctx: PaintContext, painting: Painting) -> dict[str, dict]:
+def _node_outcomes(ctx: PaintContext, painting: Painting, applied: Applied,
+                   was_float32: list[bool]) -> dict[str, dict]:
     """Per node: its colour, the rule that decided it, and the neighbour that caused it."""
     graph = ctx.graph
     outcomes = {}
     for i, node in enumerate(graph.nodes):
         vids = graph.node_vertices[i]
-        colour, rule, cause = _node_colour(ctx, painting, i, vids)
+        colour, rule, cause = _node_colour(ctx, painting, i, vids, was_float32)
         entry = {"op": node.op, "colour": colour, "rule": rule}
         if cause is not None:
             entry["cause"] = graph.nodes[graph.vertices[cause][0]].name
         outcomes[node.name] = entry
+    for name in applied.folded_consts:
+        outcomes[name].update(colour="allow", rule="constant read only by half ops: stored in half")
+    for name, peak in applied.consts_out_of_range.items():
+        outcomes[name].update(rule=f"constant read by half ops but |value| reaches {peak:g}: "
+                                   "kept float32 with a Cast")
     return outcomes
 
 
-def _node_colour(ctx: PaintContext, painting: Painting, i: int, vids: list[int]):
+def _node_colour(ctx: PaintContext, painting: Painting, i: int, vids: list[int], was_float32: list[bool]):
     graph = ctx.graph
     if ctx.skip_reason[i] is not None:
         return "preserved", ctx.skip_reason[i], None
@@ -228,7 +235,7 @@ def _node_colour(ctx: PaintContext, painting: Painting, i: int, vids: list[int])
     if graph.op_defs[i] is None:
         return "unknown", "op not registered: kept as it is", None
     listed = ctx.lists.colour_of(node.op)
-    floats = [v for v in vids if ctx.is_float32(v)]
+    floats = [v for v in vids if was_float32[v]]
     if not floats:
         return listed or "none", "no float32 type to change", None
     if listed is None:

@@ -95,13 +95,17 @@ class TypedGraph:
                            "its nodes stay as they are", op)
         self.in_attrs: list[list[TypeAttr] | None] = []
         self.out_attrs: list[list[TypeAttr] | None] = []
+        plans: dict[str, tuple[_ArgPlan, _ArgPlan]] = {}
         for node, op_def in zip(self.nodes, self.op_defs):
             if op_def is None:
                 self.in_attrs.append(None)
                 self.out_attrs.append(None)
                 continue
-            self.in_attrs.append(_port_attrs(node, op_def, op_def.input_arg))
-            self.out_attrs.append(_port_attrs(node, op_def, op_def.output_arg))
+            plan = plans.get(node.op)
+            if plan is None:
+                plan = plans[node.op] = (_ArgPlan(op_def, op_def.input_arg), _ArgPlan(op_def, op_def.output_arg))
+            self.in_attrs.append(plan[0].expand(node))
+            self.out_attrs.append(plan[1].expand(node))
         self._read_inputs()
         self._build_vertices()
         self._build_edges()
@@ -112,20 +116,26 @@ class TypedGraph:
         self.inputs: list[list[tuple[int, int]]] = []
         self.consumers: dict[tuple[int, int], list[tuple[int, int]]] = {}
         self.control_consumers = [False] * len(self.nodes)
+        index = self.index
+        consumers = self.consumers
         for dst, node in enumerate(self.nodes):
             data = []
             seen_control = False
             for ref in node.input:
-                name, port, is_control = parse_input(ref)
-                src = self.index.get(name)
-                if src is None:
-                    raise GraphError(
-                        f"node {node.name} (op {node.op}): input {ref!r} names a node that does not exist"
-                    )
-                if is_control:
+                if ref[:1] == "^":
+                    src = index.get(ref[1:])
+                    if src is None:
+                        self._missing_input(node, ref)
                     seen_control = True
                     self.control_consumers[src] = True
                     continue
+                name, port = ref, 0
+                colon = ref.rfind(":")
+                if colon > 0 and ref[colon + 1:].isdigit():
+                    name, port = ref[:colon], int(ref[colon + 1:])
+                src = index.get(name)
+                if src is None:
+                    self._missing_input(node, ref)
                 if seen_control:
                     raise GraphError(
                         f"node {node.name} (op {node.op}): data input {ref!r} follows a control input"
@@ -136,14 +146,23 @@ class TypedGraph:
                         f"node {node.name} (op {node.op}): input {ref!r} asks for output {port} "
                         f"of {self.nodes[src].op} node {name}, which has {len(outs)}"
                     )
-                self.consumers.setdefault((src, port), []).append((dst, len(data)))
-                data.append((src, port))
+                key = (src, port)
+                entry = consumers.get(key)
+                if entry is None:
+                    consumers[key] = [(dst, len(data))]
+                else:
+                    entry.append((dst, len(data)))
+                data.append(key)
             expected = self.in_attrs[dst]
             if expected is not None and len(expected) != len(data):
                 raise GraphError(
                     f"node {node.name} (op {node.op}): expected {len(expected)} data inputs, got {len(data)}"
                 )
             self.inputs.append(data)
+
+    @staticmethod
+    def _missing_input(node, ref: str):
+        raise GraphError(f"node {node.name} (op {node.op}): input {ref!r} names a node that does not exist")
 
     def _build_vertices(self) -> None:
         self.vertices: list[tuple[int, TypeAttr]] = []
@@ -300,32 +319,48 @@ def _default_type(op_def, attr_name: str) -> int:
     return 0
 
 
-def _attr_len(node, op_def, name: str, *, is_list: bool) -> int:
+class _ArgPlan:
+    """How one op's input or output args expand to typed ports, prepared once per op."""
+
+    def __init__(self, op_def, args):
+        self.op_def = op_def
+        self.entries = []
+        for arg in args:
+            if arg.type_list_attr:
+                self.entries.append((arg.type_list_attr, None, True))
+                continue
+            attr = TypeAttr(arg.type_attr) if arg.type_attr else TypeAttr("", -1, arg.type)
+            self.entries.append((arg.number_attr, attr, False))
+        defaults = {a.name for a in op_def.attr if a.HasField("default_value")}
+        self.required = sorted({attr.name for _, attr, _ in self.entries
+                                if attr is not None and attr.name and attr.name not in defaults})
+        self.fixed = None
+        if all(count == "" and not is_list for count, _, is_list in self.entries):
+            self.fixed = [attr for _, attr, _ in self.entries]
+
+    def expand(self, node) -> list[TypeAttr]:
+        """The TypeAttr of each port of ``node`` (shared lists: do not mutate)."""
+        for name in self.required:
+            if name not in node.attr:
+                raise GraphError(f"node {node.name} (op {node.op}): type attr {name} is missing")
+        if self.fixed is not None:
+            return self.fixed
+        result = []
+        for count_attr, attr, is_list in self.entries:
+            if is_list:
+                n = _attr_value(node, self.op_def, count_attr).list.type
+                result.extend(TypeAttr(count_attr, k) for k in range(len(n)))
+            elif count_attr:
+                result.extend([attr] * _attr_value(node, self.op_def, count_attr).i)
+            else:
+                result.append(attr)
+        return result
+
+
+def _attr_value(node, op_def, name: str):
     if name in node.attr:
-        value = node.attr[name]
-        return len(value.list.type) if is_list else value.i
+        return node.attr[name]
     for attr_def in op_def.attr:
         if attr_def.name == name and attr_def.HasField("default_value"):
-            value = attr_def.default_value
-            return len(value.list.type) if is_list else value.i
+            return attr_def.default_value
     raise GraphError(f"node {node.name} (op {node.op}): attr {name} is missing")
-
-
-def _port_attrs(node, op_def, args) -> list[TypeAttr]:
-    """The TypeAttr of each port an OpDef's input or output args expand to."""
-    result = []
-    for arg in args:
-        if arg.type_list_attr:
-            count = _attr_len(node, op_def, arg.type_list_attr, is_list=True)
-            result.extend(TypeAttr(arg.type_list_attr, k) for k in range(count))
-            continue
-        attr = TypeAttr(arg.type_attr) if arg.type_attr else TypeAttr("", -1, arg.type)
-        if attr.name and attr.name not in node.attr and not _has_default(op_def, attr.name):
-            raise GraphError(f"node {node.name} (op {node.op}): type attr {attr.name} is missing")
-        count = _attr_len(node, op_def, arg.number_attr, is_list=False) if arg.number_attr else 1
-        result.extend([attr] * count)
-    return result
-
-
-def _has_default(op_def, name: str) -> bool:
-    return any(a.name == name and a.HasField("default_value") for a in op_def.attr)
