@@ -115,3 +115,15 @@ def test_deliberate_difference_allow_op_without_a_half_kernel_is_not_converted()
     assert "allow1" in theirs_half and "allow1" not in ours_half
     assert ours.casts == []
     assert ours.report()["nodes"]["allow1"]["rule"] == "no float16 kernel or OpDef type on CPU"
+
+
+@pytest.mark.slow
+def test_real_model_rewrite_is_deterministic_and_idempotent():
+    model = models.tf1_resnet50_training()
+    fetches = list(model.fetches)
+    once = amp(model.graph_def, fetches).graph_def
+    again = amp(model.graph_def, fetches).graph_def
+    assert once.SerializeToString(deterministic=True) == again.SerializeToString(deterministic=True)
+    twice = amp(once, fetches)
+    assert twice.converted == [] and twice.casts == []
+    assert twice.graph_def.SerializeToString(deterministic=True) == once.SerializeToString(deterministic=True)

@@ -412,3 +412,82 @@ def test_bfloat16_target_uses_its_own_lists():
     assert "infer1" in half_nodes(bf16)
     assert node_types(bf16)["allow1"] == tf.bfloat16.as_datatype_enum
     assert_same_outputs_within_half(gd, bf16, ["fetch"], feed(scale=0.5), rtol=6e-2, atol=6e-2)
+
+
+def test_tensor_list_push_and_pop_share_the_element_type():
+    g = tf.Graph()
+    with g.as_default():
+        x = placeholder()
+        allow1 = tf.matmul(x, x, name="allow1")
+        empty = tf.raw_ops.EmptyTensorList(element_shape=tf.constant([8, 8]), max_num_elements=-1,
+                                           element_dtype=tf.float32, name="tl_empty")
+        pushed = tf.raw_ops.TensorListPushBack(input_handle=empty, tensor=allow1, name="tl_push")
+        _, popped = tf.raw_ops.TensorListPopBack(input_handle=pushed, element_shape=tf.constant([8, 8]),
+                                                 element_dtype=tf.float32, name="tl_pop")
+        allow2 = tf.matmul(popped, x, name="allow2")
+        tf.identity(allow2, name="fetch")
+    gd = g.as_graph_def()
+    out = amp(gd, ["fetch"]).graph_def
+    ops = {n.name: n for n in out.node}
+    assert ops["tl_push"].attr["element_dtype"].type == F16
+    assert ops["tl_pop"].attr["element_dtype"].type == F16
+    assert ops["tl_empty"].attr["element_dtype"].type == F16
+    assert_same_outputs_within_half(gd, out, ["fetch"], feed(scale=0.5))
+
+
+def test_tensor_lists_joined_by_concat_lists_form_one_cluster():
+    g = tf.Graph()
+    with g.as_default():
+        x = placeholder((2, 8))
+        allow1 = tf.matmul(x, tf.ones([8, 8]), name="allow1")
+        lists = []
+        for k in range(2):
+            empty = tf.raw_ops.EmptyTensorList(element_shape=tf.constant([8]), max_num_elements=-1,
+                                               element_dtype=tf.float32)
+            batch = tf.stack([empty, empty])
+            lists.append(tf.raw_ops.TensorListPushBackBatch(input_handles=batch, tensor=allow1,
+                                                            name=f"tl_pushbatch{k}"))
+        joined = tf.raw_ops.TensorListConcatLists(input_a=lists[0], input_b=lists[1], element_dtype=tf.float32,
+                                                  name="tl_concat")
+        stacked = tf.raw_ops.TensorListStack(input_handle=joined[0], element_shape=tf.constant([8]),
+                                             element_dtype=tf.float32, name="tl_stack")
+        allow2 = tf.matmul(stacked, tf.ones([8, 8]), name="allow2")
+        tf.identity(allow2, name="fetch")
+    gd = g.as_graph_def()
+    out = amp(gd, ["fetch"]).graph_def
+    types = {n.name: n.attr["element_dtype"].type for n in out.node if "element_dtype" in n.attr}
+    assert types["tl_pushbatch0"] == types["tl_pushbatch1"] == types["tl_concat"] == types["tl_stack"] == F16
+    assert_same_outputs_within_half(gd, out, ["fetch"], feed((2, 8), scale=0.5))
+
+
+def test_tensor_list_passed_to_a_function_stays_float32():
+    @tf.function
+    def read(handle):
+        return tf.raw_ops.TensorListGetItem(input_handle=handle, index=0, element_shape=tf.constant([8]),
+                                            element_dtype=tf.float32)
+
+    g = tf.Graph()
+    with g.as_default():
+        x = placeholder()
+        allow1 = tf.matmul(x, x, name="allow1")
+        handle = tf.raw_ops.TensorListFromTensor(tensor=allow1, element_shape=tf.constant([8]), name="tl_from")
+        item = read(handle)
+        tf.identity(tf.matmul(tf.reshape(item, [1, 8]), x, name="allow2"), name="fetch")
+    gd = g.as_graph_def()
+    out = amp(gd, ["fetch"]).graph_def
+    assert next(n for n in out.node if n.name == "tl_from").attr["element_dtype"].type == F32
+    assert "allow1" in half_nodes(out)
+    assert_same_outputs_within_half(gd, out, ["fetch"], feed(scale=0.5))
+
+
+def test_conv3d_converts():
+    g = tf.Graph()
+    with g.as_default():
+        x = placeholder((1, 4, 6, 6, 2))
+        w = tf.constant(rng(5).standard_normal((2, 3, 3, 2, 3)).astype(np.float32) * 0.3)
+        y = tf.nn.relu(tf.nn.conv3d(x, w, [1] * 5, "SAME", name="allow1"), name="clr1")
+        tf.identity(tf.nn.avg_pool3d(y, 2, 2, "VALID", name="infer1"), name="fetch")
+    gd = g.as_graph_def()
+    out = amp(gd, ["fetch"]).graph_def
+    expect_half(out, {"allow1", "clr1"})
+    assert_same_outputs_within_half(gd, out, ["fetch"], feed((1, 4, 6, 6, 2)))
