@@ -36,6 +36,9 @@ class Applied:
     casts: list[str] = field(default_factory=list)
     folded_consts: list[str] = field(default_factory=list)
     consts_out_of_range: dict[str, float] = field(default_factory=dict)
+    casts_by_body: dict[int, list[str]] = field(default_factory=dict)
+    casts_in_loops: list[str] = field(default_factory=list)
+    functions_rewritten: list[str] = field(default_factory=list)
 
 
 def apply_painting(ctx: PaintContext, painting: Painting, was_float32: list[bool]) -> Applied:
@@ -56,9 +59,13 @@ def apply_painting(ctx: PaintContext, painting: Painting, was_float32: list[bool
         applied.converted = [n.name for n in graph.nodes if n.name in converted]
     new_casts, widening = insert_casts(ctx, painting, was_float32, folded)
     dead = bypass_widening_casts(ctx, widening)
-    new_casts = [cast for cast in new_casts if cast.name not in dead]
-    graph.graph_def.node.extend(new_casts)
-    applied.casts = [cast.name for cast in new_casts]
+    for body_id, cast in new_casts:
+        if (body_id, cast.name) in dead:
+            continue
+        body = graph.bodies[body_id]
+        (graph.graph_def.node if body.is_main else body.fdef.node_def).append(cast)
+        applied.casts_by_body.setdefault(body_id, []).append(cast.name)
+    applied.casts = list(applied.casts_by_body.get(0, []))
     return applied
 
 
@@ -132,11 +139,11 @@ def insert_casts(ctx: PaintContext, painting: Painting, was_float32: list[bool],
                  folded: set[int]) -> tuple[list, dict]:
     """Rewires each float32 source port whose consumers' colour differs from its own through one Cast.
 
-    Returns the new Cast NodeDefs (not yet in the graph), and our half → float32
-    Casts by name with the (node, input) pairs they feed.
+    Returns the new Casts as (body, NodeDef) pairs, not yet in their bodies, and
+    our half → float32 Casts by (body, name) with the (node, input) pairs they feed.
     """
     graph = ctx.graph
-    names = set(graph.index)
+    names: dict[int, set[str]] = {}
     new_nodes = []
     widening = {}
     for (src, port), consumers in sorted(graph.consumers.items()):
@@ -158,28 +165,31 @@ def insert_casts(ctx: PaintContext, painting: Painting, was_float32: list[bool],
         dst_type = DT_FLOAT if src_allow else ctx.target_dtype
         src_type = ctx.target_dtype if src_allow else DT_FLOAT
         source = graph.nodes[src]
-        tensor = source.name if port == 0 else f"{source.name}:{port}"
-        name = _unique(f"{source.name}-{port}-{_CAST_WORD[dst_type]}-{CAST_SUFFIX}", names)
-        cast = _cast_node(name, tensor, src_type, dst_type, source.device)
-        new_nodes.append(cast)
+        body_id = graph.body_of[src]
+        body = graph.bodies[body_id]
+        taken = names.setdefault(body_id, set(body.index))
+        name = _unique(f"{source.name}-{port}-{_CAST_WORD[dst_type]}-{CAST_SUFFIX}", taken)
+        cast = _cast_node(name, graph.tensor_ref(src, port), src_type, dst_type, source.device)
+        new_nodes.append((body_id, cast))
+        ref = name if body.is_main else f"{name}:y:0"
         for dst, k in needing:
-            graph.nodes[dst].input[k] = name
+            graph.nodes[dst].input[k] = ref
         if dst_type == DT_FLOAT:
-            widening[name] = (cast, needing)
+            widening[(body_id, name)] = (cast, needing)
     return new_nodes, widening
 
 
-def bypass_widening_casts(ctx: PaintContext, widening: dict[str, tuple[object, list]]) -> set[str]:
+def bypass_widening_casts(ctx: PaintContext, widening: dict[tuple[int, str], tuple[object, list]]) -> set:
     """Lets a Cast read past one of our half → float32 Casts: ``half -> f32 -> X`` becomes ``half -> X``.
 
     Widening is exact, so casting the half value straight to X gives the same
     result.
 
     Args:
-        widening: our half → float32 Casts by name, with the (node, input) pairs reading them.
+        widening: our half → float32 Casts by (body, name), with the (node, input) pairs reading them.
 
     Returns:
-        The names of our Casts left with no consumer.
+        The (body, name) of our Casts left with no consumer.
     """
     graph = ctx.graph
     dead = set()
@@ -187,7 +197,7 @@ def bypass_widening_casts(ctx: PaintContext, widening: dict[str, tuple[object, l
         bypassed = 0
         for dst, k in consumers:
             node = graph.nodes[dst]
-            if node.op == "Cast" and k == 0 and node.name not in ctx.preserved:
+            if node.op == "Cast" and k == 0 and not ctx.is_preserved(dst):
                 node.input[0] = cast.input[0]
                 node.attr["SrcT"].type = cast.attr["SrcT"].type
                 bypassed += 1

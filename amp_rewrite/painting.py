@@ -25,10 +25,7 @@ logger = logging.getLogger(__name__)
 
 # Ops the tensor-list rule cannot see past: a list handle that reaches one of
 # these may be read or written somewhere this graph does not show.
-_OPAQUE_HANDLE_OPS = frozenset({
-    "_Arg", "_Retval", "OptionalFromValue", "OptionalGetValue",
-    "PartitionedCall", "Placeholder", "StatefulPartitionedCall",
-})
+_OPAQUE_HANDLE_OPS = frozenset({"OptionalFromValue", "OptionalGetValue", "Placeholder"})
 _TENSOR_LIST_READERS = frozenset({
     "TensorListConcat", "TensorListConcatV2", "TensorListGather",
     "TensorListGetItem", "TensorListPopBack", "TensorListStack",
@@ -94,16 +91,39 @@ class PaintContext:
         self.preserved = preserved
         self.force_all = force_all
         self._supports: dict[int, bool] = {}
-        self.node_list = [lists.colour_of(node.op) for node in graph.nodes]
-        self.skip_reason: list[str | None] = [self._skip_reason(n) for n in graph.nodes]
+        self.boundary = set(graph.virtual).union(*(b.children for b in graph.bodies))
+        self.node_list = [
+            "clear" if i in self.boundary else lists.colour_of(node.op) for i, node in enumerate(graph.nodes)
+        ]
+        self.skip_reason: list[str | None] = [self._skip_reason(i) for i in range(len(graph.nodes))]
 
-    def _skip_reason(self, node) -> str | None:
-        if node.name in self.preserved:
+    def _skip_reason(self, i: int) -> str | None:
+        graph = self.graph
+        node = graph.nodes[i]
+        if graph.body_of[i] == 0 and node.name in self.preserved:
             return "fetched or preserved: keeps its dtype"
+        if i in graph.opaque_calls:
+            return f"call not rewritten: {graph.opaque_calls[i]}"
         dev = device_type_of(node.device)
         if dev is not None and dev != self.device_type:
             return f"placed on {dev}"
         return None
+
+    def is_preserved(self, i: int) -> bool:
+        """Whether node ``i`` must keep every attr (fetched, fed or asked to be preserved)."""
+        return self.graph.body_of[i] == 0 and self.graph.nodes[i].name in self.preserved
+
+    def opaque_handle(self, i: int) -> bool:
+        """Whether a value reaching node ``i`` may be used somewhere the view does not show."""
+        graph = self.graph
+        op = graph.nodes[i].op
+        if self.is_preserved(i):
+            return True  # fetched: the caller may read the list
+        if op in ("_Arg", "_Retval"):
+            return i not in graph.virtual
+        if op in _OPAQUE_HANDLE_OPS or i in graph.opaque_calls:
+            return True
+        return graph.registry.is_library_function(op) and i not in self.boundary
 
     def processable(self, vid: int) -> bool:
         """Whether the vertex's node may be changed at all (not preserved, on our device type)."""
@@ -131,6 +151,8 @@ class PaintContext:
         allowed = graph.allowed_types(vid)
         if allowed is not None and self.target_dtype not in allowed:
             return False
+        if node_idx in self.boundary:
+            return True  # args, results and calls pass any type through
         node = graph.nodes[node_idx]
         device_type = device_type_of(node.device) or self.device_type
         attrs = {}
@@ -316,11 +338,7 @@ def find_tensor_list_clusters(ctx: PaintContext, painting: Painting) -> None:
         handles = [v for v in graph.node_vertices[node_idx] if graph.vertices[v][1].fixed == DT_VARIANT]
         reached = graph.reach(handles, forward=True, backward=True, enter=lambda v: True)
         members = sorted({graph.vertices[v][0] for v in reached} & element.keys())
-        opaque = any(
-            graph.nodes[graph.vertices[v][0]].op in _OPAQUE_HANDLE_OPS
-            or graph.registry.is_library_function(graph.nodes[graph.vertices[v][0]].op)
-            for v in reached
-        )
+        opaque = any(ctx.opaque_handle(graph.vertices[v][0]) for v in reached)
         unprocessable = any(ctx.skip_reason[m] is not None for m in members)
         clustered.update(members)
         cluster = [element[m] for m in members]
@@ -377,9 +395,8 @@ def match_loop_edges(ctx: PaintContext, painting: Painting) -> None:
     for i, node in enumerate(graph.nodes):
         if node.op != "NextIteration":
             continue
-        nxt = graph.vertex(node.name, "T")
-        merges = [graph.vertex(graph.nodes[dst].name, "T")
-                  for dst, _ in graph.consumers.get((i, 0), [])]
+        nxt = graph.vertex_of(i, "T")
+        merges = [graph.vertex_of(dst, "T") for dst, _ in graph.consumers.get((i, 0), [])]
         merges = [m for m in merges if m is not None]
         if nxt is None or not merges:
             continue
@@ -402,7 +419,7 @@ def retarget_existing_casts(ctx: PaintContext, painting: Painting) -> None:
     for i, node in enumerate(graph.nodes):
         if node.op != "Cast":
             continue
-        dst_t = graph.vertex(node.name, "DstT")
+        dst_t = graph.vertex_of(i, "DstT")
         if dst_t is None or not ctx.processable(dst_t) or not ctx.is_float32(dst_t):
             continue
         consumers = graph.consumers.get((i, 0), [])
@@ -411,3 +428,50 @@ def retarget_existing_casts(ctx: PaintContext, painting: Painting) -> None:
         targets = [graph.input_vertex(dst, k) for dst, k in consumers]
         if all(t is not None and t in painting.allow for t in targets):
             painting.mark_allow(dst_t, "existing Cast feeding only half ops", targets[0])
+
+
+def choose_loop_variable_types(ctx: PaintContext, painting: Painting) -> None:
+    """Gives each While loop variable the dtype that needs fewer Casts per iteration.
+
+    A loop variable is one dtype in the While op, its body's argument and
+    result, and its cond's argument. Casts outside the loop run once, casts
+    inside run every iteration, so the choice looks only inside: a Cast is
+    needed after the argument if some body or cond op reading it has the
+    other colour, and before the result if the op producing it has. A weight
+    read once and passed through the loop unchanged costs nothing in half and
+    a Cast per iteration in float32, so it is cast once, before the loop.
+    """
+    graph = ctx.graph
+    for group in graph.loop_groups:
+        members = set(group)
+        if not all(ctx.can_convert(v) for v in group):
+            for v in group:
+                painting.unmark_allow(v, "loop variable: cannot be half everywhere")
+            continue
+        _, arg, ret, test_arg = group
+        readers = [w for v in (arg, test_arg) for w in graph.fanout[v] if w not in members]
+        writers = [u for u in graph.fanin[ret] if u not in members]
+        in_half = sum((any(w not in painting.allow for w in readers), any(u not in painting.allow for u in writers)))
+        in_float = sum((any(w in painting.allow for w in readers), any(u in painting.allow for u in writers)))
+        cause = next((w for w in readers + writers if w in painting.allow), None)
+        if in_half < in_float or (in_half == in_float and all(v in painting.allow for v in group)):
+            for v in group:
+                painting.mark_allow(v, "loop variable: half needs fewer casts per iteration", cause)
+        else:
+            for v in group:
+                painting.unmark_allow(v, "loop variable: float32 needs fewer casts per iteration")
+
+
+def match_call_boundaries(ctx: PaintContext, painting: Painting) -> None:
+    """Keeps a value one dtype across a call: a call's port and the callee's arg or result agree.
+
+    A group is half only if every member is; otherwise all stay float32 and
+    the Casts go on either side of the boundary.
+    """
+    loop = {id(g) for g in ctx.graph.loop_groups}
+    for group in ctx.graph.groups:
+        if id(group) in loop or all(v in painting.allow for v in group):
+            continue
+        blocker = next(v for v in group if v not in painting.allow)
+        for v in group:
+            painting.unmark_allow(v, "call boundary: the other side stays float32", blocker)

@@ -34,6 +34,7 @@ from amp_rewrite.op_lists import OpLists, load_lists
 from amp_rewrite.op_registry import OpRegistry, default_device_type, graph_pb2
 from amp_rewrite.painting import PaintContext, Painting
 from amp_rewrite.errors import GraphError
+from amp_rewrite.functions import finalize_functions
 from amp_rewrite.typed_graph import DT_BFLOAT16, DT_FLOAT, DT_HALF, TypedGraph, parse_input
 
 logger = logging.getLogger(__name__)
@@ -55,6 +56,8 @@ def paint(ctx: PaintContext) -> Painting:
     rules.paint_infer_after_allow(ctx, painting)
     rules.paint_clear_around_allow(ctx, painting)
     rules.match_tensor_list_clusters(ctx, painting)
+    rules.choose_loop_variable_types(ctx, painting)
+    rules.match_call_boundaries(ctx, painting)
     rules.match_loop_edges(ctx, painting)
     rules.retarget_existing_casts(ctx, painting)
     return painting
@@ -117,6 +120,8 @@ class RewriteResult:
             "nodes_total": self.nodes_total,
             "converted": self.converted,
             "casts": self.casts,
+            "casts_in_loop_bodies": self.applied.casts_in_loops,
+            "functions_rewritten": self.applied.functions_rewritten,
             "folded_consts": self.applied.folded_consts,
             "consts_kept_float32": self.applied.consts_out_of_range,
             "unknown_ops": list(self.unknown_ops),
@@ -169,6 +174,12 @@ def rewrite(graph_def, *, fetches=None, target: str | None = None,
     painting = paint(ctx)
     was_float32 = [graph.dtype(v) == DT_FLOAT for v in range(len(graph.vertices))]
     applied = apply_painting(ctx, painting, was_float32)
+    library = finalize_functions(graph, applied.casts_by_body)
+    in_v1_loops = v1_loop_nodes(graph)
+    applied.casts_in_loops = [c for c in applied.casts if graph.index[_cast_source(work, c)] in in_v1_loops]
+    applied.casts_in_loops += [c for c in library.casts if c.split("::")[0] in library.loop_functions]
+    applied.casts = applied.casts + library.casts
+    applied.functions_rewritten = library.rewritten
     result = RewriteResult(
         graph_def=work, config=config, lists=lists, seconds=time.perf_counter() - start,
         nodes_total=len(graph.nodes), applied=applied,
@@ -245,3 +256,23 @@ def _node_colour(ctx: PaintContext, painting: Painting, i: int, vids: list[int],
     if listed == "allow":
         return listed, "allow-list op", None
     return listed, "not connected to a half op", None
+
+
+def _cast_source(graph_def, cast_name: str) -> str:
+    """The node a Cast we added in the main graph reads (its name leads the Cast's name)."""
+    return cast_name.rsplit("-", 3)[0]
+
+
+def v1_loop_nodes(graph: TypedGraph) -> set[int]:
+    """Main-graph nodes inside a v1 while frame: reached from an Enter before its Exit."""
+    frame: set[int] = set()
+    stack = [i for i in graph.bodies[0].index.values() if graph.nodes[i].op in ("Enter", "RefEnter")]
+    frame.update(stack)
+    while stack:
+        i = stack.pop()
+        for port in range(len(graph.out_attrs[i] or [1])):
+            for dst, _ in graph.consumers.get((i, port), []):
+                if dst not in frame and graph.nodes[dst].op not in ("Exit", "RefExit"):
+                    frame.add(dst)
+                    stack.append(dst)
+    return frame

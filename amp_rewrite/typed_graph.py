@@ -1,4 +1,4 @@
-"""A typed view of a GraphDef: one vertex per (node, type attribute).
+"""A typed view of a GraphDef and the functions it calls: one vertex per (node, type attribute).
 
 Painting works on type attributes, not nodes: MatMul has one (``T``),
 FusedBatchNormV3 two (``T`` and ``U``), IdentityN one per entry of its
@@ -10,6 +10,17 @@ never retyped but still carries paint across the graph.
 An edge joins the vertex of a producer's output port to the vertex of the
 consumer's input port. Control edges carry no data and are left out.
 
+Functions are seen through, not around. Every call of a library function
+(``PartitionedCall``, ``While``, ``If``, ``Case``, or a direct call) gets its
+own *instance*: a private copy of the FunctionDef, with a virtual ``_Arg``
+node per input and a virtual ``_Retval`` node per output, joined by edges to
+the call's ports. Paint then flows across the boundary like any other edge,
+and each instance can be rewritten on its own; :mod:`amp_rewrite.functions`
+later folds identical instances back into one function. The vertices that
+must hold one dtype across a boundary (a call's ``Tin[i]`` and the callee's
+arg ``i``; a While's ``T[i]`` with its body's arg and result ``i`` and its
+cond's arg ``i``) are recorded as *boundary groups*.
+
 Ops that neither TensorFlow nor the graph's function library knows (custom
 ops) get no vertices: they stay as they are, and a Cast is put on any edge
 between them and a retyped neighbour (the dtype of such an edge is read off
@@ -19,6 +30,7 @@ the known side).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, NamedTuple
 
 from amp_rewrite.errors import GraphError
@@ -31,6 +43,22 @@ DT_HALF = 19
 DT_BFLOAT16 = 14
 DT_VARIANT = 21
 DTYPE_NAMES = {DT_FLOAT: "float32", DT_HALF: "float16", DT_BFLOAT16: "bfloat16", DT_VARIANT: "variant"}
+
+# Call-like ops, with the attrs naming the functions they run.
+CALL_FUNCTION_ATTRS = {
+    "PartitionedCall": ("f",),
+    "StatefulPartitionedCall": ("f",),
+    "While": ("cond", "body"),
+    "StatelessWhile": ("cond", "body"),
+    "If": ("then_branch", "else_branch"),
+    "StatelessIf": ("then_branch", "else_branch"),
+    "Case": ("branches",),
+    "StatelessCase": ("branches",),
+}
+WHILE_OPS = frozenset({"While", "StatelessWhile"})
+# Bounds on instantiation: deeper or more calls are treated as opaque.
+MAX_CALL_DEPTH = 32
+MAX_INSTANCES = 4096
 
 
 class TypeAttr(NamedTuple):
@@ -46,15 +74,36 @@ class TypeAttr(NamedTuple):
         return self.name if self.index < 0 else f"{self.name}[{self.index}]"
 
 
-class Port(NamedTuple):
-    """A node's input (by data-input ordinal) or output port."""
+@dataclass
+class Body:
+    """The main graph (``function`` empty) or one instance of a library function.
 
-    node: int
-    index: int
+    Attributes:
+        function: the library function's name; "" for the main graph.
+        fdef: this instance's private copy of the FunctionDef (None for the main graph).
+        call: the global index of the node whose call made this instance, or None.
+        depth: how many calls deep the instance is.
+        index: node name → global node index, for the nodes of this body.
+        args, rets: global indices of the virtual ``_Arg`` / ``_Retval`` nodes.
+        children: per call node of this body, the instances it calls, by attr.
+    """
+
+    function: str
+    fdef: object = None
+    call: int | None = None
+    depth: int = 0
+    index: dict = field(default_factory=dict)
+    args: list = field(default_factory=list)
+    rets: list = field(default_factory=list)
+    children: dict = field(default_factory=dict)
+
+    @property
+    def is_main(self) -> bool:
+        return self.fdef is None
 
 
 def parse_input(ref: str) -> tuple[str, int, bool]:
-    """Splits a NodeDef input string into (node name, output port, is_control)."""
+    """Splits a GraphDef input string into (node name, output port, is_control)."""
     if ref.startswith("^"):
         return ref[1:], -1, True
     name, sep, port = ref.rpartition(":")
@@ -64,87 +113,204 @@ def parse_input(ref: str) -> tuple[str, int, bool]:
 
 
 class TypedGraph:
-    """The typed view of ``graph_def``; holds references to its NodeDefs, which it may retype.
+    """The typed view of ``graph_def`` and of every function instance it reaches.
+
+    Node indices are global: the main graph's nodes come first, in GraphDef
+    order, then each instance's virtual args, body nodes and virtual results.
+    The view holds references to the NodeDefs (the main graph's working copy
+    and each instance's private FunctionDef copy), which later steps retype.
 
     Attributes:
         graph_def: the GraphDef viewed (the pipeline passes its own working copy).
-        nodes: ``graph_def.node`` as a list, in GraphDef order.
-        index: node name → position in ``nodes``.
+        nodes: every node, by global index.
+        body_of: per node, the index of its body in ``bodies``.
+        bodies: the main graph (index 0) and the function instances.
+        index: main-graph node name → global index.
         op_defs: the OpDef of each node, or None for unknown ops.
         inputs: per node, the (source node, source port) of each data input.
-        consumers: (node, output port) → [(consumer node, data-input ordinal)], in GraphDef order.
+        consumers: (node, output port) → [(consumer node, data-input ordinal)].
         control_consumers: per node, whether some node has a control edge from it.
         vertices: (node, TypeAttr) per vertex id.
         node_vertices: per node, the vertex ids of its type attrs.
         fanin, fanout: per vertex, the vertex ids it is joined to.
+        groups: boundary groups: vertex ids that must hold one dtype.
+        loop_groups: the subset of ``groups`` that are While loop variables.
+        opaque_calls: call nodes whose functions could not be instantiated.
     """
 
     def __init__(self, graph_def, registry: OpRegistry | None = None):
         self.graph_def = graph_def
         self.registry = registry if registry is not None else OpRegistry(graph_def.library)
-        self.nodes = list(graph_def.node)
-        self.index: dict[str, int] = {}
-        for i, node in enumerate(self.nodes):
-            if node.name in self.index:
-                raise GraphError(f"duplicate node name {node.name!r} (op {node.op})")
-            self.index[node.name] = i
+        self.library = {f.signature.name: f for f in graph_def.library.function}
+        self.nodes: list = []
+        self.body_of: list[int] = []
+        self.bodies: list[Body] = []
+        self.virtual: set[int] = set()
+        self.opaque_calls: dict[int, str] = {}
+        main = Body(function="")
+        self._add_body(main, list(graph_def.node))
+        self.index = main.index
+        self._instantiate_calls()
         self.op_defs = [self.registry.op_def(node.op) for node in self.nodes]
         self.unknown_ops = sorted({n.op for n, d in zip(self.nodes, self.op_defs) if d is None})
         for op in self.unknown_ops:
             logger.warning("op %s is not registered in TensorFlow nor in the graph's function library; "
                            "its nodes stay as they are", op)
+        self._expand_ports()
+        self._read_inputs()
+        self._build_vertices()
+        self._build_edges()
+        self._link_calls()
+
+    # -- construction: bodies and instances --------------------------------------
+
+    def _add_body(self, body: Body, nodes: list) -> int:
+        body_id = len(self.bodies)
+        self.bodies.append(body)
+        for node in nodes:
+            if node.name in body.index:
+                where = f" in function {body.function}" if body.function else ""
+                raise GraphError(f"duplicate node name {node.name!r} (op {node.op}){where}")
+            body.index[node.name] = len(self.nodes)
+            self.nodes.append(node)
+            self.body_of.append(body_id)
+        return body_id
+
+    def _instantiate_calls(self) -> None:
+        """Gives every call of a library function its own instance, breadth first, in node order.
+
+        A call is instantiated whole or not at all: if one of its functions
+        cannot be (missing, recursive, polymorphic, too deep), the call is
+        opaque and paint does not cross it.
+        """
+        body_id = 0
+        while body_id < len(self.bodies):
+            body = self.bodies[body_id]
+            for i in list(body.index.values()):
+                callees = self._callees(self.nodes[i])
+                if not callees:
+                    continue
+                reason = next(filter(None, (self._cannot_instantiate(f, body)
+                                            for names in callees.values() for f in names)), None)
+                if reason is not None:
+                    self.opaque_calls[i] = reason
+                    continue
+                body.children[i] = {attr: [self._instantiate(f, i, body) for f in names]
+                                    for attr, names in callees.items()}
+            body_id += 1
+
+    def _callees(self, node) -> dict[str, list[str]]:
+        attrs = CALL_FUNCTION_ATTRS.get(node.op)
+        if attrs is None:
+            if node.op in self.library and self.registry.is_library_function(node.op):
+                return {"": [node.op]}
+            return {}
+        found = {}
+        for attr in attrs:
+            if attr not in node.attr:
+                continue
+            value = node.attr[attr]
+            names = [f.name for f in value.list.func] if attr == "branches" else [value.func.name]
+            found[attr] = names
+        return found
+
+    def _cannot_instantiate(self, fname: str, parent: Body) -> str | None:
+        fdef = self.library.get(fname)
+        if fdef is None:
+            return f"function {fname} is not in the graph's library"
+        if parent.depth + 1 > MAX_CALL_DEPTH or len(self.bodies) >= MAX_INSTANCES:
+            return "too many nested or repeated function calls"
+        if self._on_call_path(parent, fname):
+            return f"function {fname} calls itself"
+        if any(a.type_attr or a.number_attr or a.type_list_attr
+               for a in list(fdef.signature.input_arg) + list(fdef.signature.output_arg)):
+            return f"function {fname} has a polymorphic signature"
+        return None
+
+    def _instantiate(self, fname: str, call: int, parent: Body) -> int:
+        from tensorflow.core.framework import node_def_pb2
+
+        fdef = self.library[fname]
+        copy = type(fdef)()
+        copy.CopyFrom(fdef)
+        body = Body(function=fname, fdef=copy, call=call, depth=parent.depth + 1)
+        node_def = node_def_pb2.NodeDef
+        virtual_args = []
+        for k, arg in enumerate(copy.signature.input_arg):
+            node = node_def(name=arg.name, op="_Arg")
+            node.attr["T"].type = arg.type
+            node.attr["index"].i = k
+            virtual_args.append(node)
+        virtual_rets = []
+        for k, arg in enumerate(copy.signature.output_arg):
+            node = node_def(name=f"_retval/{arg.name}", op="_Retval", input=[copy.ret[arg.name]])
+            node.attr["T"].type = arg.type
+            node.attr["index"].i = k
+            virtual_rets.append(node)
+        first = len(self.nodes)
+        body_id = self._add_body(body, virtual_args + list(copy.node_def) + virtual_rets)
+        body.args = list(range(first, first + len(virtual_args)))
+        body.rets = list(range(len(self.nodes) - len(virtual_rets), len(self.nodes)))
+        self.virtual.update(body.args + body.rets)
+        return body_id
+
+    def _on_call_path(self, body: Body, fname: str) -> bool:
+        while body is not None:
+            if body.function == fname:
+                return True
+            body = self.bodies[self.body_of[body.call]] if body.call is not None else None
+        return False
+
+    # -- construction: ports, inputs, vertices, edges ----------------------------
+
+    def _expand_ports(self) -> None:
         self.in_attrs: list[list[TypeAttr] | None] = []
         self.out_attrs: list[list[TypeAttr] | None] = []
+        self.out_args: list[dict[str, int] | None] = []
         plans: dict[str, tuple[_ArgPlan, _ArgPlan]] = {}
         for node, op_def in zip(self.nodes, self.op_defs):
             if op_def is None:
                 self.in_attrs.append(None)
                 self.out_attrs.append(None)
+                self.out_args.append(None)
                 continue
             plan = plans.get(node.op)
             if plan is None:
                 plan = plans[node.op] = (_ArgPlan(op_def, op_def.input_arg), _ArgPlan(op_def, op_def.output_arg))
             self.in_attrs.append(plan[0].expand(node))
-            self.out_attrs.append(plan[1].expand(node))
-        self._read_inputs()
-        self._build_vertices()
-        self._build_edges()
-
-    # -- construction -------------------------------------------------------
+            outs, starts = plan[1].expand_with_starts(node)
+            self.out_attrs.append(outs)
+            self.out_args.append(starts)
 
     def _read_inputs(self) -> None:
         self.inputs: list[list[tuple[int, int]]] = []
         self.consumers: dict[tuple[int, int], list[tuple[int, int]]] = {}
         self.control_consumers = [False] * len(self.nodes)
-        index = self.index
         consumers = self.consumers
         for dst, node in enumerate(self.nodes):
+            body = self.bodies[self.body_of[dst]]
+            index = body.index
             data = []
             seen_control = False
             for ref in node.input:
                 if ref[:1] == "^":
                     src = index.get(ref[1:])
                     if src is None:
-                        self._missing_input(node, ref)
+                        self._missing_input(body, node, ref)
                     seen_control = True
                     self.control_consumers[src] = True
                     continue
-                name, port = ref, 0
-                colon = ref.rfind(":")
-                if colon > 0 and ref[colon + 1:].isdigit():
-                    name, port = ref[:colon], int(ref[colon + 1:])
-                src = index.get(name)
-                if src is None:
-                    self._missing_input(node, ref)
+                if body.is_main:
+                    src, port = self._main_source(index, ref, node)
+                else:
+                    src, port = self._function_source(body, ref, node)
                 if seen_control:
-                    raise GraphError(
-                        f"node {node.name} (op {node.op}): data input {ref!r} follows a control input"
-                    )
+                    raise GraphError(f"{self._where(body, node)}: data input {ref!r} follows a control input")
                 outs = self.out_attrs[src]
                 if outs is not None and port >= len(outs):
                     raise GraphError(
-                        f"node {node.name} (op {node.op}): input {ref!r} asks for output {port} "
-                        f"of {self.nodes[src].op} node {name}, which has {len(outs)}"
+                        f"{self._where(body, node)}: input {ref!r} asks for output {port} "
+                        f"of {self.nodes[src].op} node {self.nodes[src].name}, which has {len(outs)}"
                     )
                 key = (src, port)
                 entry = consumers.get(key)
@@ -155,14 +321,39 @@ class TypedGraph:
                 data.append(key)
             expected = self.in_attrs[dst]
             if expected is not None and len(expected) != len(data):
-                raise GraphError(
-                    f"node {node.name} (op {node.op}): expected {len(expected)} data inputs, got {len(data)}"
-                )
+                raise GraphError(f"{self._where(body, node)}: expected {len(expected)} data inputs, got {len(data)}")
             self.inputs.append(data)
 
+    def _main_source(self, index, ref: str, node) -> tuple[int, int]:
+        name, port = ref, 0
+        colon = ref.rfind(":")
+        if colon > 0 and ref[colon + 1:].isdigit():
+            name, port = ref[:colon], int(ref[colon + 1:])
+        src = index.get(name)
+        if src is None:
+            self._missing_input(self.bodies[0], node, ref)
+        return src, port
+
+    def _function_source(self, body: Body, ref: str, node) -> tuple[int, int]:
+        """Resolves a FunctionDef input: ``arg`` or ``node:output_arg:k``."""
+        parts = ref.split(":")
+        src = body.index.get(parts[0])
+        if src is None:
+            self._missing_input(body, node, ref)
+        if len(parts) == 1:
+            return src, 0
+        starts = self.out_args[src]
+        if len(parts) != 3 or not parts[2].isdigit() or (starts is not None and parts[1] not in starts):
+            raise GraphError(f"{self._where(body, node)}: malformed function input {ref!r}")
+        return src, (starts[parts[1]] if starts is not None else 0) + int(parts[2])
+
+    def _missing_input(self, body: Body, node, ref: str):
+        raise GraphError(f"{self._where(body, node)}: input {ref!r} names a node that does not exist")
+
     @staticmethod
-    def _missing_input(node, ref: str):
-        raise GraphError(f"node {node.name} (op {node.op}): input {ref!r} names a node that does not exist")
+    def _where(body: Body, node) -> str:
+        where = f" in function {body.function}" if body.function else ""
+        return f"node {node.name} (op {node.op}){where}"
 
     def _build_vertices(self) -> None:
         self.vertices: list[tuple[int, TypeAttr]] = []
@@ -196,8 +387,52 @@ class TypedGraph:
                 u = self.input_source_vertex(dst, ordinal)
                 v = self.input_vertex(dst, ordinal)
                 if u is not None and v is not None:
-                    self.fanout[u].append(v)
-                    self.fanin[v].append(u)
+                    self.add_edge(u, v)
+
+    def add_edge(self, u: int, v: int) -> None:
+        """Joins vertex ``u`` to ``v`` (paint may flow both ways; ``u`` is the producer)."""
+        self.fanout[u].append(v)
+        self.fanin[v].append(u)
+
+    def _link_calls(self) -> None:
+        """Joins each call's ports to its instances' args and results, and records boundary groups."""
+        self.groups: list[list[int]] = []
+        self.loop_groups: list[list[int]] = []
+        for body in self.bodies:
+            for call, by_attr in body.children.items():
+                node = self.nodes[call]
+                if node.op in WHILE_OPS:
+                    self._link_while(call, by_attr["cond"][0], by_attr["body"][0])
+                    continue
+                offset = 1 if node.op in ("If", "StatelessIf", "Case", "StatelessCase") else 0
+                instances = [b for attr in sorted(by_attr) for b in by_attr[attr]]
+                n_in = len(self.in_attrs[call] or []) - offset
+                n_out = len(self.out_attrs[call] or [])
+                for k in range(n_in):
+                    port = self.input_vertex(call, k + offset)
+                    args = [self.output_vertex(self.bodies[b].args[k], 0) for b in instances]
+                    for arg in args:
+                        self.add_edge(port, arg)
+                    self.groups.append([port, *args])
+                for k in range(n_out):
+                    port = self.output_vertex(call, k)
+                    rets = [self.input_vertex(self.bodies[b].rets[k], 0) for b in instances]
+                    for ret in rets:
+                        self.add_edge(ret, port)
+                    self.groups.append([port, *rets])
+
+    def _link_while(self, call: int, cond: int, body_id: int) -> None:
+        loop, test = self.bodies[body_id], self.bodies[cond]
+        for k in range(len(self.in_attrs[call])):
+            port = self.input_vertex(call, k)
+            arg = self.output_vertex(loop.args[k], 0)
+            ret = self.input_vertex(loop.rets[k], 0)
+            test_arg = self.output_vertex(test.args[k], 0)
+            for u, v in ((port, arg), (port, test_arg), (ret, arg), (ret, test_arg), (ret, port)):
+                self.add_edge(u, v)
+            group = [port, arg, ret, test_arg]
+            self.groups.append(group)
+            self.loop_groups.append(group)
 
     # -- queries --------------------------------------------------------------
 
@@ -216,24 +451,35 @@ class TypedGraph:
         src, port = self.inputs[node][ordinal]
         return self.output_vertex(src, port)
 
-    def output_ports(self, vid: int) -> list[int]:
-        """The output ports of the vertex's node that this vertex types."""
-        node, attr = self.vertices[vid]
-        attrs = self.out_attrs[node] or []
-        return [p for p, a in enumerate(attrs) if a == attr]
-
-    def vertex(self, node_name: str, attr: TypeAttr | str) -> int | None:
-        """The vertex id of ``node_name``'s type ``attr``, or None."""
+    def vertex(self, node_name: str, attr: TypeAttr | str, body: int = 0) -> int | None:
+        """The vertex id of ``node_name``'s type ``attr`` in ``body`` (the main graph by default)."""
         if isinstance(attr, str):
             attr = TypeAttr(attr)
-        i = self.index.get(node_name)
+        i = self.bodies[body].index.get(node_name)
         return None if i is None else self.vertex_index.get((i, attr))
+
+    def vertex_of(self, node: int, attr: TypeAttr | str) -> int | None:
+        if isinstance(attr, str):
+            attr = TypeAttr(attr)
+        return self.vertex_index.get((node, attr))
 
     def op(self, vid: int) -> str:
         return self.nodes[self.vertices[vid][0]].op
 
     def node_of(self, vid: int):
         return self.nodes[self.vertices[vid][0]]
+
+    def tensor_ref(self, node: int, port: int) -> str:
+        """How the node's body names output ``port`` of ``node`` as an input string."""
+        name = self.nodes[node].name
+        body = self.bodies[self.body_of[node]]
+        if body.is_main:
+            return name if port == 0 else f"{name}:{port}"
+        if node in self.virtual:
+            return name
+        starts = self.out_args[node]
+        arg, base = max(((a, s) for a, s in starts.items() if s <= port), key=lambda item: item[1])
+        return f"{name}:{arg}:{port - base}"
 
     def dtype(self, vid: int) -> int:
         """The DataType the vertex currently holds (the OpDef default if the attr is unset)."""
@@ -327,26 +573,32 @@ class _ArgPlan:
         self.entries = []
         for arg in args:
             if arg.type_list_attr:
-                self.entries.append((arg.type_list_attr, None, True))
+                self.entries.append((arg.name, arg.type_list_attr, None, True))
                 continue
             attr = TypeAttr(arg.type_attr) if arg.type_attr else TypeAttr("", -1, arg.type)
-            self.entries.append((arg.number_attr, attr, False))
+            self.entries.append((arg.name, arg.number_attr, attr, False))
         defaults = {a.name for a in op_def.attr if a.HasField("default_value")}
-        self.required = sorted({attr.name for _, attr, _ in self.entries
+        self.required = sorted({attr.name for _, _, attr, _ in self.entries
                                 if attr is not None and attr.name and attr.name not in defaults})
         self.fixed = None
-        if all(count == "" and not is_list for count, _, is_list in self.entries):
-            self.fixed = [attr for _, attr, _ in self.entries]
+        if all(count == "" and not is_list for _, count, _, is_list in self.entries):
+            self.fixed = [attr for _, _, attr, _ in self.entries]
+            self.fixed_starts = {name: k for k, (name, _, _, _) in enumerate(self.entries)}
 
     def expand(self, node) -> list[TypeAttr]:
         """The TypeAttr of each port of ``node`` (shared lists: do not mutate)."""
+        return self.expand_with_starts(node)[0]
+
+    def expand_with_starts(self, node) -> tuple[list[TypeAttr], dict[str, int]]:
+        """The TypeAttr of each port, and the first port of each named arg."""
         for name in self.required:
             if name not in node.attr:
                 raise GraphError(f"node {node.name} (op {node.op}): type attr {name} is missing")
         if self.fixed is not None:
-            return self.fixed
-        result = []
-        for count_attr, attr, is_list in self.entries:
+            return self.fixed, self.fixed_starts
+        result, starts = [], {}
+        for arg_name, count_attr, attr, is_list in self.entries:
+            starts[arg_name] = len(result)
             if is_list:
                 n = _attr_value(node, self.op_def, count_attr).list.type
                 result.extend(TypeAttr(count_attr, k) for k in range(len(n)))
@@ -354,7 +606,7 @@ class _ArgPlan:
                 result.extend([attr] * _attr_value(node, self.op_def, count_attr).i)
             else:
                 result.append(attr)
-        return result
+        return result, starts
 
 
 def _attr_value(node, op_def, name: str):

@@ -393,8 +393,10 @@ def test_tensor_list_whose_handle_is_fetched_stays_float32():
         tf.identity(item, name="fetch")
     out = amp(g.as_graph_def(), ["fetch", "fetch_handle"]).graph_def
     ops = {n.name: n for n in out.node}
-    # the handle leaves through an Identity fetch: readers elsewhere expect float32
-    assert ops["tl_get"].attr["element_dtype"].type == ops["tl_from"].attr["element_dtype"].type
+    # the handle leaves through a fetch: whoever reads it expects float32 elements
+    assert ops["tl_from"].attr["element_dtype"].type == F32
+    assert ops["tl_get"].attr["element_dtype"].type == F32
+    assert "allow1" in half_nodes(out)
 
 
 def test_bfloat16_target_uses_its_own_lists():
@@ -460,11 +462,11 @@ def test_tensor_lists_joined_by_concat_lists_form_one_cluster():
     assert_same_outputs_within_half(gd, out, ["fetch"], feed((2, 8), scale=0.5))
 
 
-def test_tensor_list_passed_to_a_function_stays_float32():
+def test_tensor_list_read_inside_a_function_shares_its_element_type_across_the_call():
     @tf.function
     def read(handle):
         return tf.raw_ops.TensorListGetItem(input_handle=handle, index=0, element_shape=tf.constant([8]),
-                                            element_dtype=tf.float32)
+                                            element_dtype=tf.float32, name="tl_get")
 
     g = tf.Graph()
     with g.as_default():
@@ -475,8 +477,9 @@ def test_tensor_list_passed_to_a_function_stays_float32():
         tf.identity(tf.matmul(tf.reshape(item, [1, 8]), x, name="allow2"), name="fetch")
     gd = g.as_graph_def()
     out = amp(gd, ["fetch"]).graph_def
-    assert next(n for n in out.node if n.name == "tl_from").attr["element_dtype"].type == F32
-    assert "allow1" in half_nodes(out)
+    assert next(n for n in out.node if n.name == "tl_from").attr["element_dtype"].type == F16
+    getters = [n for f in out.library.function for n in f.node_def if n.op == "TensorListGetItem"]
+    assert getters and all(n.attr["element_dtype"].type == F16 for n in getters)
     assert_same_outputs_within_half(gd, out, ["fetch"], feed(scale=0.5))
 
 
