@@ -1,8 +1,11 @@
 """FLOP accounting for MatMul- and convolution-type ops, to say how much math runs in half.
 
 Shapes come from TensorFlow's shape inference (the graph is imported into a
-scratch ``tf.Graph``). Unknown dimensions, typically the batch, count as 1:
-the share is a ratio, and a batch dimension scales every op alike.
+scratch ``tf.Graph``; each library function is built from its FunctionDef).
+Unknown dimensions, typically the batch, count as 1: the share is a ratio,
+and a batch dimension scales every op alike. An op inside a function counts
+once, whatever the number of calls or loop iterations, which no static view
+can know.
 """
 
 from __future__ import annotations
@@ -96,7 +99,7 @@ def half_flop_share(graph_def) -> float | None:
         logger.debug("FLOP share unknown: graph does not import: %s", exc)
         return None
     total = half = 0
-    for op in graph.get_operations():
+    for op in graph.get_operations() + _function_ops(graph_def):
         if op.type not in FLOP_OPS:
             continue
         flops = op_flops(op)
@@ -106,3 +109,17 @@ def half_flop_share(graph_def) -> float | None:
         if op.outputs and op.outputs[0].dtype.as_datatype_enum in (DT_HALF, DT_BFLOAT16):
             half += flops
     return half / total if total else None
+
+
+def _function_ops(graph_def) -> list:
+    from tensorflow.python.framework.function_def_to_graph import function_def_to_graph
+
+    ops = []
+    for fdef in graph_def.library.function:
+        if not any(node.op in FLOP_OPS for node in fdef.node_def):
+            continue
+        try:
+            ops.extend(function_def_to_graph(fdef).get_operations())
+        except Exception as exc:  # noqa: BLE001 - a function we cannot build counts as unknown
+            logger.debug("FLOPs of function %s unknown: %s", fdef.signature.name, exc)
+    return ops
