@@ -19,7 +19,7 @@ from functools import cached_property
 
 from amp_rewrite.op_lists import OpLists
 from amp_rewrite.op_registry import OpRegistry, device_type_of
-from amp_rewrite.typed_graph import DT_FLOAT, DT_VARIANT, TypedGraph
+from amp_rewrite.typed_graph import DT_FLOAT, DT_RESOURCE, DT_VARIANT, TypedGraph
 
 logger = logging.getLogger(__name__)
 
@@ -320,37 +320,76 @@ def paint_clear_around_allow(ctx: PaintContext, painting: Painting) -> None:
 
 
 def find_tensor_list_clusters(ctx: PaintContext, painting: Painting) -> None:
-    """Groups the TensorList ops that share list handles, so they can share one element type.
+    """Groups the data-structure ops that share a handle, so they can share one element type.
 
-    A cluster whose handle reaches an op the rule cannot see through (a
-    placeholder, a function call, ``_Arg``/``_Retval``) or a node that may not
-    be changed is painted DENY. Every writer → reader pair in a cluster gets
-    an element-type edge, so painting flows through the list.
+    Three families hold tensors behind a handle: TensorLists (a variant
+    handle), and the TensorArrayV3 and StackV2 ops TF1 loops and their
+    gradients use (a resource handle; ``TensorArrayGradV3`` makes a gradient
+    array of the same element type, so it joins its source's cluster). A
+    cluster whose handle reaches something the rule cannot see through (a
+    placeholder, a fetch, an opaque call, ``_Arg``/``_Retval`` of the graph
+    itself, or any other op that takes a resource handle) or a node that may
+    not be changed is painted DENY. Every writer → reader pair in a cluster
+    gets an element-type edge, so painting flows through the structure.
     """
     graph = ctx.graph
-    element = {i: _float32_element_vertex(ctx, i) for i in range(len(graph.nodes))
-               if "TensorList" in graph.nodes[i].op}
+    element = {i: _element_vertex(ctx, i) for i in range(len(graph.nodes))}
     element = {i: v for i, v in element.items() if v is not None}
     clustered: set[int] = set()
     for node_idx in sorted(element):
         if node_idx in clustered or ctx.skip_reason[node_idx] is not None:
             continue
-        handles = [v for v in graph.node_vertices[node_idx] if graph.vertices[v][1].fixed == DT_VARIANT]
-        reached = graph.reach(handles, forward=True, backward=True, enter=lambda v: True)
+        handles = _handle_vertices(graph, node_idx)
+        escapes: list[int] = []
+
+        def follows(v: int) -> bool:
+            i = graph.vertices[v][0]
+            if graph.dtype(v) == DT_VARIANT or _carries_handles(ctx, i):
+                return True
+            escapes.append(v)
+            return False
+
+        reached = graph.reach(handles, forward=True, backward=True, enter=follows)
         members = sorted({graph.vertices[v][0] for v in reached} & element.keys())
-        opaque = any(ctx.opaque_handle(graph.vertices[v][0]) for v in reached)
+        opaque = escapes or any(ctx.opaque_handle(graph.vertices[v][0]) for v in reached)
         unprocessable = any(ctx.skip_reason[m] is not None for m in members)
         clustered.update(members)
         cluster = [element[m] for m in members]
         painting.tensor_list_clusters.append(cluster)
         if opaque or unprocessable:
             for v in cluster:
-                painting.mark_deny(v, "tensor list handle escapes what the rewrite can see")
+                painting.mark_deny(v, "data structure handle escapes what the rewrite can see")
         _add_writer_reader_edges(ctx, members, element)
 
 
-def _float32_element_vertex(ctx: PaintContext, node_idx: int) -> int | None:
+# Element-type attr of the resource-handle data structures.
+_ELEMENT_ATTR = {
+    "StackV2": "elem_type", "StackPushV2": "T", "StackPopV2": "elem_type",
+    "TensorArrayV3": "dtype", "TensorArrayWriteV3": "T", "TensorArrayReadV3": "dtype",
+    "TensorArrayGatherV3": "dtype", "TensorArrayScatterV3": "T", "TensorArrayConcatV3": "dtype",
+    "TensorArraySplitV3": "T",
+}
+_STRUCTURE_WRITERS = _TENSOR_LIST_WRITERS | {
+    "StackPushV2", "TensorArrayWriteV3", "TensorArrayScatterV3", "TensorArraySplitV3"}
+_STRUCTURE_READERS = _TENSOR_LIST_READERS | {
+    "StackPopV2", "TensorArrayReadV3", "TensorArrayGatherV3", "TensorArrayConcatV3"}
+# Ops a resource handle of a data structure may pass through without escaping.
+_HANDLE_CARRIERS = frozenset({
+    "Enter", "RefEnter", "Exit", "RefExit", "Merge", "RefMerge", "Switch", "RefSwitch",
+    "NextIteration", "RefNextIteration", "Identity", "IdentityN", "TensorArrayGradV3",
+    "TensorArraySizeV3", "TensorArrayCloseV3", "StackCloseV2",
+})
+
+
+def _element_vertex(ctx: PaintContext, node_idx: int) -> int | None:
+    """The float32 element-type vertex of a data-structure op, or None."""
     graph = ctx.graph
+    op = graph.nodes[node_idx].op
+    if op in _ELEMENT_ATTR:
+        v = graph.vertex_of(node_idx, _ELEMENT_ATTR[op])
+        return v if v is not None and graph.dtype(v) == DT_FLOAT else None
+    if "TensorList" not in op:
+        return None
     for v in graph.node_vertices[node_idx]:
         attr = graph.vertices[v][1]
         if attr.name and attr.index < 0 and graph.dtype(v) == DT_FLOAT:
@@ -358,31 +397,43 @@ def _float32_element_vertex(ctx: PaintContext, node_idx: int) -> int | None:
     return None
 
 
+def _handle_vertices(graph: TypedGraph, node_idx: int) -> list[int]:
+    return [v for v in graph.node_vertices[node_idx] if graph.vertices[v][1].fixed in (DT_VARIANT, DT_RESOURCE)]
+
+
+def _carries_handles(ctx: PaintContext, node_idx: int) -> bool:
+    op = ctx.graph.nodes[node_idx].op
+    return op in _ELEMENT_ATTR or op in _HANDLE_CARRIERS or node_idx in ctx.boundary
+
+
 def _add_writer_reader_edges(ctx: PaintContext, members: list[int], element: dict[int, int]) -> None:
     graph = ctx.graph
     for reader in members:
-        if graph.nodes[reader].op not in _TENSOR_LIST_READERS:
+        if graph.nodes[reader].op not in _STRUCTURE_READERS:
             continue
-        handles = [v for v in graph.node_vertices[reader] if graph.vertices[v][1].fixed == DT_VARIANT]
+        handles = _handle_vertices(graph, reader)
         for v in graph.reach(handles, forward=False, backward=True, enter=ctx.processable):
             writer = graph.vertices[v][0]
-            if graph.nodes[writer].op in _TENSOR_LIST_WRITERS and writer in element:
+            if graph.nodes[writer].op in _STRUCTURE_WRITERS and writer in element:
                 src, dst = element[writer], element[reader]
                 if dst not in graph.fanout[src]:
-                    graph.fanout[src].append(dst)
-                    graph.fanin[dst].append(src)
+                    graph.add_edge(src, dst)
 
 
 def match_tensor_list_clusters(ctx: PaintContext, painting: Painting) -> None:
-    """Gives every op of a tensor-list cluster one colour: DENY if any is, else ALLOW if any is."""
+    """Gives every op of a data-structure cluster one element type.
+
+    DENY if any member is DENY or cannot hold the half type; else ALLOW if any
+    member is ALLOW.
+    """
     for cluster in painting.tensor_list_clusters:
-        if any(v in painting.deny for v in cluster):
+        if any(v in painting.deny or not ctx.supports_target(v) for v in cluster):
             for v in cluster:
-                painting.mark_deny(v, "shares a tensor list with a float32 op")
+                painting.mark_deny(v, "shares a data structure with a float32 op")
         elif any(v in painting.allow for v in cluster):
             cause = next(v for v in cluster if v in painting.allow)
             for v in cluster:
-                painting.mark_allow(v, "shares a tensor list with a half op", cause)
+                painting.mark_allow(v, "shares a data structure with a half op", cause)
 
 
 def match_loop_edges(ctx: PaintContext, painting: Painting) -> None:

@@ -42,6 +42,7 @@ DT_FLOAT = 1
 DT_HALF = 19
 DT_BFLOAT16 = 14
 DT_VARIANT = 21
+DT_RESOURCE = 20
 DTYPE_NAMES = {DT_FLOAT: "float32", DT_HALF: "float16", DT_BFLOAT16: "bfloat16", DT_VARIANT: "variant"}
 
 # Call-like ops, with the attrs naming the functions they run.
