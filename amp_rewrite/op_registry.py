@@ -93,6 +93,11 @@ class OpRegistry:
             return found
         return self._functions.get(op)
 
+    @staticmethod
+    def registry_op_def(op: str):
+        """The OpDef TensorFlow registers for ``op``, or None."""
+        return _registry_op_def(op)
+
     def is_library_function(self, op: str) -> bool:
         """Whether ``op`` names a function of the graph's library."""
         return op in self._functions and _registry_op_def(op) is None

@@ -21,8 +21,10 @@ caller's GraphDef is never mutated.
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Callable
@@ -151,6 +153,28 @@ def rewrite(graph_def, *, fetches=None, target: str | None = None,
         GraphError: the graph is malformed or a fetch names no node.
         ListError: the op lists are inconsistent.
     """
+    with _collector_paused():
+        return _rewrite(graph_def, fetches=fetches, target=target, config=config)
+
+
+@contextmanager
+def _collector_paused():
+    """Pauses Python's cyclic garbage collector while a rewrite allocates.
+
+    With TensorFlow loaded the heap is large, and each full collection
+    triggered by the rewrite's many small allocations scans all of it; the
+    rewrite builds no reference cycles that need collecting before it returns.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _rewrite(graph_def, *, fetches, target, config) -> RewriteResult:
     start = time.perf_counter()
     config = config if config is not None else Config.from_env()
     if fetches is not None:

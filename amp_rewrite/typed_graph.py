@@ -29,6 +29,7 @@ the known side).
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, NamedTuple
@@ -277,7 +278,11 @@ class TypedGraph:
                 continue
             plan = plans.get(node.op)
             if plan is None:
-                plan = plans[node.op] = (_ArgPlan(op_def, op_def.input_arg), _ArgPlan(op_def, op_def.output_arg))
+                if self.registry.is_library_function(node.op):
+                    plan = (_ArgPlan(op_def, op_def.input_arg), _ArgPlan(op_def, op_def.output_arg))
+                else:
+                    plan = _registry_plan(node.op)
+                plans[node.op] = plan
             self.in_attrs.append(plan[0].expand(node))
             outs, starts = plan[1].expand_with_starts(node)
             self.out_attrs.append(outs)
@@ -608,6 +613,13 @@ class _ArgPlan:
             else:
                 result.append(attr)
         return result, starts
+
+
+@functools.lru_cache(maxsize=None)
+def _registry_plan(op: str) -> tuple[_ArgPlan, _ArgPlan]:
+    """Port plans of a registered op; TensorFlow's registry does not change within a process."""
+    op_def = OpRegistry.registry_op_def(op)
+    return _ArgPlan(op_def, op_def.input_arg), _ArgPlan(op_def, op_def.output_arg)
 
 
 def _attr_value(node, op_def, name: str):

@@ -474,6 +474,62 @@ def small_mlp_inference() -> ModelGraph:
 
 
 #: The large models used for benchmarking, by name.
+# --------------------------------------------------------------------------
+# Loop graphs
+# --------------------------------------------------------------------------
+
+
+def tf_function_while_rnn(steps: int = 20, batch: int = 8, units: int = 64) -> ModelGraph:
+    """A tf.function running an Elman RNN in ``tf.while_loop`` (a StatelessWhile in the library).
+
+    The input and recurrent weights are captured constants, so they enter the
+    loop as loop-invariant loop variables.
+    """
+    rng = _rng(7)
+    graph = tf.Graph()
+    with graph.as_default():
+        xs = _v1.placeholder(tf.float32, [steps, batch, units], name="inputs")
+        w = tf.constant(rng.standard_normal((units, units)).astype(np.float32) * 0.1, name="w")
+        u = tf.constant(rng.standard_normal((units, units)).astype(np.float32) * 0.1, name="u")
+
+        @tf.function
+        def rnn(inputs):
+            def body(i, h):
+                return i + 1, tf.tanh(tf.matmul(inputs[i], w) + tf.matmul(h, u))
+
+            return tf.while_loop(lambda i, h: i < steps, body, [0, tf.zeros([batch, units])])[1]
+
+        tf.identity(rnn(xs), name="state")
+    feeds = {"inputs": rng.standard_normal((steps, batch, units)).astype(np.float32)}
+    return ModelGraph("tf_function_while_rnn", graph.as_graph_def(), ("state",), feeds, "inference")
+
+
+def tf1_lstm_training(steps: int = 12, batch: int = 8, units: int = 64) -> ModelGraph:
+    """A TF1 ``dynamic_rnn`` LSTM (v1 while loop, TensorArrays) trained with Adam."""
+    from tensorflow.python.ops import control_flow_util
+    from tf_keras.src.layers.rnn import legacy_cells
+
+    rng = _rng(8)
+    graph = tf.Graph()
+    old = control_flow_util.ENABLE_CONTROL_FLOW_V2
+    control_flow_util.ENABLE_CONTROL_FLOW_V2 = False
+    try:
+        with graph.as_default(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _v1.set_random_seed(_SEED)
+            x = _v1.placeholder(tf.float32, [batch, steps, units], name="x")
+            target = _v1.placeholder(tf.float32, [batch, units], name="target")
+            outputs, _ = _v1.nn.dynamic_rnn(legacy_cells.LSTMCell(units), x, dtype=tf.float32)
+            loss = tf.reduce_mean(tf.square(outputs[:, -1] - target), name="loss")
+            _v1.train.AdamOptimizer(0.01).minimize(loss, name="train_op")
+        graph_def = _finish_training_graph(graph)
+    finally:
+        control_flow_util.ENABLE_CONTROL_FLOW_V2 = old
+    feeds = {"x": rng.standard_normal((batch, steps, units)).astype(np.float32),
+             "target": rng.standard_normal((batch, units)).astype(np.float32)}
+    return ModelGraph("tf1_lstm_training", graph_def, ("train_op", "loss"), feeds, "training")
+
+
 ALL_BENCHMARK_MODELS: dict[str, Callable[[], ModelGraph]] = {
     "tf1_resnet50_training": tf1_resnet50_training,
     "keras_resnet50_frozen": keras_resnet50_frozen,
