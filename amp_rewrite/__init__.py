@@ -3,13 +3,30 @@
 ``rewrite(graph_def, fetches=[...], target="float16")`` returns a
 :class:`RewriteResult` holding the rewritten GraphDef and a report. Importing
 this package patches nothing and does not import TensorFlow until a graph is
-rewritten.
+rewritten. :func:`enable` (what ``ENABLE_AUTO_MP=1`` does at start-up) makes
+TF1 sessions run rewritten graphs and TF1 optimizers scale the loss.
 """
 
 from amp_rewrite.config import Config
 from amp_rewrite.errors import AmpRewriteError, GraphError, InputFileError, ListError, UsageError
 from amp_rewrite.op_lists import OpLists, load_lists
 from amp_rewrite.pipeline import RewriteResult, rewrite
+
+
+
+def enable(**kwargs) -> None:
+    """Turns on mixed precision for TF1 sessions and optimizers; see :mod:`amp_rewrite.runtime`."""
+    from amp_rewrite import runtime
+
+    runtime.enable(**kwargs)
+
+
+def disable() -> None:
+    """Undoes :func:`enable`; see :mod:`amp_rewrite.runtime`."""
+    from amp_rewrite import runtime
+
+    runtime.disable()
+
 
 __all__ = [
     "AmpRewriteError",
@@ -20,6 +37,8 @@ __all__ = [
     "OpLists",
     "RewriteResult",
     "UsageError",
+    "disable",
+    "enable",
     "load_lists",
     "rewrite",
 ]

@@ -1,0 +1,177 @@
+"""The ``ENABLE_AUTO_MP`` runtime: unmodified TF1 scripts train in mixed precision.
+
+:func:`enable` patches, once TensorFlow is imported (at once if it already is):
+
+- ``Session`` (every ``BaseSession``: plain, interactive, and those that
+  ``MonitoredTrainingSession`` creates) to run the rewritten graph
+  (:mod:`amp_rewrite.runtime.session`);
+- ``tf.compat.v1.train.Optimizer.compute_gradients``/``apply_gradients`` for
+  dynamic loss scaling (:mod:`amp_rewrite.runtime.loss_scale`);
+- ``Saver.restore`` so float32 checkpoints restore (:mod:`amp_rewrite.runtime.checkpoint`);
+- ``MixedPrecisionLossScaleOptimizer`` so an optimizer it wraps is not scaled twice.
+
+:func:`disable` undoes all of it. Both are idempotent. Importing this module
+patches nothing and does not import TensorFlow.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+import threading
+from dataclasses import dataclass
+
+from amp_rewrite.runtime.settings import RuntimeSettings
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["RuntimeSettings", "disable", "enable", "is_enabled"]
+
+
+@dataclass(frozen=True)
+class _Patch:
+    owner: type
+    name: str
+    original: object
+
+
+class _Runtime:
+    """What is installed: the pending import hook, or the applied patches."""
+
+    def __init__(self):
+        self.lock = threading.RLock()
+        self.is_requested = False
+        self.patches: list[_Patch] = []
+        self.settings: RuntimeSettings | None = None
+
+
+_RUNTIME = _Runtime()
+
+
+def enable(*, settings: RuntimeSettings | None = None, from_env: bool = False) -> None:
+    """Turns the runtime on; patches apply when TensorFlow is imported.
+
+    Args:
+        settings: the runtime settings; by default read from the ``AMP_*`` variables.
+        from_env: called by the start-up hook; also makes the runtime's log
+            lines visible on stderr when the script configured no logging.
+
+    Calling it again changes nothing (new settings apply to the next enable
+    after :func:`disable`).
+    """
+    import _amp_rewrite_autoload as autoload
+
+    with _RUNTIME.lock:
+        if _RUNTIME.is_requested:
+            return
+        _RUNTIME.settings = settings if settings is not None else RuntimeSettings.from_env()
+        _RUNTIME.is_requested = True
+        if from_env:
+            _show_runtime_logs()
+    autoload.install_post_import_hook(_apply_patches)
+
+
+def disable() -> None:
+    """Turns the runtime off: removes a pending import hook and restores TensorFlow's methods.
+
+    Sessions that already ran a rewritten graph must be closed first.
+    """
+    import _amp_rewrite_autoload as autoload
+
+    with _RUNTIME.lock:
+        autoload.remove_post_import_hooks()
+        for patch in reversed(_RUNTIME.patches):
+            setattr(patch.owner, patch.name, patch.original)
+        _RUNTIME.patches.clear()
+        _RUNTIME.is_requested = False
+
+
+def is_enabled() -> bool:
+    """Whether TensorFlow is currently patched."""
+    return bool(_RUNTIME.patches)
+
+
+def _apply_patches(_module=None) -> None:
+    with _RUNTIME.lock:
+        if _RUNTIME.patches or not _RUNTIME.is_requested:
+            return
+        settings = _RUNTIME.settings
+        try:
+            for owner, name, replacement in _patch_table(settings):
+                _install(owner, name, replacement)
+        except Exception:
+            disable()
+            raise
+    logger.debug("patched TensorFlow %s", getattr(sys.modules.get("tensorflow"), "__version__", "?"))
+
+
+def _patch_table(settings: RuntimeSettings):
+    from tensorflow.python.client import session as session_lib
+    from tensorflow.python.training import optimizer, saver
+    from tensorflow.python.training.experimental import loss_scale_optimizer
+
+    from amp_rewrite.runtime import checkpoint, loss_scale, session
+
+    base = session_lib.BaseSession
+    scaling = settings.loss_scale
+    return [
+        (base, "__init__", session.patched_init),
+        (base, "run", _bound(session.patched_run, settings)),
+        (base, "make_callable", _bound(session.patched_make_callable, settings)),
+        (base, "_make_callable_from_options",
+         _bound(session.patched_make_callable_from_options, settings)),
+        (base, "close", session.patched_close),
+        (optimizer.Optimizer, "compute_gradients",
+         _bound(loss_scale.scaled_compute_gradients, scaling)),
+        (optimizer.Optimizer, "apply_gradients",
+         _bound(loss_scale.guarded_apply_gradients, scaling)),
+        (saver.Saver, "restore", checkpoint.tolerant_restore),
+        (loss_scale_optimizer.MixedPrecisionLossScaleOptimizer, "__init__", _init_wrapper),
+    ]
+
+
+def _bound(replacement, settings):
+    """``replacement(original, settings, ...)`` as a ``(original, ...)`` replacement."""
+
+    def call(original, *args, **kwargs):
+        return replacement(original, settings, *args, **kwargs)
+
+    return call
+
+
+def _install(owner, name, replacement) -> None:
+    original = owner.__dict__[name]
+
+    @functools.wraps(original)
+    def patched(*args, **kwargs):
+        return replacement(original, *args, **kwargs)
+
+    setattr(owner, name, patched)
+    _RUNTIME.patches.append(_Patch(owner, name, original))
+
+
+def _init_wrapper(original, wrapper, opt, *args, **kwargs):
+    from amp_rewrite.runtime import loss_scale
+
+    loss_scale.mark_scaled_elsewhere(opt)
+    return original(wrapper, opt, *args, **kwargs)
+
+
+class _RuntimeRecords(logging.Filter):
+    """Lets through the runtime's own lines and every warning of the package."""
+
+    def filter(self, record):
+        return record.levelno >= logging.WARNING or record.name.startswith(__name__)
+
+
+def _show_runtime_logs() -> None:
+    package = logging.getLogger("amp_rewrite")
+    if package.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(_RuntimeRecords())
+    package.addHandler(handler)
+    if package.level == logging.NOTSET:
+        package.setLevel(logging.INFO)

@@ -1,0 +1,475 @@
+"""Sessions that run the rewritten graph while the script keeps its own.
+
+Each patched ``Session`` gets a :class:`ShadowRunner` on its first ``run``.
+The runner rewrites the session's graph once (preserving that run's fetches
+and feeds and every node without consumers), imports the result into a
+shadow ``tf.Graph`` (node names are preserved), and runs everything in a
+shadow ``Session`` from then on, so variables live there. Guarantees:
+
+- ``sess.graph`` is the script's graph; fetched values come back in the dtype
+  the script built (half values are cast back on the host); any tensor the
+  script could feed can be fed (the value is cast to the shadow's dtype).
+- Ops the script adds later are imported as they are (float32), with a Cast
+  back to the script's dtype wherever they read a tensor that became half.
+- Each (graph version, fetches, feeds) gets one :class:`RunPlan`, built once.
+- If the rewrite, or the first run of the rewritten graph, fails, a warning
+  names the reason and the session runs the script's float32 graph from then
+  on; with ``AMP_REWRITE_STRICT=1`` a :class:`RuntimeRewriteError` is raised.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from amp_rewrite.errors import AmpRewriteError
+from amp_rewrite.runtime import loss_scale
+from amp_rewrite.runtime.settings import RuntimeSettings
+
+logger = logging.getLogger(__name__)
+
+RUNNER_ATTR = "_amp_rewrite_runner"
+SESSION_ARGS_ATTR = "_amp_rewrite_session_args"
+SHADOW_ATTR = "_amp_rewrite_is_shadow"
+CAST_BACK_SUFFIX = "CastBack-AmpRewrite"
+
+
+class RuntimeRewriteError(AmpRewriteError):
+    """The session's graph could not be rewritten or run rewritten (strict mode only)."""
+
+
+@dataclass
+class RunPlan:
+    """How one kind of ``run`` call maps onto the shadow graph.
+
+    Attributes:
+        fetches: shadow elements to fetch: the script's, then loss-scale reports.
+        fetch_dtypes: per script fetch, the numpy dtype to cast back to, or None.
+        feeds: per fed tensor name, the shadow tensor and the dtype to feed it in (or None).
+        reports: how many loss-scale report tensors close ``fetches``.
+    """
+
+    fetches: list
+    fetch_dtypes: list
+    feeds: dict
+    reports: int = 0
+
+
+@dataclass
+class _LossScaleLog:
+    steps: int = 0
+    skipped: dict = field(default_factory=dict)
+
+
+class ShadowRunner:
+    """Runs one session's graph as a rewritten shadow copy."""
+
+    def __init__(self, session, settings: RuntimeSettings):
+        self.graph = session.graph
+        self.target, self.config = getattr(session, SESSION_ARGS_ATTR, ("", None))
+        self.settings = settings
+        self.lock = threading.RLock()
+        self.shadow_graph = None
+        self.shadow_session = None
+        self.imported: set[str] = set()
+        self.version = -1
+        self.plans: dict = {}
+        self.fallback_reason: str | None = None
+        self.has_run = False
+        self.result = None
+        self._cast_back: dict = {}
+        self._control_proxies: dict = {}
+        self._log = _LossScaleLog()
+
+    # --- running ---------------------------------------------------------
+
+    def run(self, original_run, session, fetches, feed_dict=None, options=None, run_metadata=None):
+        """``Session.run`` on the shadow graph; the float32 graph after a fallback."""
+        if self.fallback_reason is not None:
+            return original_run(session, fetches, feed_dict, options, run_metadata)
+        mapper = _fetch_mapper(self.graph, fetches)
+        feeds = _flatten_feeds(self.graph, feed_dict)
+        fetch_names = tuple(element.name for element in mapper.unique_fetches())
+        key = (self.graph.version, fetch_names, tuple(name for name, _ in feeds))
+        plan = self.plans.get(key) or self._plan(key, fetch_names, [name for name, _ in feeds])
+        if plan is None:
+            return original_run(session, fetches, feed_dict, options, run_metadata)
+        shadow_feeds = {plan.feeds[name][0]: _to_shadow(value, plan.feeds[name][1])
+                        for name, value in feeds}
+        try:
+            values = self.shadow_session.run(plan.fetches, shadow_feeds, options, run_metadata)
+        except Exception as exc:
+            if self.has_run:
+                raise
+            return self._first_run_failed(exc, original_run, session, fetches, feed_dict,
+                                          options, run_metadata)
+        self.has_run = True
+        n_script = len(plan.fetch_dtypes)
+        self._log_reports(values[n_script:])
+        results = [_to_script(v, d) for v, d in zip(values[:n_script], plan.fetch_dtypes)]
+        return mapper.build_results(results)
+
+    def _first_run_failed(self, exc, original_run, session, fetches, feed_dict, options,
+                          run_metadata):
+        """The rewritten graph failed before it ever ran: try the float32 graph instead."""
+        reason = f"the rewritten graph failed to run: {type(exc).__name__}: {_first_line(exc)}"
+        if self.settings.is_strict:
+            raise RuntimeRewriteError(reason) from exc
+        # The script's own error (a bad feed, say) fails the float32 graph too:
+        # then the rewrite is kept and TensorFlow's error is what the script sees.
+        values = original_run(session, fetches, feed_dict, options, run_metadata)
+        self._fall_back(reason)
+        return values
+
+    def close(self) -> None:
+        with self.lock:
+            if self.shadow_session is not None:
+                self.shadow_session.close()
+
+    # --- planning --------------------------------------------------------
+
+    def _plan(self, key, fetch_names, feed_names):
+        with self.lock:
+            if self.fallback_reason is not None:
+                return None
+            if self.shadow_graph is None:
+                try:
+                    self._build(fetch_names, feed_names)
+                except Exception as exc:
+                    reason = f"{type(exc).__name__}: {_first_line(exc)}"
+                    if self.settings.is_strict:
+                        raise RuntimeRewriteError(f"rewrite failed: {reason}") from exc
+                    self._fall_back(f"rewrite failed: {reason}")
+                    return None
+            elif self.graph.version != self.version:
+                self._extend()
+            plan = self._make_plan(fetch_names, feed_names)
+            self.plans[key] = plan
+            return plan
+
+    def _make_plan(self, fetch_names, feed_names) -> RunPlan:
+        shadow = self.shadow_graph
+        fetches, fetch_dtypes = [], []
+        for name in fetch_names:
+            original = self.graph.as_graph_element(name)
+            element = shadow.as_graph_element(name)
+            fetches.append(element)
+            fetch_dtypes.append(_dtype_change(original, element))
+        feeds = {}
+        for name in feed_names:
+            element = shadow.get_tensor_by_name(name)
+            feeds[name] = (element, _dtype_change(self.graph.get_tensor_by_name(name), element))
+        reports = self._reports_for(fetch_names)
+        fetches += [shadow.get_tensor_by_name(report.tensor.name) for report in reports]
+        return RunPlan(fetches, fetch_dtypes, feeds, len(reports))
+
+    def _reports_for(self, fetch_names):
+        """The loss-scale reports whose guarded update this run executes anyway."""
+        reports = self.graph.get_collection(loss_scale.REPORT_COLLECTION)
+        if not reports:
+            return []
+        wanted = {report.op.name: report for report in reports}
+        found = []
+        for op in _ancestors(self.graph.as_graph_element(n) for n in fetch_names):
+            if op.name in wanted:
+                found.append(wanted[op.name])
+        return found
+
+    # --- building and extending the shadow -------------------------------
+
+    def _build(self, fetch_names, feed_names) -> None:
+        import tensorflow as tf
+        from tensorflow.python.client import session as session_lib
+
+        from amp_rewrite import Config, rewrite
+
+        graph_def = self.graph.as_graph_def(add_shapes=True)
+        names = {node.name for node in graph_def.node}
+        fetched = {_node_name(n) for n in fetch_names} | _sinks(graph_def)
+        preserve = tuple(sorted({_node_name(n) for n in feed_names}))
+        config = Config.from_env(preserve=preserve, device_type=_device_type())
+        result = rewrite(graph_def, fetches=sorted(fetched), config=config)
+        self._dump(graph_def, result.graph_def)
+        shadow = tf.Graph()
+        with shadow.as_default():
+            tf.compat.v1.import_graph_def(result.graph_def, name="")
+        shadow_session = session_lib.Session(self.target, graph=shadow, config=self.config)
+        setattr(shadow_session, SHADOW_ATTR, True)
+        self.shadow_graph, self.shadow_session, self.result = shadow, shadow_session, result
+        self.imported = names
+        self.version = self.graph.version
+        logger.info("amp-rewrite: %s", result.summary())
+
+    def _extend(self) -> None:
+        """Imports the ops added to the script's graph since the last import, as they are."""
+        import tensorflow as tf
+        from tensorflow.core.framework import graph_pb2
+
+        version = self.graph.version
+        full = self.graph.as_graph_def()
+        new_nodes = [node for node in full.node if node.name not in self.imported]
+        if new_nodes:
+            delta = graph_pb2.GraphDef()
+            delta.versions.CopyFrom(full.versions)
+            delta.library.CopyFrom(_new_functions(full.library, self.shadow_graph))
+            delta.node.extend(new_nodes)
+            new_names = {node.name for node in new_nodes}
+            input_map = self._input_map(new_nodes, new_names)
+            with self.shadow_graph.as_default():
+                tf.compat.v1.import_graph_def(delta, input_map=input_map, name="")
+            self.imported |= new_names
+            logger.debug("imported %d ops added after the rewrite, unchanged", len(new_nodes))
+        self.version = version
+
+    def _input_map(self, new_nodes, new_names) -> dict:
+        """Existing shadow tensors for the delta's references to already imported nodes."""
+        input_map = {}
+        for node in new_nodes:
+            for ref in node.input:
+                if ref in input_map or _node_name(ref) in new_names:
+                    continue
+                if ref.startswith("^"):
+                    input_map[ref] = self._control_proxy(ref[1:])
+                else:
+                    input_map[ref] = self._tensor_as_built(_tensor_name(ref))
+        return input_map
+
+    def _tensor_as_built(self, name: str):
+        """The shadow tensor ``name``, cast back to the script's dtype if it became half."""
+        import tensorflow as tf
+
+        shadow_tensor = self.shadow_graph.get_tensor_by_name(name)
+        want = self.graph.get_tensor_by_name(name).dtype.base_dtype
+        if shadow_tensor.dtype.base_dtype == want:
+            return shadow_tensor
+        if name not in self._cast_back:
+            op_name, port = name.rsplit(":", 1)
+            with self.shadow_graph.as_default(), tf.compat.v1.name_scope(None):
+                self._cast_back[name] = tf.cast(shadow_tensor, want,
+                                                name=f"{op_name}-{port}-{CAST_BACK_SUFFIX}")
+        return self._cast_back[name]
+
+    def _control_proxy(self, op_name: str):
+        """A tensor whose op runs after ``op_name``: import maps control inputs to ops with outputs."""
+        import tensorflow as tf
+
+        op = self.shadow_graph.get_operation_by_name(op_name)
+        if op.outputs:
+            return op.outputs[0]
+        if op_name not in self._control_proxies:
+            with self.shadow_graph.as_default(), tf.compat.v1.name_scope(None), \
+                    tf.control_dependencies([op]):
+                self._control_proxies[op_name] = tf.constant(0, name=f"{op_name}-Done-AmpRewrite")
+        return self._control_proxies[op_name]
+
+    # --- reporting -------------------------------------------------------
+
+    def _fall_back(self, reason: str) -> None:
+        self.fallback_reason = reason
+        logger.warning("amp-rewrite: running the float32 graph: %s", reason)
+        if self.shadow_session is not None:
+            self.shadow_session.close()
+        self.shadow_graph = self.shadow_session = None
+        self.plans.clear()
+
+    def _dump(self, before, after) -> None:
+        directory = self.settings.dump_dir
+        if not directory:
+            return
+        os.makedirs(directory, exist_ok=True)
+        stem = os.path.join(directory, f"amp_rewrite_{os.getpid()}_{id(self.graph):x}")
+        for label, graph_def in (("before", before), ("after", after)):
+            with open(f"{stem}_{label}.pb", "wb") as f:
+                f.write(graph_def.SerializeToString(deterministic=True))
+        logger.debug("wrote %s_{before,after}.pb", stem)
+
+    def _log_reports(self, reports) -> None:
+        if not len(reports):
+            return
+        log = self._log
+        log.steps += 1
+        every = self.settings.loss_scale.log_every
+        for index, (scale, skipped, _good) in enumerate(reports):
+            before = log.skipped.get(index, 0.0)
+            log.skipped[index] = skipped
+            if skipped > before:
+                logger.warning("amp-rewrite: step skipped, gradients not finite; "
+                               "loss scale now %g, %d steps skipped so far", scale, skipped)
+            elif every and log.steps % every == 0:
+                logger.info("amp-rewrite: loss scale %g, %d steps skipped so far", scale, skipped)
+
+
+# --- session patches -------------------------------------------------------
+
+def runner_for(session, settings: RuntimeSettings) -> ShadowRunner | None:
+    """The session's runner, created on first use; None for shadow sessions."""
+    if getattr(session, SHADOW_ATTR, False):
+        return None
+    runner = getattr(session, RUNNER_ATTR, None)
+    if runner is None:
+        runner = ShadowRunner(session, settings)
+        setattr(session, RUNNER_ATTR, runner)
+    return runner
+
+
+def patched_init(original, session, target="", graph=None, config=None, *args, **kwargs):
+    setattr(session, SESSION_ARGS_ATTR, (target, config))
+    return original(session, target, graph, config, *args, **kwargs)
+
+
+def patched_run(original, settings, session, fetches, feed_dict=None, options=None,
+                run_metadata=None):
+    runner = runner_for(session, settings)
+    if runner is None:
+        return original(session, fetches, feed_dict, options, run_metadata)
+    return runner.run(original, session, fetches, feed_dict, options, run_metadata)
+
+
+def patched_make_callable(original, settings, session, fetches, feed_list=None,
+                          accept_options=False):
+    """A callable that goes through ``run``, so it runs the shadow graph too."""
+    if getattr(session, SHADOW_ATTR, False):
+        return original(session, fetches, feed_list, accept_options)
+    feed_list = list(feed_list or [])
+
+    def call(*args, options=None, run_metadata=None):
+        if len(args) != len(feed_list):
+            raise TypeError(f"expected {len(feed_list)} feeds, got {len(args)}")
+        if not accept_options and (options is not None or run_metadata is not None):
+            raise TypeError("this callable was made without accept_options=True")
+        return session.run(fetches, dict(zip(feed_list, args)), options, run_metadata)
+
+    return call
+
+
+def patched_make_callable_from_options(original, settings, session, callable_options):
+    """The raw-callable API (used by Keras in graph mode), routed through ``run``."""
+    if getattr(session, SHADOW_ATTR, False):
+        return original(session, callable_options)
+    if callable_options.tensor_connection:
+        logger.warning("amp-rewrite: a callable with tensor connections runs the float32 graph")
+        return original(session, callable_options)
+    fetches = list(callable_options.fetch)
+    targets = list(callable_options.target)
+    feeds = list(callable_options.feed)
+
+    def call(*args, run_metadata=None):
+        values = session.run(fetches + targets, dict(zip(feeds, args)), None, run_metadata)
+        return values[:len(fetches)]
+
+    return call
+
+
+def patched_close(original, session):
+    runner = getattr(session, RUNNER_ATTR, None)
+    if runner is not None:
+        runner.close()
+    return original(session)
+
+
+# --- helpers ---------------------------------------------------------------
+
+def _fetch_mapper(graph, fetches):
+    from tensorflow.python.client import session as session_lib
+
+    with graph.as_default():
+        return session_lib._FetchMapper.for_fetch(fetches)
+
+
+def _flatten_feeds(graph, feed_dict) -> list:
+    """(tensor name, value) per fed tensor, expanding sparse and other composite keys."""
+    if not feed_dict:
+        return []
+    from tensorflow.python.client import session as session_lib
+    from tensorflow.python.util import nest
+
+    out = []
+    for feed, value in nest.flatten_dict_items(feed_dict).items():
+        for subfeed, subvalue in _expand_feed(session_lib, feed, value):
+            tensor = graph.as_graph_element(subfeed, allow_tensor=True, allow_operation=False)
+            out.append((tensor.name, subvalue))
+    return out
+
+
+def _expand_feed(session_lib, feed, value):
+    for feed_type, _, expand, _ in session_lib._REGISTERED_EXPANSIONS:
+        if isinstance(feed, feed_type):
+            return expand(feed, value)
+    raise TypeError(f"{feed} in argument `feed_dict` has invalid type {type(feed).__name__!r}")
+
+
+def _dtype_change(original, shadow):
+    """(script dtype, shadow dtype) when a tensor became another type, else None."""
+    if not hasattr(original, "dtype"):
+        return None
+    want, have = original.dtype.base_dtype, shadow.dtype.base_dtype
+    if want == have:
+        return None
+    return (want, have)
+
+
+def _to_script(value, change):
+    """A fetched shadow value in the dtype the script built."""
+    return value if change is None else np.asarray(value).astype(change[0].as_numpy_dtype)
+
+
+def _to_shadow(value, change):
+    """A fed value in the dtype of the shadow tensor it feeds."""
+    return value if change is None else np.asarray(value, dtype=change[1].as_numpy_dtype)
+
+
+def _ancestors(elements):
+    """Every op the given tensors/ops depend on, through data and control edges."""
+    stack = [getattr(e, "op", e) for e in elements]
+    seen = {}
+    while stack:
+        op = stack.pop()
+        if op.name in seen:
+            continue
+        seen[op.name] = op
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(op.control_inputs)
+    return seen.values()
+
+
+def _sinks(graph_def) -> set[str]:
+    consumed = {_node_name(ref) for node in graph_def.node for ref in node.input}
+    return {node.name for node in graph_def.node} - consumed
+
+
+def _new_functions(library, shadow_graph):
+    from tensorflow.core.framework import function_pb2
+
+    out = function_pb2.FunctionDefLibrary()
+    for function in library.function:
+        if not shadow_graph._is_function(function.signature.name):
+            out.function.add().CopyFrom(function)
+    known = {g.function_name for g in out.gradient}
+    for gradient in library.gradient:
+        if gradient.function_name not in known and any(
+                f.signature.name == gradient.function_name for f in out.function):
+            out.gradient.add().CopyFrom(gradient)
+    return out
+
+
+def _device_type() -> str:
+    import tensorflow as tf
+
+    return "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
+
+
+def _node_name(ref: str) -> str:
+    return ref.lstrip("^").split(":")[0]
+
+
+def _tensor_name(ref: str) -> str:
+    return ref if ":" in ref else ref + ":0"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else repr(exc)

@@ -1,0 +1,102 @@
+"""What the ``ENABLE_AUTO_MP`` runtime reads from the environment.
+
+Every variable is read once, when the runtime is enabled, into one frozen
+:class:`RuntimeSettings`. The rewrite itself keeps reading TensorFlow's
+``TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_*`` variables through
+:meth:`amp_rewrite.Config.from_env`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+from amp_rewrite.errors import UsageError
+
+TRUE_VALUES = ("1", "true", "yes", "on")
+DUMP_DIR_ENV = "AMP_REWRITE_DUMP_DIR"
+TF_LOG_PATH_ENV = "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LOG_PATH"
+STRICT_ENV = "AMP_REWRITE_STRICT"
+LOSS_SCALE_ENV = "AMP_LOSS_SCALE"
+LOSS_SCALE_INIT_ENV = "AMP_LOSS_SCALE_INIT"
+GROWTH_INTERVAL_ENV = "AMP_LOSS_SCALE_GROWTH_INTERVAL"
+LOG_EVERY_ENV = "AMP_LOSS_SCALE_LOG_STEPS"
+
+DEFAULT_INITIAL_SCALE = 2.0 ** 15
+DEFAULT_GROWTH_INTERVAL = 2000
+DEFAULT_LOG_EVERY = 1000
+
+
+@dataclass(frozen=True)
+class LossScaleSettings:
+    """Dynamic (``is_dynamic``) or fixed loss scaling.
+
+    Attributes:
+        is_dynamic: grow and shrink the scale; a fixed scale never changes.
+        initial_scale: the scale of the first step (the fixed scale when not dynamic).
+        growth_interval: consecutive finite steps before the scale doubles.
+        log_every: a log line every this many training steps (0: only on skips).
+    """
+
+    is_dynamic: bool = True
+    initial_scale: float = DEFAULT_INITIAL_SCALE
+    growth_interval: int = DEFAULT_GROWTH_INTERVAL
+    log_every: int = DEFAULT_LOG_EVERY
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    """The runtime's switches.
+
+    Attributes:
+        dump_dir: where to write each graph before and after its rewrite, or None.
+        is_strict: raise instead of falling back to the float32 graph.
+        loss_scale: the loss-scaling settings.
+    """
+
+    dump_dir: str | None = None
+    is_strict: bool = False
+    loss_scale: LossScaleSettings = LossScaleSettings()
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "RuntimeSettings":
+        """Reads the ``AMP_*`` variables; a malformed value raises :class:`UsageError`."""
+        environ = os.environ if environ is None else environ
+        dump_dir = environ.get(DUMP_DIR_ENV) or environ.get(TF_LOG_PATH_ENV) or None
+        return cls(dump_dir=dump_dir, is_strict=is_true(environ.get(STRICT_ENV)),
+                   loss_scale=_loss_scale_from_env(environ))
+
+
+def is_true(value: str | None) -> bool:
+    return (value or "").strip().lower() in TRUE_VALUES
+
+
+def _loss_scale_from_env(environ: Mapping[str, str]) -> LossScaleSettings:
+    mode = environ.get(LOSS_SCALE_ENV, "").strip().lower() or "dynamic"
+    initial = _number(environ, LOSS_SCALE_INIT_ENV, float, DEFAULT_INITIAL_SCALE, minimum=1.0)
+    interval = _number(environ, GROWTH_INTERVAL_ENV, int, DEFAULT_GROWTH_INTERVAL, minimum=1)
+    log_every = _number(environ, LOG_EVERY_ENV, int, DEFAULT_LOG_EVERY, minimum=0)
+    if mode == "dynamic":
+        return LossScaleSettings(True, initial, interval, log_every)
+    fixed = _parse(LOSS_SCALE_ENV, mode, float)
+    if not fixed > 0 or fixed == float("inf"):
+        raise UsageError(f"{LOSS_SCALE_ENV}={mode!r}: use 'dynamic' or a finite number > 0")
+    return LossScaleSettings(False, fixed, interval, log_every)
+
+
+def _number(environ, name, kind, default, *, minimum):
+    text = environ.get(name, "").strip()
+    if not text:
+        return default
+    value = _parse(name, text, kind)
+    if value < minimum:
+        raise UsageError(f"{name}={text!r}: must be at least {minimum}")
+    return value
+
+
+def _parse(name, text, kind):
+    try:
+        return kind(text)
+    except ValueError:
+        raise UsageError(f"{name}={text!r}: not a{'n integer' if kind is int else ' number'}") from None
