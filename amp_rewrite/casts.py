@@ -30,13 +30,22 @@ BATCH_NORM_V1 = {"FusedBatchNorm": "FusedBatchNormV2", "FusedBatchNormGrad": "Fu
 
 @dataclass
 class Applied:
-    """What applying a painting changed."""
+    """What applying a painting changed.
 
+    The ``*_by_body`` fields hold node names per body (0 is the main graph);
+    the flat lists name main-graph nodes as they are and function nodes as
+    ``function::node``, once the library is final.
+    """
+
+    converted_by_body: dict[int, list[str]] = field(default_factory=dict)
+    folded_by_body: dict[int, list[str]] = field(default_factory=dict)
+    out_of_range_by_body: dict[int, dict[str, float]] = field(default_factory=dict)
+    casts_by_body: dict[int, list[str]] = field(default_factory=dict)
+    cast_sources: dict[tuple[int, str], int] = field(default_factory=dict)
     converted: list[str] = field(default_factory=list)
     casts: list[str] = field(default_factory=list)
     folded_consts: list[str] = field(default_factory=list)
     consts_out_of_range: dict[str, float] = field(default_factory=dict)
-    casts_by_body: dict[int, list[str]] = field(default_factory=dict)
     casts_in_loops: list[str] = field(default_factory=list)
     functions_rewritten: list[str] = field(default_factory=list)
 
@@ -51,33 +60,33 @@ def apply_painting(ctx: PaintContext, painting: Painting, was_float32: list[bool
     """
     graph = ctx.graph
     applied = Applied()
-    retype_allow_vertices(graph, painting, was_float32, ctx.target_dtype, applied)
+    retyped = retype_allow_vertices(graph, painting, was_float32, ctx.target_dtype)
     restore_unconverted_batch_norms(graph, painting)
     folded = fold_half_consts(ctx, painting, applied)
-    if folded:
-        converted = set(applied.converted) | set(applied.folded_consts)
-        applied.converted = [n.name for n in graph.nodes if n.name in converted]
+    changed = retyped | folded
+    for i in sorted(changed - graph.virtual):
+        applied.converted_by_body.setdefault(graph.body_of[i], []).append(graph.nodes[i].name)
     new_casts, widening = insert_casts(ctx, painting, was_float32, folded)
     dead = bypass_widening_casts(ctx, widening)
-    for body_id, cast in new_casts:
+    for body_id, cast, src in new_casts:
         if (body_id, cast.name) in dead:
             continue
+        applied.cast_sources[(body_id, cast.name)] = src
         body = graph.bodies[body_id]
         (graph.graph_def.node if body.is_main else body.fdef.node_def).append(cast)
         applied.casts_by_body.setdefault(body_id, []).append(cast.name)
-    applied.casts = list(applied.casts_by_body.get(0, []))
     return applied
 
 
 def retype_allow_vertices(graph: TypedGraph, painting: Painting, was_float32: list[bool],
-                          target: int, applied: Applied) -> None:
-    """Sets every ALLOW float32 vertex to the target type; a V1 batch norm becomes V2."""
-    changed: dict[int, None] = {}
+                          target: int) -> set[int]:
+    """Sets every ALLOW float32 vertex to the target type; returns the nodes changed."""
+    changed: set[int] = set()
     for vid in sorted(painting.allow):
         if was_float32[vid]:
             graph.set_dtype(vid, target)
-            changed[graph.vertices[vid][0]] = None
-    applied.converted = [graph.nodes[i].name for i in sorted(changed)]
+            changed.add(graph.vertices[vid][0])
+    return changed
 
 
 def promote_batch_norms(graph_def, skip: set[str]) -> list[str]:
@@ -127,11 +136,11 @@ def fold_half_consts(ctx: PaintContext, painting: Painting, applied: Applied) ->
             continue
         peak = tensors.max_abs(node.attr["value"].tensor)
         if peak > HALF_MAX[ctx.target_dtype]:
-            applied.consts_out_of_range[node.name] = peak
+            applied.out_of_range_by_body.setdefault(graph.body_of[i], {})[node.name] = peak
             continue
         tensors.convert_const(node, ctx.target_dtype)
         folded.add(i)
-        applied.folded_consts.append(node.name)
+        applied.folded_by_body.setdefault(graph.body_of[i], []).append(node.name)
     return folded
 
 
@@ -139,7 +148,7 @@ def insert_casts(ctx: PaintContext, painting: Painting, was_float32: list[bool],
                  folded: set[int]) -> tuple[list, dict]:
     """Rewires each float32 source port whose consumers' colour differs from its own through one Cast.
 
-    Returns the new Casts as (body, NodeDef) pairs, not yet in their bodies, and
+    Returns the new Casts as (body, NodeDef, source node), not yet in their bodies, and
     our half → float32 Casts by (body, name) with the (node, input) pairs they feed.
     """
     graph = ctx.graph
@@ -170,7 +179,7 @@ def insert_casts(ctx: PaintContext, painting: Painting, was_float32: list[bool],
         taken = names.setdefault(body_id, set(body.index))
         name = _unique(f"{source.name}-{port}-{_CAST_WORD[dst_type]}-{CAST_SUFFIX}", taken)
         cast = _cast_node(name, graph.tensor_ref(src, port), src_type, dst_type, source.device)
-        new_nodes.append((body_id, cast))
+        new_nodes.append((body_id, cast, src))
         ref = name if body.is_main else f"{name}:y:0"
         for dst, k in needing:
             graph.nodes[dst].input[k] = ref

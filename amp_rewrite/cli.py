@@ -21,12 +21,38 @@ EXIT_OK, EXIT_BAD_INPUT, EXIT_USAGE = 0, 1, 2
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """``amp-rewrite IN OUT [options]``."""
     parser = argparse.ArgumentParser(
         prog="amp-rewrite",
-        description="Rewrite a float32 TensorFlow graph to mixed precision (float16 or bfloat16).",
+        description="Rewrite a float32 TensorFlow graph to mixed precision (float16 or bfloat16). "
+                    "`amp-rewrite explain IN NODE` says why a node got its precision.",
     )
     parser.add_argument("input", help="input graph: .pb (binary GraphDef) or .pbtxt (text)")
     parser.add_argument("output", help="output graph; format from its name unless --output-format")
+    _add_rewrite_options(parser)
+    parser.add_argument("--report", metavar="FILE", default=None,
+                        help="write a report: FILE.json (totals, converted nodes, casts, per-node colour, "
+                             "rule and reason) or FILE.html (the graph coloured by precision, searchable)")
+    parser.add_argument("--output-format", choices=("pb", "pbtxt"), default=None)
+    parser.add_argument("--in-place", action="store_true", help="allow OUTPUT to be INPUT")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print no summary line")
+    return parser
+
+
+def build_explain_parser() -> argparse.ArgumentParser:
+    """``amp-rewrite explain IN NODE [options]``."""
+    parser = argparse.ArgumentParser(
+        prog="amp-rewrite explain",
+        description="Rewrite IN in memory and print why NODE got its precision, following each "
+                    "cause back to the op-list entry that started it.",
+    )
+    parser.add_argument("input", help="input graph: .pb or .pbtxt")
+    parser.add_argument("node", help="the node to explain")
+    _add_rewrite_options(parser)
+    return parser
+
+
+def _add_rewrite_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fetch", action="append", default=[], metavar="NAME",
                         help="a node the graph's user fetches; it keeps its dtype (repeatable; "
                              "comma-separated lists allowed). Default: every node without consumers")
@@ -45,15 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
             parser.add_argument(f"--{colour}-{action}", action="append", default=[], metavar="OPS",
                                 help=f"comma-separated ops to {action} {'to' if action == 'add' else 'from'} "
                                      f"the {colour} list")
-    parser.add_argument("--report", metavar="FILE.json", default=None,
-                        help="write a JSON report: totals, converted nodes, casts, per-node colour and rule")
     parser.add_argument("--input-format", choices=("pb", "pbtxt"), default=None)
-    parser.add_argument("--output-format", choices=("pb", "pbtxt"), default=None)
-    parser.add_argument("--in-place", action="store_true", help="allow OUTPUT to be INPUT")
+    parser.add_argument("--dump-dir", metavar="DIR", default=None,
+                        help="write the graph before and after, and the effective lists, here "
+                             "(default: $AMP_REWRITE_DUMP_DIR or $TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LOG_PATH)")
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="-v: INFO logs; -vv: every painting decision")
-    parser.add_argument("-q", "--quiet", action="store_true", help="print no summary line")
-    return parser
 
 
 def _flag_edits(args) -> tuple[ListEdit, ...]:
@@ -76,6 +99,8 @@ def config_from_args(args, environ=None) -> Config:
     config = Config.from_env(environ, list_edits=_flag_edits(args))
     fields = {"target": args.target, "lists_dir": args.lists, "device_type": args.device_type,
               "preserve": _split_names(args.preserve)}
+    if args.dump_dir:
+        fields["dump_dir"] = args.dump_dir
     if args.level:
         fields["level"] = args.level
     fetches = _split_names(args.fetch)
@@ -84,20 +109,33 @@ def config_from_args(args, environ=None) -> Config:
     return replace(config, **fields)
 
 
-def run(args) -> int:
+def _load_and_rewrite(args):
     from amp_rewrite import graph_io
     from amp_rewrite.pipeline import rewrite
 
-    if (os.path.abspath(args.input) == os.path.abspath(args.output)) and not args.in_place:
-        raise UsageError(f"{args.output}: output is the input file; pass --in-place to overwrite it")
     config = config_from_args(args)
     graph_def = graph_io.load_graph_def(args.input, input_format=args.input_format)
     try:
-        result = rewrite(graph_def, config=config)
+        return rewrite(graph_def, config=config)
     except GraphError as exc:
         raise GraphError(f"{args.input}: {exc}") from None
+
+
+def run(args) -> int:
+    """Rewrites IN to OUT; writes the report; prints the summary line."""
+    from amp_rewrite import graph_io
+
+    if (os.path.abspath(args.input) == os.path.abspath(args.output)) and not args.in_place:
+        raise UsageError(f"{args.output}: output is the input file; pass --in-place to overwrite it")
+    if args.report and not args.report.endswith((".json", ".html")):
+        raise UsageError(f"{args.report}: --report must end in .json or .html")
+    result = _load_and_rewrite(args)
     report_bytes = None
-    if args.report:
+    if args.report and args.report.endswith(".html"):
+        from amp_rewrite.html_report import render_html
+
+        report_bytes = render_html(result, title=os.path.basename(args.input)).encode()
+    elif args.report:
         report_bytes = (json.dumps(result.report(), indent=1, sort_keys=True) + "\n").encode()
     graph_io.save_graph_def(result.graph_def, args.output, output_format=args.output_format)
     if report_bytes is not None:
@@ -107,14 +145,28 @@ def run(args) -> int:
     return EXIT_OK
 
 
+def run_explain(args) -> int:
+    """Prints the chain of reasons for one node."""
+    from amp_rewrite.explain import explain_chain
+
+    result = _load_and_rewrite(args)
+    if args.node not in result.node_outcomes:
+        raise GraphError(f"{args.input}: no node named {args.node!r}")
+    for line in explain_chain(result.node_outcomes, args.node, result.lists.origins):
+        print(line)
+    return EXIT_OK
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    explaining = bool(argv) and argv[0] == "explain"
+    parser = build_explain_parser() if explaining else build_parser()
+    args = parser.parse_args(argv[1:] if explaining else argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="amp-rewrite: %(levelname)s: %(message)s")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:
-        return run(args)
+        return run_explain(args) if explaining else run(args)
     except UsageError as exc:
         print(f"amp-rewrite: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -11,6 +11,7 @@ from amp_rewrite.op_lists import ENV_PREFIX, TARGETS, ListEdit, env_edits
 
 LEVELS = ("DEFAULT", "TENSOR_CORES_ONLY", "TREAT_INFER_AS_DENY", "UNSAFE_FORCE_ALL")
 LEVEL_ENV = ENV_PREFIX + "LEVEL"
+DUMP_ENVS = ("AMP_REWRITE_DUMP_DIR", ENV_PREFIX + "LOG_PATH")
 DEVICE_TYPES = ("GPU", "CPU")
 
 
@@ -30,6 +31,8 @@ class Config:
             TensorFlow build has GPU kernels, else CPU.
         lists_dir: a directory of list files replacing the bundled ones.
         list_edits: adds/removes applied on top of the files, in order.
+        dump_dir: when set, each rewrite writes the graph before and after, and
+            the effective lists, into this directory.
     """
 
     target: str = "float16"
@@ -39,6 +42,7 @@ class Config:
     device_type: str | None = None
     lists_dir: str | None = None
     list_edits: tuple[ListEdit, ...] = field(default=())
+    dump_dir: str | None = None
 
     def __post_init__(self):
         if self.target not in TARGETS:
@@ -65,5 +69,6 @@ class Config:
         if level not in LEVELS:
             raise UsageError(f"{LEVEL_ENV}={environ[LEVEL_ENV]!r}: choose one of {', '.join(LEVELS)}")
         extra_edits = tuple(fields.pop("list_edits", ()))
-        base = cls(level=level, list_edits=env_edits(environ) + extra_edits)
+        dump_dir = next((environ[name] for name in DUMP_ENVS if environ.get(name)), None)
+        base = cls(level=level, list_edits=env_edits(environ) + extra_edits, dump_dir=dump_dir)
         return replace(base, **fields)

@@ -33,19 +33,29 @@ class LibraryResult:
     """What finalizing the library did."""
 
     rewritten: list[str] = field(default_factory=list)
-    casts: list[str] = field(default_factory=list)
+    representatives: dict[str, int] = field(default_factory=dict)
     loop_functions: set[str] = field(default_factory=set)
 
+    def qualify(self, by_body: dict[int, list[str]]) -> list[str]:
+        """Main-graph names as they are, then ``function::node`` for each function written."""
+        return list(self.qualify_map({b: dict.fromkeys(names) for b, names in by_body.items()}))
 
-def finalize_functions(graph: TypedGraph, casts_by_body: dict[int, list[str]]) -> LibraryResult:
+    def qualify_map(self, by_body: dict[int, dict]) -> dict:
+        """Like :meth:`qualify`, for name → value maps."""
+        qualified = dict(by_body.get(0, {}))
+        for function, body_id in self.representatives.items():
+            qualified.update((f"{function}::{name}", value) for name, value in by_body.get(body_id, {}).items())
+        return qualified
+
+
+def finalize_functions(graph: TypedGraph) -> LibraryResult:
     """Writes every instance's changes into ``graph.graph_def.library``.
 
     Args:
         graph: the typed view, after casts were applied.
-        casts_by_body: the Casts inserted in each body, by body index.
 
     Returns:
-        The functions written, and the Casts in them as ``function::node``.
+        The functions written, the instance written for each, and which run in loops.
     """
     result = LibraryResult()
     if len(graph.bodies) == 1:
@@ -58,10 +68,9 @@ def finalize_functions(graph: TypedGraph, casts_by_body: dict[int, list[str]]) -
     for body in graph.bodies:
         for call, by_attr in body.children.items():
             _set_callees(graph.nodes[call], {attr: [names[b] for b in bodies] for attr, bodies in by_attr.items()})
-    representatives = _rebuild_library(graph, keys, names, result)
+    result.representatives = _rebuild_library(graph, keys, names, result)
     loop_bodies = _loop_instances(graph)
-    for name, body_id in representatives.items():
-        result.casts.extend(f"{name}::{cast}" for cast in casts_by_body.get(body_id, []))
+    for name in result.representatives:
         if any(names[b] == name for b in loop_bodies):
             result.loop_functions.add(name)
     return result

@@ -36,7 +36,9 @@ def load_graph_def(path: str | os.PathLike, *, input_format: str | None = None):
 
     path = Path(path)
     if path.is_dir():
-        raise InputFileError(f"{path}: is a directory; give a .pb or .pbtxt GraphDef file")
+        if not any((path / name).is_file() for name in ("saved_model.pb", "saved_model.pbtxt")):
+            raise InputFileError(f"{path}: directory holds no saved_model.pb or saved_model.pbtxt")
+        raise InputFileError(f"{path}: is a SavedModel directory; give a .pb or .pbtxt GraphDef file")
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -98,3 +100,28 @@ def save_graph_def(graph_def, path: str | os.PathLike, *, output_format: str | N
 def _first_line(exc: Exception) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
+
+
+def dump_rewrite(directory: str | os.PathLike, before, after, lists) -> list[Path]:
+    """Writes a rewrite's input and output graphs (binary and text) and its effective lists.
+
+    Files are named after a digest of the input graph, so the same input
+    always dumps to the same names: ``graph_<digest>_{before,after}.{pb,pbtxt}``
+    and ``graph_<digest>_lists.txt``.
+    """
+    import hashlib
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    stem = "graph_" + hashlib.sha256(graph_def_bytes(before, "pb")).hexdigest()[:12]
+    written = []
+    for label, graph_def in (("before", before), ("after", after)):
+        for fmt in FORMATS:
+            path = directory / f"{stem}_{label}.{fmt}"
+            write_atomic(path, graph_def_bytes(graph_def, fmt))
+            written.append(path)
+    text = "".join(f"{colour}:\n" + "".join(f"  {op}\n" for op in ops) for colour, ops in lists.as_dict().items())
+    path = directory / f"{stem}_lists.txt"
+    write_atomic(path, f"target: {lists.target}\n{text}".encode())
+    written.append(path)
+    return written

@@ -36,6 +36,7 @@ from amp_rewrite.op_lists import OpLists, load_lists
 from amp_rewrite.op_registry import OpRegistry, default_device_type, graph_pb2
 from amp_rewrite.painting import PaintContext, Painting
 from amp_rewrite.errors import GraphError
+from amp_rewrite.explain import node_outcomes
 from amp_rewrite.functions import finalize_functions
 from amp_rewrite.typed_graph import DT_BFLOAT16, DT_FLOAT, DT_HALF, TypedGraph, parse_input
 
@@ -198,18 +199,27 @@ def _rewrite(graph_def, *, fetches, target, config) -> RewriteResult:
     painting = paint(ctx)
     was_float32 = [graph.dtype(v) == DT_FLOAT for v in range(len(graph.vertices))]
     applied = apply_painting(ctx, painting, was_float32)
-    library = finalize_functions(graph, applied.casts_by_body)
-    in_v1_loops = v1_loop_nodes(graph)
-    applied.casts_in_loops = [c for c in applied.casts if graph.index[_cast_source(work, c)] in in_v1_loops]
-    applied.casts_in_loops += [c for c in library.casts if c.split("::")[0] in library.loop_functions]
-    applied.casts = applied.casts + library.casts
+    library = finalize_functions(graph)
+    applied.converted = library.qualify(applied.converted_by_body)
+    applied.casts = library.qualify(applied.casts_by_body)
+    applied.folded_consts = library.qualify(applied.folded_by_body)
+    applied.consts_out_of_range = library.qualify_map(applied.out_of_range_by_body)
     applied.functions_rewritten = library.rewritten
+    in_v1_loops = v1_loop_nodes(graph)
+    applied.casts_in_loops = [c for c in applied.casts_by_body.get(0, [])
+                              if applied.cast_sources[(0, c)] in in_v1_loops]
+    applied.casts_in_loops += [c for c in applied.casts if c.split("::")[0] in library.loop_functions]
     result = RewriteResult(
         graph_def=work, config=config, lists=lists, seconds=time.perf_counter() - start,
         nodes_total=len(graph.nodes), applied=applied,
-        explain=lambda: _node_outcomes(ctx, painting, applied, was_float32),
+        explain=lambda: node_outcomes(ctx, painting, applied, was_float32),
         unknown_ops=tuple(graph.unknown_ops),
     )
+    if config.dump_dir:
+        from amp_rewrite.graph_io import dump_rewrite
+
+        paths = dump_rewrite(config.dump_dir, graph_def, work, lists)
+        logger.info("dumped the graph before and after the rewrite to %s", paths[0].parent)
     logger.info("converted %d/%d nodes to %s, %d casts, in %.3f s", len(applied.converted),
                 len(graph.nodes), config.target, len(applied.casts), result.seconds)
     return result
@@ -231,60 +241,6 @@ def _preserved_nodes(graph_def, config: Config) -> frozenset[str]:
     if missing:
         raise GraphError(f"node to preserve {missing[0]!r} names no node of the graph")
     return frozenset(fetched | {parse_input(p)[0] for p in config.preserve})
-
-
-def _node_outcomes(ctx: PaintContext, painting: Painting, applied: Applied,
-                   was_float32: list[bool]) -> dict[str, dict]:
-    """Per node: its colour, the rule that decided it, and the neighbour that caused it."""
-    graph = ctx.graph
-    outcomes = {}
-    for i, node in enumerate(graph.nodes):
-        vids = graph.node_vertices[i]
-        colour, rule, cause = _node_colour(ctx, painting, i, vids, was_float32)
-        entry = {"op": node.op, "colour": colour, "rule": rule}
-        if cause is not None:
-            entry["cause"] = graph.nodes[graph.vertices[cause][0]].name
-        outcomes[node.name] = entry
-    for name in applied.folded_consts:
-        outcomes[name].update(colour="allow", rule="constant read only by half ops: stored in half")
-    for name, peak in applied.consts_out_of_range.items():
-        outcomes[name].update(rule=f"constant read by half ops but |value| reaches {peak:g}: "
-                                   "kept float32 with a Cast")
-    return outcomes
-
-
-def _node_colour(ctx: PaintContext, painting: Painting, i: int, vids: list[int], was_float32: list[bool]):
-    graph = ctx.graph
-    if ctx.skip_reason[i] is not None:
-        return "preserved", ctx.skip_reason[i], None
-    for group, colour in ((painting.allow, "allow"), (painting.deny, "deny")):
-        hits = [v for v in vids if v in group]
-        if hits:
-            rule, cause = painting.reasons.get(hits[0], ("", None))
-            return colour, rule, cause
-    for v in vids:
-        if v in painting.reasons:  # painted, then unpainted by a later rule
-            rule, cause = painting.reasons[v]
-            return "float32", rule, cause
-    node = graph.nodes[i]
-    if graph.op_defs[i] is None:
-        return "unknown", "op not registered: kept as it is", None
-    listed = ctx.lists.colour_of(node.op)
-    floats = [v for v in vids if was_float32[v]]
-    if not floats:
-        return listed or "none", "no float32 type to change", None
-    if listed is None:
-        return "none", "op on no list", None
-    if not any(ctx.supports_target(v) for v in floats):
-        return listed, f"no {ctx.lists.target} kernel or OpDef type on {ctx.device_type}", None
-    if listed == "allow":
-        return listed, "allow-list op", None
-    return listed, "not connected to a half op", None
-
-
-def _cast_source(graph_def, cast_name: str) -> str:
-    """The node a Cast we added in the main graph reads (its name leads the Cast's name)."""
-    return cast_name.rsplit("-", 3)[0]
 
 
 def v1_loop_nodes(graph: TypedGraph) -> set[int]:

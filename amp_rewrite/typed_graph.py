@@ -160,6 +160,7 @@ class TypedGraph:
                            "its nodes stay as they are", op)
         self._expand_ports()
         self._read_inputs()
+        self._check_acyclic()
         self._build_vertices()
         self._build_edges()
         self._link_calls()
@@ -329,6 +330,42 @@ class TypedGraph:
             if expected is not None and len(expected) != len(data):
                 raise GraphError(f"{self._where(body, node)}: expected {len(expected)} data inputs, got {len(data)}")
             self.inputs.append(data)
+
+    def _check_acyclic(self) -> None:
+        """Refuses a data cycle that is not a v1 loop (whose only back edges end in a Merge).
+
+        Kahn's algorithm finds whether a cycle exists in linear time; only then
+        does networkx name one.
+        """
+        back_edge_sources = ("NextIteration", "RefNextIteration")
+        indegree = [0] * len(self.nodes)
+        succ: list[list[int]] = [[] for _ in self.nodes]
+        for dst, data in enumerate(self.inputs):
+            for src, _ in data:
+                if self.nodes[src].op in back_edge_sources:
+                    continue
+                succ[src].append(dst)
+                indegree[dst] += 1
+        ready = [i for i, d in enumerate(indegree) if d == 0]
+        done = 0
+        while ready:
+            i = ready.pop()
+            done += 1
+            for j in succ[i]:
+                indegree[j] -= 1
+                if indegree[j] == 0:
+                    ready.append(j)
+        if done == len(self.nodes):
+            return
+        import networkx as nx
+
+        cyclic = nx.DiGraph((i, j) for i in range(len(self.nodes)) if indegree[i] > 0
+                            for j in succ[i] if indegree[j] > 0)
+        cycle = [u for u, _ in nx.find_cycle(cyclic)]
+        body = self.bodies[self.body_of[cycle[0]]]
+        where = f" in function {body.function}" if body.function else ""
+        path = " -> ".join(f"{self.nodes[u].name} ({self.nodes[u].op})" for u in cycle + cycle[:1])
+        raise GraphError(f"data cycle that is not a while loop{where}: {path}")
 
     def _main_source(self, index, ref: str, node) -> tuple[int, int]:
         name, port = ref, 0
