@@ -27,8 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Rewrite a float32 TensorFlow graph to mixed precision (float16 or bfloat16). "
                     "`amp-rewrite explain IN NODE` says why a node got its precision.",
     )
-    parser.add_argument("input", help="input graph: .pb (binary GraphDef) or .pbtxt (text)")
-    parser.add_argument("output", help="output graph; format from its name unless --output-format")
+    parser.add_argument("input", help="input graph: .pb (binary GraphDef), .pbtxt (text), or a SavedModel directory")
+    parser.add_argument("output", help="output graph (format from its name unless --output-format), "
+                                       "or a SavedModel directory when the input is one")
     _add_rewrite_options(parser)
     parser.add_argument("--report", metavar="FILE", default=None,
                         help="write a report: FILE.json (totals, converted nodes, casts, per-node colour, "
@@ -129,7 +130,33 @@ def run(args) -> int:
         raise UsageError(f"{args.output}: output is the input file; pass --in-place to overwrite it")
     if args.report and not args.report.endswith((".json", ".html")):
         raise UsageError(f"{args.report}: --report must end in .json or .html")
+    if graph_io.is_saved_model_dir(args.input):
+        return run_saved_model(args)
     result = _load_and_rewrite(args)
+    _finish(args, result, lambda: graph_io.save_graph_def(result.graph_def, args.output,
+                                                          output_format=args.output_format))
+    return EXIT_OK
+
+
+def run_saved_model(args) -> int:
+    """Rewrites a SavedModel directory into another."""
+    from amp_rewrite import graph_io
+    from amp_rewrite.saved_model import rewrite_saved_model
+
+    saved = graph_io.load_saved_model(args.input)
+    try:
+        rewritten, result = rewrite_saved_model(saved, config=config_from_args(args))
+    except GraphError as exc:
+        raise GraphError(f"{args.input}: {exc}") from None
+    _finish(args, result, lambda: graph_io.save_saved_model(rewritten, args.input, args.output,
+                                                            replace=args.in_place))
+    return EXIT_OK
+
+
+def _finish(args, result, save) -> None:
+    """Renders the report, saves the output, writes the report, prints the summary."""
+    from amp_rewrite import graph_io
+
     report_bytes = None
     if args.report and args.report.endswith(".html"):
         from amp_rewrite.html_report import render_html
@@ -137,12 +164,11 @@ def run(args) -> int:
         report_bytes = render_html(result, title=os.path.basename(args.input)).encode()
     elif args.report:
         report_bytes = (json.dumps(result.report(), indent=1, sort_keys=True) + "\n").encode()
-    graph_io.save_graph_def(result.graph_def, args.output, output_format=args.output_format)
+    save()
     if report_bytes is not None:
         graph_io.write_atomic(args.report, report_bytes)
     if not args.quiet:
         print(result.summary())
-    return EXIT_OK
 
 
 def run_explain(args) -> int:

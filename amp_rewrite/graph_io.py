@@ -1,4 +1,4 @@
-"""Reading and writing graphs: binary ``.pb`` and text ``.pbtxt`` GraphDefs.
+"""Reading and writing graphs: binary ``.pb`` and text ``.pbtxt`` GraphDefs, and SavedModels.
 
 This module is the only one that touches files. Writes are atomic: the
 output is written to a temporary file beside the target and renamed over
@@ -36,9 +36,9 @@ def load_graph_def(path: str | os.PathLike, *, input_format: str | None = None):
 
     path = Path(path)
     if path.is_dir():
-        if not any((path / name).is_file() for name in ("saved_model.pb", "saved_model.pbtxt")):
+        if not is_saved_model_dir(path):
             raise InputFileError(f"{path}: directory holds no saved_model.pb or saved_model.pbtxt")
-        raise InputFileError(f"{path}: is a SavedModel directory; give a .pb or .pbtxt GraphDef file")
+        raise InputFileError(f"{path}: is a SavedModel directory; rewrite it with rewrite_saved_model")
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -125,3 +125,66 @@ def dump_rewrite(directory: str | os.PathLike, before, after, lists) -> list[Pat
     write_atomic(path, f"target: {lists.target}\n{text}".encode())
     written.append(path)
     return written
+
+
+def is_saved_model_dir(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a directory holding a SavedModel."""
+    path = Path(path)
+    return path.is_dir() and any((path / n).is_file() for n in ("saved_model.pb", "saved_model.pbtxt"))
+
+
+def load_saved_model(path: str | os.PathLike):
+    """Reads ``saved_model.pb`` (or ``.pbtxt``) from a SavedModel directory.
+
+    Raises:
+        InputFileError: no SavedModel there, or it does not parse; the message names the path.
+    """
+    from google.protobuf import message, text_format
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    path = Path(path)
+    saved = saved_model_pb2.SavedModel()
+    binary, text = path / "saved_model.pb", path / "saved_model.pbtxt"
+    try:
+        if binary.is_file():
+            saved.ParseFromString(binary.read_bytes())
+        elif text.is_file():
+            text_format.Parse(text.read_text(encoding="utf-8"), saved)
+        else:
+            raise InputFileError(f"{path}: directory holds no saved_model.pb or saved_model.pbtxt")
+    except (message.DecodeError, text_format.ParseError, UnicodeDecodeError) as exc:
+        raise InputFileError(f"{path}: not a SavedModel: {_first_line(exc)}") from None
+    if not saved.meta_graphs:
+        raise InputFileError(f"{path}: SavedModel holds no MetaGraph")
+    return saved
+
+
+def save_saved_model(saved, source: str | os.PathLike, target: str | os.PathLike, *, replace: bool) -> None:
+    """Writes ``saved`` as a SavedModel directory at ``target``, with ``source``'s variables and assets.
+
+    The directory is assembled beside ``target`` and renamed into place, so a
+    failure leaves no partial SavedModel. The fingerprint file is not copied:
+    it hashes the original ``saved_model.pb``.
+    """
+    import shutil
+
+    source, target = Path(source), Path(target)
+    if target.exists() and not replace:
+        raise InputFileError(f"{target}: already exists; remove it, choose another path, or pass --in-place")
+    parent = target.parent if str(target.parent) else Path(".")
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=parent))
+    try:
+        for sub in ("variables", "assets", "assets.extra"):
+            if (source / sub).is_dir():
+                shutil.copytree(source / sub, staging / sub)
+        (staging / "saved_model.pb").write_bytes(saved.SerializeToString(deterministic=True))
+        if target.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=parent))
+            os.replace(target, old / target.name)
+            os.replace(staging, target)
+            shutil.rmtree(old)
+        else:
+            os.replace(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise

@@ -211,7 +211,8 @@ def _rewrite(graph_def, *, fetches, target, config) -> RewriteResult:
     applied.casts_in_loops += [c for c in applied.casts if c.split("::")[0] in library.loop_functions]
     result = RewriteResult(
         graph_def=work, config=config, lists=lists, seconds=time.perf_counter() - start,
-        nodes_total=len(graph.nodes), applied=applied,
+        nodes_total=len(graph_def.node) + sum(len(f.node_def) for f in graph_def.library.function),
+        applied=applied,
         explain=lambda: node_outcomes(ctx, painting, applied, was_float32),
         unknown_ops=tuple(graph.unknown_ops),
     )
@@ -221,7 +222,7 @@ def _rewrite(graph_def, *, fetches, target, config) -> RewriteResult:
         paths = dump_rewrite(config.dump_dir, graph_def, work, lists)
         logger.info("dumped the graph before and after the rewrite to %s", paths[0].parent)
     logger.info("converted %d/%d nodes to %s, %d casts, in %.3f s", len(applied.converted),
-                len(graph.nodes), config.target, len(applied.casts), result.seconds)
+                result.nodes_total, config.target, len(applied.casts), result.seconds)
     return result
 
 

@@ -1,0 +1,82 @@
+"""Rewriting a SavedModel: every function it holds, with its signatures kept float32.
+
+A TF2 SavedModel's graph holds little beyond variables and the calls behind
+its signatures and saver; the model lives in the function library, and the
+object graph names the concrete functions ``tf.saved_model.load`` restores.
+Each of those is an *entry*: its inputs and outputs keep their dtypes (so
+serving signatures and restored methods take and return float32), while its
+body and everything it calls are rewritten. Entries not called from the
+graph get a synthetic preserved call, placed first so that the entry keeps
+its name for the version with the unchanged signature. Variables are never
+changed; they are read in float32 and cast after the read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from amp_rewrite.config import Config
+from amp_rewrite.pipeline import RewriteResult, rewrite
+
+ENTRY_PREFIX = "_amp_rewrite_entry"
+
+
+def rewrite_saved_model(saved, *, config: Config | None = None) -> tuple[object, RewriteResult]:
+    """Rewrites every MetaGraph of a SavedModel proto; returns (new proto, result of the serving graph).
+
+    Args:
+        saved: a ``SavedModel`` proto; never modified.
+        config: the rewrite configuration (``fetches`` and ``preserve`` are set here).
+    """
+    config = config if config is not None else Config.from_env()
+    out = type(saved)()
+    out.CopyFrom(saved)
+    results = []
+    for meta in out.meta_graphs:
+        results.append(_rewrite_meta_graph(meta, config))
+    serving = next((r for m, r in zip(out.meta_graphs, results) if "serve" in m.meta_info_def.tags), results[0])
+    return out, serving
+
+
+def _rewrite_meta_graph(meta, config: Config) -> RewriteResult:
+    graph_def = meta.graph_def
+    originals = [node.name for node in graph_def.node]
+    called = {node.attr["f"].func.name for node in graph_def.node if "f" in node.attr}
+    entries = [name for name in sorted(meta.object_graph_def.concrete_functions) if name not in called]
+    staged = type(graph_def)()
+    staged.CopyFrom(graph_def)
+    synthetic = _entry_calls(staged, entries)
+    del staged.node[:]
+    staged.node.extend(synthetic + list(graph_def.node))
+    keep = tuple(originals) + tuple(node.name for node in synthetic)
+    result = rewrite(staged, config=replace(config, fetches=keep, preserve=()))
+    rewritten = result.graph_def
+    kept = [node for node in rewritten.node if not node.name.startswith(ENTRY_PREFIX + "/")]
+    del rewritten.node[:]
+    rewritten.node.extend(kept)
+    meta.graph_def.CopyFrom(rewritten)
+    return replace(result, nodes_total=result.nodes_total - len(synthetic))
+
+
+def _entry_calls(graph_def, entries: list[str]) -> list:
+    """A placeholder per input and a preserved call for each entry function."""
+    from tensorflow.core.framework import node_def_pb2
+
+    library = {f.signature.name: f for f in graph_def.library.function}
+    nodes = []
+    for name in entries:
+        signature = library[name].signature if name in library else None
+        if signature is None or any(a.type_attr or a.number_attr or a.type_list_attr
+                                    for a in list(signature.input_arg) + list(signature.output_arg)):
+            continue
+        call = node_def_pb2.NodeDef(name=f"{ENTRY_PREFIX}/{name}", op="StatefulPartitionedCall")
+        for k, arg in enumerate(signature.input_arg):
+            placeholder = node_def_pb2.NodeDef(name=f"{ENTRY_PREFIX}/{name}/arg{k}", op="Placeholder")
+            placeholder.attr["dtype"].type = arg.type
+            nodes.append(placeholder)
+            call.input.append(placeholder.name)
+        call.attr["f"].func.name = name
+        call.attr["Tin"].list.type.extend(a.type for a in signature.input_arg)
+        call.attr["Tout"].list.type.extend(a.type for a in signature.output_arg)
+        nodes.append(call)
+    return nodes
