@@ -13,6 +13,8 @@ import os
 import sys
 from dataclasses import replace
 
+import numpy as np
+
 from amp_rewrite.config import DEVICE_TYPES, LEVELS, Config
 from amp_rewrite.errors import AmpRewriteError, GraphError, UsageError
 from amp_rewrite.op_lists import COLOURS, TARGETS, ListEdit
@@ -37,6 +39,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--output-format", choices=("pb", "pbtxt"), default=None)
     parser.add_argument("--in-place", action="store_true", help="allow OUTPUT to be INPUT")
     parser.add_argument("-q", "--quiet", action="store_true", help="print no summary line")
+    check = parser.add_argument_group("accuracy validation (GraphDef input)")
+    check.add_argument("--validate", action="store_true",
+                       help="run float32 and half graphs on sample inputs; keep in float32 what overflows or "
+                            "misses the tolerance")
+    check.add_argument("--inputs", metavar="FEEDS.npz", default=None,
+                       help="sample inputs: an .npz whose keys are placeholder or tensor names")
+    check.add_argument("--random-inputs", action="store_true",
+                       help="sample inputs drawn for every placeholder (unknown dimensions = 2)")
+    check.add_argument("--seed", type=int, default=0, help="seed for --random-inputs")
+    check.add_argument("--rtol", type=float, default=2e-2)
+    check.add_argument("--atol", type=float, default=2e-2, help="relative to each output's largest |value|")
+    check.add_argument("--metric", choices=("allclose", "cosine", "top1"), default="allclose")
+    check.add_argument("--max-runs", type=int, default=24, help="most graph executions validation may use")
     return parser
 
 
@@ -117,9 +132,42 @@ def _load_and_rewrite(args):
     config = config_from_args(args)
     graph_def = graph_io.load_graph_def(args.input, input_format=args.input_format)
     try:
+        if getattr(args, "validate", False):
+            return _validated(args, graph_def, config)
         return rewrite(graph_def, config=config)
     except GraphError as exc:
         raise GraphError(f"{args.input}: {exc}") from None
+
+
+def _validated(args, graph_def, config):
+    from amp_rewrite import validate
+
+    if bool(args.inputs) == bool(args.random_inputs):
+        raise UsageError("--validate needs sample inputs: give exactly one of --inputs FEEDS.npz and --random-inputs")
+    if args.inputs:
+        try:
+            with np.load(args.inputs) as data:
+                feeds = {key: data[key] for key in data.files}
+        except (OSError, ValueError) as exc:
+            raise validate.ValidationError(f"{args.inputs}: cannot read sample inputs: {exc}") from None
+    else:
+        feeds = validate.random_feeds(graph_def, seed=args.seed)
+    fetches = config.fetches or tuple(sorted(_sinks_with_outputs(graph_def)))
+    result, report = validate.validated_rewrite(
+        graph_def, feeds=feeds, fetches=fetches, config=config,
+        tolerance=validate.Tolerance(rtol=args.rtol, atol=args.atol, metric=args.metric),
+        max_runs=args.max_runs, progress=validate.terminal_progress())
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
+    if not report.passed:
+        raise validate.ValidationError(f"{args.input}: validation failed: {report.message}")
+    return result
+
+
+def _sinks_with_outputs(graph_def):
+    consumed = {ref.lstrip("^").split(":")[0] for node in graph_def.node for ref in node.input}
+    no_output = {"NoOp", "Assert", "SaveV2", "AssignVariableOp"}
+    return [n.name for n in graph_def.node if n.name not in consumed and n.op not in no_output]
 
 
 def run(args) -> int:

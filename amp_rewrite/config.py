@@ -33,6 +33,10 @@ class Config:
         list_edits: adds/removes applied on top of the files, in order.
         dump_dir: when set, each rewrite writes the graph before and after, and
             the effective lists, into this directory.
+        keep_float32: (node name, reason) pairs: nodes that must stay float32,
+            as accuracy validation decides; the reason goes into the report.
+        release: nodes a deny op upstream does not taint (the elementwise tail
+            of a layer norm whose statistics stay float32).
     """
 
     target: str = "float16"
@@ -43,6 +47,8 @@ class Config:
     lists_dir: str | None = None
     list_edits: tuple[ListEdit, ...] = field(default=())
     dump_dir: str | None = None
+    keep_float32: tuple[tuple[str, str], ...] = ()
+    release: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.target not in TARGETS:

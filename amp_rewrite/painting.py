@@ -83,8 +83,11 @@ class PaintContext:
     """
 
     def __init__(self, graph: TypedGraph, lists: OpLists, *, target_dtype: int,
-                 device_type: str, preserved: frozenset[str], force_all: bool = False):
+                 device_type: str, preserved: frozenset[str], force_all: bool = False,
+                 keep_float32: dict[str, str] | None = None, release: frozenset[str] = frozenset()):
         self.graph = graph
+        self.keep_float32 = keep_float32 or {}
+        self.released = {graph.index[n] for n in release if n in graph.index}
         self.lists = lists
         self.target_dtype = target_dtype
         self.device_type = device_type
@@ -102,6 +105,8 @@ class PaintContext:
         node = graph.nodes[i]
         if graph.body_of[i] == 0 and node.name in self.preserved:
             return "fetched or preserved: keeps its dtype"
+        if graph.body_of[i] == 0 and node.name in self.keep_float32:
+            return self.keep_float32[node.name]
         if i in graph.opaque_calls:
             return f"call not rewritten: {graph.opaque_calls[i]}"
         dev = device_type_of(node.device)
@@ -235,6 +240,7 @@ def paint_deny_forward(ctx: PaintContext, painting: Painting) -> None:
                      if ctx.on_list(v, "deny") or ctx.on_list(v, "infer")]
     upstream = set(graph.reach(deny_or_infer, forward=False, backward=True,
                                enter=lambda v: ctx.on_list(v, "clear")))
+    upstream = {v for v in upstream if graph.vertices[v][0] not in ctx.released}
     deny_roots = [v for v in deny_or_infer if ctx.on_list(v, "deny")]
     for v in deny_roots:
         painting.mark_deny(v, "deny-list op")
@@ -280,8 +286,9 @@ def paint_infer_after_allow(ctx: PaintContext, painting: Painting) -> None:
                 or not ctx.can_convert(v)):
             return None
         fed_by = None
+        released = graph.vertices[v][0] in ctx.released
         for u in graph.fanin[v]:
-            if u in painting.deny:
+            if u in painting.deny and not released:
                 return None
             if u in painting.allow and fed_by is None:
                 fed_by = u

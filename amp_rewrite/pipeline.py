@@ -85,6 +85,7 @@ class RewriteResult:
     applied: Applied
     explain: Callable[[], dict] = field(repr=False)
     unknown_ops: tuple[str, ...] = ()
+    validation: object = None
 
     @cached_property
     def node_outcomes(self) -> dict[str, dict]:
@@ -111,8 +112,13 @@ class RewriteResult:
         share = self.half_flop_share
         share_text = ("MatMul/Conv FLOPs unknown (no static shapes)" if share is None
                       else f"{share:.1%} of MatMul/Conv FLOPs in {self.config.target}")
-        return (f"converted {len(self.converted)}/{self.nodes_total} nodes to {self.config.target}, "
+        line = (f"converted {len(self.converted)}/{self.nodes_total} nodes to {self.config.target}, "
                 f"{len(self.casts)} casts, {share_text}")
+        if self.validation is not None:
+            v = self.validation
+            line += (f"; validated in {v.runs} runs, {len(v.range_kept)} nodes kept for range, "
+                     f"{len(v.regions_returned)} of {v.regions_total} half regions returned to float32")
+        return line
 
     def report(self) -> dict:
         """The JSON-able report: totals, names, and per node its colour and rule."""
@@ -131,6 +137,7 @@ class RewriteResult:
             "fp16_flop_share": self.half_flop_share,
             "seconds": round(self.seconds, 6),
             "nodes": self.node_outcomes,
+            **({"validation": self.validation.as_dict()} if self.validation is not None else {}),
         }
 
 
@@ -195,7 +202,8 @@ def _rewrite(graph_def, *, fetches, target, config) -> RewriteResult:
     graph.promoted_batch_norms = promoted
     ctx = PaintContext(graph, lists, target_dtype=TARGET_DTYPES[config.target],
                        device_type=config.device_type, preserved=preserved,
-                       force_all=config.level == "UNSAFE_FORCE_ALL")
+                       force_all=config.level == "UNSAFE_FORCE_ALL", keep_float32=dict(config.keep_float32),
+                       release=frozenset(config.release))
     painting = paint(ctx)
     was_float32 = [graph.dtype(v) == DT_FLOAT for v in range(len(graph.vertices))]
     applied = apply_painting(ctx, painting, was_float32)
