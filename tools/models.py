@@ -530,6 +530,40 @@ def tf1_lstm_training(steps: int = 12, batch: int = 8, units: int = 64) -> Model
     return ModelGraph("tf1_lstm_training", graph_def, ("train_op", "loss"), feeds, "training")
 
 
+def bert_like_inference(layers: int = 2, batch: int = 2, seq: int = 32, d_model: int = 128,
+                        heads: int = 4) -> ModelGraph:
+    """A frozen BERT-like encoder: token embedding, attention and GELU FFN layers with layer norms."""
+    rng = _rng(9)
+    graph = tf.Graph()
+    depth = d_model // heads
+
+    def const(shape, scale=0.05):
+        return tf.constant(rng.standard_normal(shape).astype(np.float32) * scale)
+
+    def layer_norm(x):
+        mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
+        return (x - mean) * tf.math.rsqrt(variance + 1e-12) * const([d_model], 0.1) + 1.0
+
+    with graph.as_default():
+        tokens = _v1.placeholder(tf.int32, [batch, seq], name="tokens")
+        h = tf.gather(const([1000, d_model], 1.0), tokens)
+        for i in range(layers):
+            with tf.name_scope(f"layer_{i}"):
+                def split(t):
+                    return tf.transpose(tf.reshape(t, [batch, seq, heads, depth]), [0, 2, 1, 3])
+
+                q, k, v = (split(tf.einsum("bsd,de->bse", h, const([d_model, d_model]))) for _ in range(3))
+                scores = tf.matmul(q, k, transpose_b=True) / float(np.sqrt(depth))
+                context = tf.matmul(tf.nn.softmax(scores), v)
+                context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [batch, seq, d_model])
+                h = layer_norm(h + tf.einsum("bsd,de->bse", context, const([d_model, d_model])))
+                ffn = tf.nn.gelu(tf.einsum("bsd,df->bsf", h, const([d_model, 4 * d_model])))
+                h = layer_norm(h + tf.einsum("bsf,fd->bsd", ffn, const([4 * d_model, d_model])))
+        tf.identity(h, name="encoded")
+    feeds = {"tokens": rng.integers(0, 1000, (batch, seq)).astype(np.int32)}
+    return ModelGraph("bert_like_inference", graph.as_graph_def(), ("encoded",), feeds, "inference")
+
+
 ALL_BENCHMARK_MODELS: dict[str, Callable[[], ModelGraph]] = {
     "tf1_resnet50_training": tf1_resnet50_training,
     "keras_resnet50_frozen": keras_resnet50_frozen,
