@@ -12,6 +12,21 @@ from amp_rewrite.errors import AmpRewriteError, GraphError, InputFileError, List
 from amp_rewrite.op_lists import OpLists, load_lists
 from amp_rewrite.pipeline import RewriteResult, rewrite
 
+# Loaded on first use: they pull in NumPy and TensorFlow's SavedModel protos.
+_LAZY = {
+    "validated_rewrite": "amp_rewrite.validate",
+    "Tolerance": "amp_rewrite.validate",
+    "ValidationReport": "amp_rewrite.validate",
+    "rewrite_saved_model": "amp_rewrite.saved_model",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'amp_rewrite' has no attribute {name!r}")
 
 
 def enable(**kwargs) -> None:
@@ -36,10 +51,14 @@ __all__ = [
     "ListError",
     "OpLists",
     "RewriteResult",
+    "Tolerance",
     "UsageError",
+    "ValidationReport",
     "disable",
     "enable",
     "load_lists",
     "rewrite",
+    "rewrite_saved_model",
+    "validated_rewrite",
 ]
 __version__ = "0.1.0"
