@@ -35,7 +35,9 @@ from amp_rewrite.runtime.settings import LossScaleSettings
 logger = logging.getLogger(__name__)
 
 STATE_COLLECTION = "amp_loss_scale"
-REPORT_COLLECTION = "amp_loss_scale_reports"
+# Reports hang on the graph object, not in a collection: export_meta_graph
+# (every Saver.save) would warn that it cannot serialise them.
+REPORTS_ATTR = "_amp_rewrite_loss_scale_reports"
 SCOPE = "amp_loss_scale"
 MAX_SCALE = 2.0 ** 24
 SCALED_ELSEWHERE_ATTR = "_amp_rewrite_loss_scaled_elsewhere"
@@ -257,4 +259,10 @@ def _add_report(state: LossScaleState, step) -> None:
         tensor = tf.stack([tf.identity(state.scale),
                            tf.cast(tf.identity(state.skipped_steps), tf.float32),
                            tf.cast(tf.identity(state.good_steps), tf.float32)], name="report")
-    tf.compat.v1.add_to_collection(REPORT_COLLECTION, Report(step, tensor))
+    graph = tensor.graph
+    setattr(graph, REPORTS_ATTR, [*reports_of(graph), Report(step, tensor)])
+
+
+def reports_of(graph) -> list[Report]:
+    """The loss-scale reports of the guarded steps built in ``graph``."""
+    return list(getattr(graph, REPORTS_ATTR, ()))

@@ -120,8 +120,11 @@ class ShadowRunner:
         if self.settings.is_strict:
             raise RuntimeRewriteError(reason) from exc
         # The script's own error (a bad feed, say) fails the float32 graph too:
-        # then the rewrite is kept and TensorFlow's error is what the script sees.
-        values = original_run(session, fetches, feed_dict, options, run_metadata)
+        # then the rewrite is kept and the script sees the error it caused.
+        try:
+            values = original_run(session, fetches, feed_dict, options, run_metadata)
+        except Exception:
+            raise exc from None
         self._fall_back(reason)
         return values
 
@@ -169,7 +172,7 @@ class ShadowRunner:
 
     def _reports_for(self, fetch_names):
         """The loss-scale reports whose guarded update this run executes anyway."""
-        reports = self.graph.get_collection(loss_scale.REPORT_COLLECTION)
+        reports = loss_scale.reports_of(self.graph)
         if not reports:
             return []
         wanted = {report.op.name: report for report in reports}
@@ -193,7 +196,7 @@ class ShadowRunner:
         preserve = tuple(sorted({_node_name(n) for n in feed_names}))
         config = Config.from_env(preserve=preserve, device_type=_device_type())
         result = rewrite(graph_def, fetches=sorted(fetched), config=config)
-        self._dump(graph_def, result.graph_def)
+        self._dump(config, graph_def, result.graph_def)
         shadow = tf.Graph()
         with shadow.as_default():
             tf.compat.v1.import_graph_def(result.graph_def, name="")
@@ -276,10 +279,10 @@ class ShadowRunner:
         self.shadow_graph = self.shadow_session = None
         self.plans.clear()
 
-    def _dump(self, before, after) -> None:
+    def _dump(self, config, before, after) -> None:
         directory = self.settings.dump_dir
-        if not directory:
-            return
+        if not directory or getattr(config, "dump_dir", None):
+            return  # nothing asked, or the rewrite itself dumps
         os.makedirs(directory, exist_ok=True)
         stem = os.path.join(directory, f"amp_rewrite_{os.getpid()}_{id(self.graph):x}")
         for label, graph_def in (("before", before), ("after", after)):

@@ -1,0 +1,111 @@
+"""ENABLE_AUTO_MP: the start-up files, what start-up imports, enable()/disable()."""
+
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+import _amp_rewrite_autoload as autoload
+from amp_rewrite import runtime
+
+OWN_VARIABLES = ("ENABLE_AUTO_MP", "TF_ENABLE_AUTO_MIXED_PRECISION")
+
+
+def python(code, *, flags=(), **env):
+    """Runs ``code`` in a fresh interpreter with only ``env`` of our variables set."""
+    environ = {k: v for k, v in os.environ.items() if k not in OWN_VARIABLES}
+    environ.update(env, TF_CPP_MIN_LOG_LEVEL="2")
+    done = subprocess.run([sys.executable, *flags, "-c", code], env=environ,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def imported_at_startup(**env) -> set[str]:
+    """Module names ``python -X importtime -c pass`` reports."""
+    stderr = python("pass", flags=("-X", "importtime"), **env).stderr
+    return {line.split("|")[-1].strip() for line in stderr.splitlines()
+            if line.startswith("import time:") and "|" in line} - {"package"}
+
+
+def test_startup_files_are_installed_in_site_packages():
+    site = Path(sysconfig.get_paths()["purelib"])
+    pth = (site / "amp_rewrite_autoload.pth").read_text().strip().splitlines()
+    assert len(pth) == 1 and pth[0].startswith("import os;")
+    assert all(name in pth[0] for name in OWN_VARIABLES)
+    start = (site / "amp_rewrite_autoload.start").read_text().split()
+    assert start == ["_amp_rewrite_autoload:activate_from_env"]
+
+
+def test_unset_variable_imports_nothing_at_startup():
+    unset = imported_at_startup()
+    assert not {m for m in unset if m.split(".")[0] in ("amp_rewrite", "_amp_rewrite_autoload")}
+    assert imported_at_startup(ENABLE_AUTO_MP="0") == unset
+
+
+def test_enabled_startup_imports_only_the_bootstrap():
+    enabled = imported_at_startup(ENABLE_AUTO_MP="1")
+    assert "_amp_rewrite_autoload" in enabled
+    assert not {m for m in enabled if m.startswith(("amp_rewrite", "tensorflow", "numpy"))}
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("1", True), ("true", True), ("TRUE", True), (" yes ", True), ("on", True),
+    ("0", False), ("", False), ("false", False), ("2", False),
+])
+def test_which_values_enable(value, expected):
+    assert autoload.is_requested({"ENABLE_AUTO_MP": value}) is expected
+    assert autoload.is_requested({"TF_ENABLE_AUTO_MIXED_PRECISION": value}) is expected
+
+
+def test_patches_apply_when_the_script_imports_tensorflow():
+    code = (
+        "import sys\n"
+        "assert 'amp_rewrite.runtime' not in sys.modules\n"
+        "import tensorflow\n"
+        "from tensorflow.python.client import session\n"
+        "from tensorflow.python.training import optimizer\n"
+        "print(hasattr(session.BaseSession.run, '__wrapped__'),"
+        " hasattr(optimizer.Optimizer.apply_gradients, '__wrapped__'))\n"
+    )
+    assert python(code, TF_ENABLE_AUTO_MIXED_PRECISION="1").stdout.split() == ["True", "True"]
+
+
+def test_post_import_hook_fires_once_after_the_module_ran(tmp_path, monkeypatch):
+    (tmp_path / "amp_probe_module.py").write_text("VALUE = 42\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    finder = autoload.install_post_import_hook(lambda m: seen.append(m.VALUE), "amp_probe_module")
+    assert finder in sys.meta_path
+    try:
+        import amp_probe_module
+    finally:
+        autoload.remove_post_import_hooks("amp_probe_module")
+    assert seen == [42]
+    assert finder not in sys.meta_path
+    assert type(amp_probe_module.__loader__).__name__ != "_NotifyingLoader"
+    assert autoload.install_post_import_hook(lambda m: seen.append(0), "amp_probe_module") is None
+    assert seen == [42, 0]  # already imported: called at once
+    del sys.modules["amp_probe_module"]
+
+
+def test_enable_and_disable_are_idempotent():
+    from tensorflow.python.client import session
+    from tensorflow.python.training import optimizer, saver
+
+    originals = (session.BaseSession.run, optimizer.Optimizer.compute_gradients, saver.Saver.restore)
+    try:
+        runtime.enable()
+        runtime.enable()
+        assert runtime.is_enabled()
+        assert session.BaseSession.run.__wrapped__ is originals[0]
+        assert optimizer.Optimizer.compute_gradients.__wrapped__ is originals[1]
+    finally:
+        runtime.disable()
+        runtime.disable()
+    assert not runtime.is_enabled()
+    assert (session.BaseSession.run, optimizer.Optimizer.compute_gradients,
+            saver.Saver.restore) == originals
