@@ -55,12 +55,13 @@ class OpLists:
     clear: frozenset[str]
     origins: Mapping[tuple[str, str], str]
 
+    def __post_init__(self):
+        by_op = {op: colour for colour in COLOURS for op in getattr(self, colour)}
+        object.__setattr__(self, "_colour_by_op", by_op)
+
     def colour_of(self, op: str) -> str | None:
         """Returns the list an op is on, or None."""
-        for colour in COLOURS:
-            if op in getattr(self, colour):
-                return colour
-        return None
+        return self._colour_by_op.get(op)
 
     def as_dict(self) -> dict[str, list[str]]:
         """Sorted lists by colour, for dumps and reports."""

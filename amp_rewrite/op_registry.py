@@ -62,6 +62,7 @@ def default_device_type() -> str:
     return "GPU" if build_has_device_type("GPU") else "CPU"
 
 
+@functools.lru_cache(maxsize=1024)
 def device_type_of(device: str) -> str | None:
     """The device type a node's device string names (``/device:GPU:0`` → ``GPU``), or None."""
     for part in device.split("/"):

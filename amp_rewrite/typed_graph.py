@@ -149,6 +149,7 @@ class TypedGraph:
         self.bodies: list[Body] = []
         self.virtual: set[int] = set()
         self.opaque_calls: dict[int, str] = {}
+        self._facts: dict[str, _OpFacts] = {}
         main = Body(function="")
         self._add_body(main, list(graph_def.node))
         self.index = main.index
@@ -408,12 +409,13 @@ class TypedGraph:
                 attrs = dict.fromkeys(self.in_attrs[i] + self.out_attrs[i])
                 # Type attrs tied to no port (TensorList element_dtype, StackV2
                 # elem_type) are vertices too: data-structure rules paint them.
-                for attr_def in op_def.attr:
-                    if attr_def.type == "type":
-                        attrs.setdefault(TypeAttr(attr_def.name))
-                    elif attr_def.type == "list(type)" and attr_def.name in node.attr:
-                        for k in range(len(node.attr[attr_def.name].list.type)):
-                            attrs.setdefault(TypeAttr(attr_def.name, k))
+                facts = self.op_facts(i)
+                for name in facts.singles:
+                    attrs.setdefault(TypeAttr(name))
+                for name in facts.lists:
+                    if name in node.attr:
+                        for k in range(len(node.attr[name].list.type)):
+                            attrs.setdefault(TypeAttr(name, k))
                 for attr in attrs:
                     vid = len(self.vertices)
                     self.vertices.append((i, attr))
@@ -553,11 +555,17 @@ class TypedGraph:
         node_idx, attr = self.vertices[vid]
         if not attr.name:
             return frozenset((attr.fixed,))
-        for attr_def in self.op_defs[node_idx].attr:
-            if attr_def.name == attr.name:
-                allowed = attr_def.allowed_values.list.type
-                return frozenset(allowed) if allowed else None
-        return None
+        return self.op_facts(node_idx).allowed.get(attr.name)
+
+    def op_facts(self, node: int) -> _OpFacts:
+        """Type attrs and admitted dtypes of the node's op (cached per op)."""
+        op = self.nodes[node].op
+        facts = self._facts.get(op)
+        if facts is None:
+            is_function = self.registry.is_library_function(op)
+            facts = _facts_of(self.op_defs[node]) if is_function else _registry_facts(op)
+            self._facts[op] = facts
+        return facts
 
     def describe(self, vid: int) -> str:
         node_idx, attr = self.vertices[vid]
@@ -650,6 +658,28 @@ class _ArgPlan:
             else:
                 result.append(attr)
         return result, starts
+
+
+class _OpFacts(NamedTuple):
+    """What the view asks of an OpDef again and again, computed once per op."""
+
+    singles: tuple[str, ...]  # names of ``type`` attrs
+    lists: tuple[str, ...]  # names of ``list(type)`` attrs
+    allowed: dict  # attr name -> frozenset of admitted dtypes, or None for any
+
+
+def _facts_of(op_def) -> _OpFacts:
+    return _OpFacts(
+        singles=tuple(a.name for a in op_def.attr if a.type == "type"),
+        lists=tuple(a.name for a in op_def.attr if a.type == "list(type)"),
+        allowed={a.name: (frozenset(a.allowed_values.list.type) or None) for a in op_def.attr},
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def _registry_facts(op: str) -> _OpFacts:
+    """Facts of a registered op; TensorFlow's registry does not change within a process."""
+    return _facts_of(OpRegistry.registry_op_def(op))
 
 
 @functools.lru_cache(maxsize=None)
