@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import _amp_rewrite_autoload as autoload
+import amp_rewrite
 from amp_rewrite import runtime
 
 OWN_VARIABLES = ("ENABLE_AUTO_MP", "TF_ENABLE_AUTO_MIXED_PRECISION")
@@ -98,14 +99,14 @@ def test_enable_and_disable_are_idempotent():
 
     originals = (session.BaseSession.run, optimizer.Optimizer.compute_gradients, saver.Saver.restore)
     try:
-        runtime.enable()
-        runtime.enable()
+        amp_rewrite.enable()
+        amp_rewrite.enable()
         assert runtime.is_enabled()
         assert session.BaseSession.run.__wrapped__ is originals[0]
         assert optimizer.Optimizer.compute_gradients.__wrapped__ is originals[1]
     finally:
-        runtime.disable()
-        runtime.disable()
+        amp_rewrite.disable()
+        amp_rewrite.disable()
     assert not runtime.is_enabled()
     assert (session.BaseSession.run, optimizer.Optimizer.compute_gradients,
             saver.Saver.restore) == originals

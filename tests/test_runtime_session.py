@@ -195,3 +195,18 @@ def test_callables_run_the_shadow_graph(amp_runtime):
         assert value.dtype == np.float32
         np.testing.assert_allclose(value, want, rtol=2e-2, atol=2e-2)
     assert by_options[1].dtype == np.float32
+
+
+def test_fetch_structures_come_back_as_built(amp_runtime):
+    amp_runtime()
+    graph = mlp_graph()
+    y, relu = graph.get_tensor_by_name("y:0"), graph.get_tensor_by_name("relu1:0")
+    with tf1.Session(graph=graph) as sess:
+        assert sess.run(graph.get_operation_by_name("init")) is None
+        as_tuple = sess.run((y, relu), {"x:0": X})
+        as_list = sess.run([y, y], {graph.get_tensor_by_name("x:0"): X})
+        as_dict = sess.run({"y": y, "nested": [relu]}, {"x:0": X})
+    assert type(as_tuple) is tuple and type(as_list) is list
+    np.testing.assert_array_equal(as_list[0], as_list[1])
+    np.testing.assert_array_equal(as_dict["y"], as_tuple[0])
+    assert as_dict["nested"][0].dtype == np.float32

@@ -16,6 +16,7 @@ from fixtures.harness import Script, run_scripts
 from helpers import F16, tf1
 
 STEPS = 20
+BAD_LISTS = {"TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_ALLOWLIST_ADD": "Exp"}
 
 
 @pytest.fixture(scope="module")
@@ -40,10 +41,15 @@ def mlp(tmp_path_factory):
         "inject_fp32": Script("train_mlp.py", inject, root / "inject_fp32.json"),
         "unset": Script("train_mlp.py", common, root / "unset.json"),
         "wrapped": Script("train_mlp.py", common + ["--wrapped"], root / "wrapped.json", amp=True),
+        # Exp in both the allow and the deny list: the rewrite fails.
+        "fallback": Script("train_mlp.py", common, root / "fallback.json", amp=True, env=BAD_LISTS),
+        "strict": Script("train_mlp.py", common, root / "strict.json", amp=True,
+                         env={**BAD_LISTS, "AMP_REWRITE_STRICT": "1"}),
     }
     run_scripts(*runs.values())
-    for script in runs.values():
-        script.check()
+    for name, script in runs.items():
+        if name != "strict":
+            script.check()
     return runs, root
 
 
@@ -215,3 +221,20 @@ def test_monitored_training_session_and_its_checkpoints_cross_over(tmp_path):
         assert run.result["start_step"] == 10
         assert run.result["steps"] == list(range(11, 16))
     assert "has no loss-scale state" in amp_from_fp32.stderr
+
+
+def test_failed_rewrite_falls_back_to_float32_with_a_warning(mlp):
+    runs, _ = mlp
+    fallback = runs["fallback"]
+    assert ("WARNING amp_rewrite.runtime.session: amp-rewrite: running the float32 graph: "
+            "rewrite failed: ListError: op Exp is in both") in fallback.stderr
+    # Loss scaling by a power of two is exact in float32: the very same numbers.
+    assert fallback.result["losses"] == runs["fp32"].result["losses"]
+    assert fallback.result["steps"] == list(range(1, STEPS + 1))
+
+
+def test_strict_mode_stops_the_script_instead(mlp):
+    runs, _ = mlp
+    strict = runs["strict"]
+    assert strict.returncode != 0
+    assert "RuntimeRewriteError: rewrite failed: ListError: op Exp is in both" in strict.stderr

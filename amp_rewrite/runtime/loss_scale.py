@@ -152,7 +152,6 @@ def guarded_apply_gradients(original, settings: LossScaleSettings, optimizer,
     """``Optimizer.apply_gradients`` that skips the step when a gradient is not finite."""
     import tensorflow as tf
     from tensorflow.python.distribute import distribute_lib
-    from tensorflow.python.ops import math_ops  # noqa: F401  (loaded with tf)
 
     if tf.executing_eagerly() or is_scaled_elsewhere(optimizer) or kwargs:
         return original(optimizer, grads_and_vars, global_step, name, **kwargs)

@@ -91,9 +91,10 @@ class ShadowRunner:
         """``Session.run`` on the shadow graph; the float32 graph after a fallback."""
         if self.fallback_reason is not None:
             return original_run(session, fetches, feed_dict, options, run_metadata)
-        mapper = _fetch_mapper(self.graph, fetches)
+        flat = _flat_fetch_names(self.graph, fetches)
+        mapper = None if flat is not None else _fetch_mapper(self.graph, fetches)
+        fetch_names = flat if flat is not None else tuple(e.name for e in mapper.unique_fetches())
         feeds = _flatten_feeds(self.graph, feed_dict)
-        fetch_names = tuple(element.name for element in mapper.unique_fetches())
         key = (self.graph.version, fetch_names, tuple(name for name, _ in feeds))
         plan = self.plans.get(key) or self._plan(key, fetch_names, [name for name, _ in feeds])
         if plan is None:
@@ -111,7 +112,9 @@ class ShadowRunner:
         n_script = len(plan.fetch_dtypes)
         self._log_reports(values[n_script:])
         results = [_to_script(v, d) for v, d in zip(values[:n_script], plan.fetch_dtypes)]
-        return mapper.build_results(results)
+        if mapper is not None:
+            return mapper.build_results(results)
+        return _flat_results(fetches, results)
 
     def _first_run_failed(self, exc, original_run, session, fetches, feed_dict, options,
                           run_metadata):
@@ -190,6 +193,7 @@ class ShadowRunner:
 
         from amp_rewrite import Config, rewrite
 
+        version = self.graph.version  # before the snapshot: later ops trigger an extension
         graph_def = self.graph.as_graph_def(add_shapes=True)
         names = {node.name for node in graph_def.node}
         fetched = {_node_name(n) for n in fetch_names} | _sinks(graph_def)
@@ -204,7 +208,7 @@ class ShadowRunner:
         setattr(shadow_session, SHADOW_ATTR, True)
         self.shadow_graph, self.shadow_session, self.result = shadow, shadow_session, result
         self.imported = names
-        self.version = self.graph.version
+        self.version = version
         logger.info("amp-rewrite: %s", result.summary())
 
     def _extend(self) -> None:
@@ -383,6 +387,34 @@ def _fetch_mapper(graph, fetches):
         return session_lib._FetchMapper.for_fetch(fetches)
 
 
+def _flat_fetch_names(graph, fetches):
+    """Names of a Tensor/Operation or a plain list/tuple of them from ``graph``, else None.
+
+    The common case skips TensorFlow's general fetch mapper, which costs as much
+    as the rest of the per-step work.
+    """
+    from tensorflow.python.framework import ops, tensor
+
+    kinds = (tensor.Tensor, ops.Operation)
+    if isinstance(fetches, kinds):
+        items = (fetches,)
+    elif type(fetches) in (list, tuple) and all(isinstance(f, kinds) for f in fetches):
+        items = fetches
+    else:
+        return None
+    if any(item.graph is not graph for item in items):
+        return None  # let TensorFlow's mapper raise its error
+    return tuple(item.name for item in items)
+
+
+def _flat_results(fetches, values):
+    if type(fetches) is list:
+        return values
+    if type(fetches) is tuple:
+        return tuple(values)
+    return values[0]
+
+
 def _flatten_feeds(graph, feed_dict) -> list:
     """(tensor name, value) per fed tensor, expanding sparse and other composite keys."""
     if not feed_dict:
@@ -391,11 +423,19 @@ def _flatten_feeds(graph, feed_dict) -> list:
     from tensorflow.python.util import nest
 
     out = []
+    if all(_is_plain_tensor(feed, graph) for feed in feed_dict):
+        return [(feed.name, value) for feed, value in feed_dict.items()]
     for feed, value in nest.flatten_dict_items(feed_dict).items():
         for subfeed, subvalue in _expand_feed(session_lib, feed, value):
             tensor = graph.as_graph_element(subfeed, allow_tensor=True, allow_operation=False)
             out.append((tensor.name, subvalue))
     return out
+
+
+def _is_plain_tensor(feed, graph) -> bool:
+    from tensorflow.python.framework import tensor
+
+    return isinstance(feed, tensor.Tensor) and feed.graph is graph
 
 
 def _expand_feed(session_lib, feed, value):
