@@ -210,3 +210,17 @@ def test_fetch_structures_come_back_as_built(amp_runtime):
     np.testing.assert_array_equal(as_list[0], as_list[1])
     np.testing.assert_array_equal(as_dict["y"], as_tuple[0])
     assert as_dict["nested"][0].dtype == np.float32
+
+
+def test_partial_runs_use_the_shadow_graph(amp_runtime):
+    want = float32_values("y:0")
+    amp_runtime()
+    graph = mlp_graph()
+    y, relu, x = (graph.get_tensor_by_name(n) for n in ("y:0", "relu1:0", "x:0"))
+    with tf1.Session(graph=graph) as sess:
+        sess.run("init")
+        handle = sess.partial_run_setup([relu, y], [x])
+        relu_value = sess.partial_run(handle, relu, {x: X})
+        y_value = sess.partial_run(handle, y)
+    assert relu_value.dtype == y_value.dtype == np.float32
+    np.testing.assert_allclose(y_value, want, rtol=2e-2, atol=2e-2)

@@ -121,6 +121,8 @@ def _patch_table(settings: RuntimeSettings):
         (base, "make_callable", _bound(session.patched_make_callable, settings)),
         (base, "_make_callable_from_options",
          _bound(session.patched_make_callable_from_options, settings)),
+        (base, "partial_run_setup", _bound(session.patched_partial_run_setup, settings)),
+        (base, "partial_run", _bound(session.patched_partial_run, settings)),
         (base, "close", session.patched_close),
         (optimizer.Optimizer, "compute_gradients",
          _bound(loss_scale.scaled_compute_gradients, scaling)),

@@ -12,6 +12,8 @@ shadow ``Session`` from then on, so variables live there. Guarantees:
 - Ops the script adds later are imported as they are (float32), with a Cast
   back to the script's dtype wherever they read a tensor that became half.
 - Each (graph version, fetches, feeds) gets one :class:`RunPlan`, built once.
+- ``make_callable``, the raw callables Keras uses, and partial runs go to the
+  shadow graph too.
 - If the rewrite, or the first run of the rewritten graph, fails, a warning
   names the reason and the session runs the script's float32 graph from then
   on; with ``AMP_REWRITE_STRICT=1`` a :class:`RuntimeRewriteError` is raised.
@@ -81,6 +83,7 @@ class ShadowRunner:
         self.fallback_reason: str | None = None
         self.has_run = False
         self.result = None
+        self.partial_handles: dict = {}
         self._cast_back: dict = {}
         self._control_proxies: dict = {}
         self._log = _LossScaleLog()
@@ -120,16 +123,47 @@ class ShadowRunner:
                           run_metadata):
         """The rewritten graph failed before it ever ran: try the float32 graph instead."""
         reason = f"the rewritten graph failed to run: {type(exc).__name__}: {_first_line(exc)}"
-        if self.settings.is_strict:
-            raise RuntimeRewriteError(reason) from exc
         # The script's own error (a bad feed, say) fails the float32 graph too:
         # then the rewrite is kept and the script sees the error it caused.
         try:
             values = original_run(session, fetches, feed_dict, options, run_metadata)
         except Exception:
             raise exc from None
+        if self.settings.is_strict:
+            raise RuntimeRewriteError(reason) from exc
         self._fall_back(reason)
         return values
+
+    def partial_run_setup(self, original_setup, session, fetches, feeds):
+        """``Session.partial_run_setup`` on the shadow graph; remembers the handle's plan."""
+        if self.fallback_reason is None:
+            fetch_names = _element_names(self.graph, fetches)
+            feed_names = _element_names(self.graph, feeds or [])
+            plan = self._plan((self.graph.version, fetch_names, feed_names), fetch_names, feed_names)
+            if plan is not None:
+                n_script = len(plan.fetch_dtypes)
+                handle = self.shadow_session.partial_run_setup(plan.fetches[:n_script],
+                                                               [t for t, _ in plan.feeds.values()])
+                self.partial_handles[handle] = True
+                return handle
+        return original_setup(session, fetches, feeds)
+
+    def partial_run(self, original_partial_run, session, handle, fetches, feed_dict=None):
+        """``Session.partial_run`` of a handle made on the shadow graph."""
+        if handle not in self.partial_handles:
+            return original_partial_run(session, handle, fetches, feed_dict)
+        mapper = _fetch_mapper(self.graph, fetches)
+        fetch_names = tuple(e.name for e in mapper.unique_fetches())
+        shadow_fetches = [self.shadow_graph.as_graph_element(n) for n in fetch_names]
+        changes = [_dtype_change(self.graph.as_graph_element(n), e)
+                   for n, e in zip(fetch_names, shadow_fetches)]
+        feeds = {}
+        for name, value in _flatten_feeds(self.graph, feed_dict):
+            shadow_tensor = self.shadow_graph.get_tensor_by_name(name)
+            change = _dtype_change(self.graph.get_tensor_by_name(name), shadow_tensor)
+            feeds[shadow_tensor] = _to_shadow(value, change)
+        values = self.shadow_session.partial_run(handle, shadow_fetches, feeds)
+        return mapper.build_results([_to_script(v, c) for v, c in zip(values, changes)])
 
     def close(self) -> None:
         with self.lock:
@@ -371,6 +405,20 @@ def patched_make_callable_from_options(original, settings, session, callable_opt
     return call
 
 
+def patched_partial_run_setup(original, settings, session, fetches, feeds=None):
+    runner = runner_for(session, settings)
+    if runner is None:
+        return original(session, fetches, feeds)
+    return runner.partial_run_setup(original, session, fetches, feeds)
+
+
+def patched_partial_run(original, settings, session, handle, fetches, feed_dict=None):
+    runner = runner_for(session, settings)
+    if runner is None:
+        return original(session, handle, fetches, feed_dict)
+    return runner.partial_run(original, session, handle, fetches, feed_dict)
+
+
 def patched_close(original, session):
     runner = getattr(session, RUNNER_ATTR, None)
     if runner is not None:
@@ -385,6 +433,11 @@ def _fetch_mapper(graph, fetches):
 
     with graph.as_default():
         return session_lib._FetchMapper.for_fetch(fetches)
+
+
+def _element_names(graph, elements) -> tuple:
+    """Names of every tensor or op a fetch or feed structure names."""
+    return tuple(e.name for e in _fetch_mapper(graph, elements).unique_fetches())
 
 
 def _flat_fetch_names(graph, fetches):
