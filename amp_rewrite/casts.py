@@ -18,7 +18,7 @@ import logging
 from dataclasses import dataclass, field
 
 from amp_rewrite.painting import PaintContext, Painting
-from amp_rewrite.typed_graph import DT_BFLOAT16, DT_FLOAT, DT_HALF, TypedGraph
+from amp_rewrite.typed_graph import DT_BFLOAT16, DT_FLOAT, DT_HALF, TypedGraph, unique_name
 
 logger = logging.getLogger(__name__)
 
@@ -177,7 +177,7 @@ def insert_casts(ctx: PaintContext, painting: Painting, was_float32: list[bool],
         body_id = graph.body_of[src]
         body = graph.bodies[body_id]
         taken = names.setdefault(body_id, set(body.index))
-        name = _unique(f"{source.name}-{port}-{_CAST_WORD[dst_type]}-{CAST_SUFFIX}", taken)
+        name = unique_name(f"{source.name}-{port}-{_CAST_WORD[dst_type]}-{CAST_SUFFIX}", taken)
         cast = _cast_node(name, graph.tensor_ref(src, port), src_type, dst_type, source.device)
         new_nodes.append((body_id, cast, src))
         ref = name if body.is_main else f"{name}:y:0"
@@ -223,12 +223,3 @@ def _cast_node(name: str, tensor: str, src_type: int, dst_type: int, device: str
     node.attr["DstT"].type = dst_type
     node.attr["Truncate"].b = False
     return node
-
-
-def _unique(name: str, taken: set[str]) -> str:
-    candidate, k = name, 1
-    while candidate in taken:
-        candidate = f"{name}_{k}"
-        k += 1
-    taken.add(candidate)
-    return candidate

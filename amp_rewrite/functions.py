@@ -23,7 +23,7 @@ import hashlib
 import logging
 from dataclasses import dataclass, field
 
-from amp_rewrite.typed_graph import CALL_FUNCTION_ATTRS, WHILE_OPS, TypedGraph
+from amp_rewrite.typed_graph import WHILE_OPS, TypedGraph, unique_name
 
 logger = logging.getLogger(__name__)
 
@@ -160,18 +160,11 @@ def _variant_names(graph: TypedGraph, keys: list[str | None], pinned: set[str]) 
                 continue
             if key not in variant:
                 in_place = not original_used and not variant
-                variant[key] = fname if in_place else _unique(f"{fname}_amp", taken)
+                variant[key] = fname if in_place else unique_name(f"{fname}_amp", taken)
             names[b] = variant[key]
     return names
 
 
-def _unique(name: str, taken: set[str]) -> str:
-    candidate, k = name, 1
-    while candidate in taken:
-        candidate = f"{name}_{k}"
-        k += 1
-    taken.add(candidate)
-    return candidate
 
 
 def _set_callees(node, names: dict[str, list[str]]) -> None:
@@ -223,5 +216,3 @@ def _loop_instances(graph: TypedGraph) -> set[int]:
             inside.add(body_id)
     return inside
 
-
-__all__ = ["CALL_FUNCTION_ATTRS", "LibraryResult", "finalize_functions"]

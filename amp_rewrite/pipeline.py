@@ -254,14 +254,4 @@ def _preserved_nodes(graph_def, config: Config) -> frozenset[str]:
 
 def v1_loop_nodes(graph: TypedGraph) -> set[int]:
     """Main-graph nodes inside a v1 while frame: reached from an Enter before its Exit."""
-    frame: set[int] = set()
-    stack = [i for i in graph.bodies[0].index.values() if graph.nodes[i].op in ("Enter", "RefEnter")]
-    frame.update(stack)
-    while stack:
-        i = stack.pop()
-        for port in range(len(graph.out_attrs[i] or [1])):
-            for dst, _ in graph.consumers.get((i, port), []):
-                if dst not in frame and graph.nodes[dst].op not in ("Exit", "RefExit"):
-                    frame.add(dst)
-                    stack.append(dst)
-    return frame
+    return graph.main_nodes_after(("Enter", "RefEnter"), ("Exit", "RefExit"))

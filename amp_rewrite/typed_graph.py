@@ -572,6 +572,23 @@ class TypedGraph:
         node = self.nodes[node_idx]
         return f"{node.op} node {node.name} type {attr}"
 
+    def main_nodes_after(self, start_ops: tuple[str, ...], stop_ops: tuple[str, ...]) -> set[int]:
+        """Main-graph nodes reached along data edges from a node of ``start_ops``, not passing ``stop_ops``.
+
+        With Enter/Exit this is every node inside a v1 while frame; with
+        Switch/Merge, every node on a cond branch.
+        """
+        found = {i for i in self.bodies[0].index.values() if self.nodes[i].op in start_ops}
+        stack = list(found)
+        while stack:
+            i = stack.pop()
+            for port in range(len(self.out_attrs[i] or [1])):
+                for dst, _ in self.consumers.get((i, port), []):
+                    if dst not in found and self.nodes[dst].op not in stop_ops:
+                        found.add(dst)
+                        stack.append(dst)
+        return found
+
     def reach(
         self,
         roots: Iterable[int],
@@ -607,6 +624,16 @@ class TypedGraph:
                         if parents is not None:
                             parents.setdefault(w, v)
         return list(seen)
+
+
+def unique_name(name: str, taken: set[str]) -> str:
+    """``name``, or ``name_1``, ``name_2``, ... if taken; the result is added to ``taken``."""
+    candidate, k = name, 1
+    while candidate in taken:
+        candidate = f"{name}_{k}"
+        k += 1
+    taken.add(candidate)
+    return candidate
 
 
 def _default_type(op_def, attr_name: str) -> int:

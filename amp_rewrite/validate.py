@@ -485,7 +485,7 @@ class _Runner:
 def _observable_tensors(graph_def) -> list[str]:
     """Float outputs of main-graph nodes that a session can fetch (not in loop frames or cond branches)."""
     view = TypedGraph(graph_def)
-    hidden = v1_loop_nodes(view) | _cond_branch_nodes(view)
+    hidden = v1_loop_nodes(view) | view.main_nodes_after(("Switch", "RefSwitch"), ("Merge", "RefMerge"))
     tensors = []
     for i, node in enumerate(graph_def.node):
         if i in hidden or node.op in ("Placeholder", "Const") or view.out_attrs[i] is None:
@@ -495,21 +495,6 @@ def _observable_tensors(graph_def) -> list[str]:
             if view.dtype(vid) in (1, DT_HALF, 14, 2):
                 tensors.append(f"{node.name}:{port}")
     return tensors
-
-
-def _cond_branch_nodes(view: TypedGraph) -> set[int]:
-    """Nodes fed by a Switch before the matching Merge: they may hold dead tensors."""
-    branch: set[int] = set()
-    stack = [i for i in view.bodies[0].index.values() if view.nodes[i].op in ("Switch", "RefSwitch")]
-    branch.update(stack)
-    while stack:
-        i = stack.pop()
-        for port in range(len(view.out_attrs[i] or [1])):
-            for dst, _ in view.consumers.get((i, port), []):
-                if dst not in branch and view.nodes[dst].op not in ("Merge", "RefMerge"):
-                    branch.add(dst)
-                    stack.append(dst)
-    return branch
 
 
 def terminal_progress() -> Callable[[str], None] | None:
