@@ -4,7 +4,9 @@
 :class:`RewriteResult` holding the rewritten GraphDef and a report. Importing
 this package patches nothing and does not import TensorFlow until a graph is
 rewritten. :func:`enable` (what ``ENABLE_AUTO_MP=1`` does at start-up) makes
-TF1 sessions run rewritten graphs and TF1 optimizers scale the loss.
+TF1 sessions and traced ``tf.function``s run rewritten graphs, and TF1
+optimizers and Keras ``compile`` scale the loss. :func:`function` is a
+``tf.function`` that runs rewritten without the switch.
 """
 
 from amp_rewrite.config import Config
@@ -18,6 +20,8 @@ _LAZY = {
     "Tolerance": "amp_rewrite.validate",
     "ValidationReport": "amp_rewrite.validate",
     "rewrite_saved_model": "amp_rewrite.saved_model",
+    "function": "amp_rewrite.function_api",
+    "rewrite_concrete_function": "amp_rewrite.function_api",
 }
 
 
@@ -56,8 +60,10 @@ __all__ = [
     "ValidationReport",
     "disable",
     "enable",
+    "function",
     "load_lists",
     "rewrite",
+    "rewrite_concrete_function",
     "rewrite_saved_model",
     "validated_rewrite",
 ]

@@ -8,7 +8,11 @@
 - ``tf.compat.v1.train.Optimizer.compute_gradients``/``apply_gradients`` for
   dynamic loss scaling (:mod:`amp_rewrite.runtime.loss_scale`);
 - ``Saver.restore`` so float32 checkpoints restore (:mod:`amp_rewrite.runtime.checkpoint`);
-- ``MixedPrecisionLossScaleOptimizer`` so an optimizer it wraps is not scaled twice.
+- ``MixedPrecisionLossScaleOptimizer`` so an optimizer it wraps is not scaled twice;
+- ``tf.function`` tracing, so each new ConcreteFunction runs its rewritten body
+  (:mod:`amp_rewrite.runtime.tf_function`);
+- Keras 3 ``Model.compile``, which wraps the optimizer in a
+  ``LossScaleOptimizer`` for ``fit`` (:mod:`amp_rewrite.runtime.keras_patch`).
 
 :func:`disable` undoes all of it. Both are idempotent. Importing this module
 patches nothing and does not import TensorFlow.
@@ -85,6 +89,7 @@ def disable() -> None:
             setattr(patch.owner, patch.name, patch.original)
         _RUNTIME.patches.clear()
         _RUNTIME.is_requested = False
+        _uninstall_tf2_patches()
 
 
 def is_enabled() -> bool:
@@ -100,6 +105,7 @@ def _apply_patches(_module=None) -> None:
         try:
             for owner, name, replacement in _patch_table(settings):
                 _install(owner, name, replacement)
+            _install_tf2_patches(settings)
         except Exception:
             disable()
             raise
@@ -131,6 +137,23 @@ def _patch_table(settings: RuntimeSettings):
         (saver.Saver, "restore", checkpoint.tolerant_restore),
         (loss_scale_optimizer.MixedPrecisionLossScaleOptimizer, "__init__", _init_wrapper),
     ]
+
+
+def _install_tf2_patches(settings: RuntimeSettings) -> None:
+    """``tf.function`` traces run rewritten; Keras ``compile`` adds loss scaling."""
+    from amp_rewrite.runtime import keras_patch, tf_function
+
+    tf_function.install(is_strict=settings.is_strict)
+    keras_patch.install()
+
+
+def _uninstall_tf2_patches() -> None:
+    tf_function = sys.modules.get("amp_rewrite.runtime.tf_function")
+    keras_patch = sys.modules.get("amp_rewrite.runtime.keras_patch")
+    if tf_function is not None:
+        tf_function.uninstall()
+    if keras_patch is not None:
+        keras_patch.uninstall()
 
 
 def _bound(replacement, settings):

@@ -1,0 +1,327 @@
+"""Rewriting one ``ConcreteFunction``: its FunctionDefs in, a ConcreteFunction running the result out.
+
+A traced ``tf.function`` is a FunctionDef (the *entry*) plus the library it
+calls. The entry is rewritten the way :mod:`amp_rewrite.saved_model` rewrites a
+SavedModel's entries: a synthetic, fetched call keeps its inputs and outputs
+in their dtypes, while its body and everything it calls are rewritten.
+
+The result is then loaded back much as ``tf.saved_model.load`` loads a
+function library, which keeps every TensorFlow mechanism working on it:
+
+- every function the rewrite changed is rebuilt as a ``FuncGraph``
+  (``function_def_to_graph``) and registered under a fresh name, callees
+  first; unchanged functions keep their registered originals;
+- call ops in a rebuilt body get their callee's gradient function, as
+  TensorFlow's control-flow code does for bodies it rebuilds, so gradients
+  taken from outside the function reach through nested calls;
+- the entry's graph is bound like the traced one: the same captured tensors
+  and variables (by position), structured outputs, input signature and
+  attributes, so ``ConcreteFunction.from_func_graph`` with the traced function's
+  ``function_type`` gives a function with the same signature.
+
+Guarantees: the caller's ConcreteFunction is not modified; node names are kept
+(the rewrite preserves them); ``tf.custom_gradient`` ops that a gradient of the
+outputs would reach in a rebuilt body are reported, because their closures
+hold tensors of the traced graph and cannot differentiate the rebuilt one.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, replace
+
+from amp_rewrite.config import Config
+from amp_rewrite.pipeline import RewriteResult, rewrite
+
+logger = logging.getLogger(__name__)
+
+ENTRY_CALL = "_amp_rewrite_entry"
+CALL_OPS = ("PartitionedCall", "StatefulPartitionedCall")
+CUSTOM_GRADIENT_ATTR = "_gradient_op_type"
+_GENERATED_NAME = re.compile(r"^(?:__inference_|__forward_|__backward_)?(.*?)(?:_\d+)?$")
+
+
+@dataclass(frozen=True)
+class RewrittenFunction:
+    """What rewriting a ConcreteFunction gave.
+
+    Attributes:
+        concrete_function: the new ConcreteFunction, or None when the rewrite
+            changed nothing.
+        result: the rewrite of the entry and its library.
+        custom_gradient_ops: ``tf.custom_gradient`` ops (``function::node``) of
+            rebuilt bodies on a path to the outputs; their gradient closures
+            know only the traced graph, so a gradient taken from outside the
+            function cannot go through the rebuilt one.
+    """
+
+    concrete_function: object
+    result: RewriteResult
+    custom_gradient_ops: tuple[str, ...] = ()
+
+    @property
+    def has_custom_gradients(self) -> bool:
+        return bool(self.custom_gradient_ops)
+
+
+def rewrite_concrete(concrete_function, config: Config) -> RewrittenFunction:
+    """Rewrites ``concrete_function`` (never modified) and loads the result.
+
+    Args:
+        concrete_function: a ``ConcreteFunction`` from ``tf.function`` tracing.
+        config: the rewrite configuration; ``fetches`` and ``preserve`` are set here.
+
+    Raises:
+        Any error of the rewrite or of TensorFlow while loading the result.
+    """
+    entry = concrete_function.function_def
+    originals = _library_functions(concrete_function.graph)
+    graph_def = _entry_graph_def(entry, [f.definition for f in originals.values()])
+    result = rewrite(graph_def, config=replace(config, fetches=(ENTRY_CALL,), preserve=()))
+    changed = set(result.applied.functions_rewritten)
+    if entry.signature.name not in changed:
+        return RewrittenFunction(None, result)
+    library = {f.signature.name: f for f in result.graph_def.library.function}
+    loader = _Loader(library, originals)
+    for name in _callees_first(library, changed - {entry.signature.name}):
+        loader.load_nested(name)
+    new = loader.load_entry(entry.signature.name, concrete_function)
+    custom = _differentiated_custom_gradients(entry.signature.name, library, changed)
+    return RewrittenFunction(new, result, custom_gradient_ops=tuple(custom))
+
+
+def _library_functions(graph) -> dict:
+    """Name → the function object (AtomicFunction) of everything the graph can call."""
+    return {_text(f.name): f for f in graph._functions.values()}  # pylint: disable=protected-access
+
+
+def _entry_graph_def(entry, library):
+    """A GraphDef that only calls ``entry``, with a placeholder per argument."""
+    from tensorflow.core.framework import graph_pb2
+
+    graph_def = graph_pb2.GraphDef()
+    graph_def.library.function.add().CopyFrom(entry)
+    graph_def.library.function.extend(library)
+    inputs = []
+    for k, arg in enumerate(entry.signature.input_arg):
+        placeholder = graph_def.node.add(name=f"{ENTRY_CALL}/arg{k}", op="Placeholder")
+        placeholder.attr["dtype"].type = arg.type
+        inputs.append(placeholder.name)
+    call = graph_def.node.add(name=ENTRY_CALL, op="StatefulPartitionedCall", input=inputs)
+    call.attr["f"].func.name = entry.signature.name
+    call.attr["Tin"].list.type.extend(a.type for a in entry.signature.input_arg)
+    call.attr["Tout"].list.type.extend(a.type for a in entry.signature.output_arg)
+    return graph_def
+
+
+def _callees_first(library: dict, names: set[str]) -> list[str]:
+    """``names`` ordered so that every function comes after the functions it calls."""
+    ordered: list[str] = []
+    visited: set[str] = set()
+
+    def visit(name):
+        if name in visited:
+            return
+        visited.add(name)
+        for callee in sorted(_callees(library[name]) & names):
+            visit(callee)
+        ordered.append(name)
+
+    for name in sorted(names):
+        visit(name)
+    return ordered
+
+
+def _callees(fdef) -> set[str]:
+    return set().union(*(_callees_of(node) for node in fdef.node_def))
+
+
+def _differentiated_custom_gradients(name: str, library: dict, rebuilt: set[str]) -> list[str]:
+    """Custom-gradient ops of rebuilt bodies that a gradient of ``name``'s outputs would reach.
+
+    Only ops on a data path to a function's results matter (an optimizer
+    update in a train step is not differentiated), and only in rebuilt
+    bodies: a function kept as traced keeps gradient closures that work.
+    """
+    found: list[str] = []
+    seen: set[str] = set()
+    pending = [name]
+    while pending:
+        fname = pending.pop()
+        if fname in seen or fname not in rebuilt:
+            continue
+        seen.add(fname)
+        fdef = library[fname]
+        for node in _on_result_paths(fdef):
+            if CUSTOM_GRADIENT_ATTR in node.attr:
+                found.append(f"{fname}::{node.name}")
+            pending.extend(c for c in _callees_of(node) if c in library)
+    return found
+
+
+def _on_result_paths(fdef) -> list:
+    """The body nodes whose outputs feed, through data edges, one of the function's results."""
+    nodes = {node.name: node for node in fdef.node_def}
+    stack = [ref.split(":")[0] for ref in fdef.ret.values()]
+    live: dict[str, object] = {}
+    while stack:
+        name = stack.pop()
+        node = nodes.get(name)
+        if node is None or name in live:
+            continue  # an argument, or already seen
+        live[name] = node
+        stack.extend(ref.split(":")[0] for ref in node.input if not ref.startswith("^"))
+    return list(live.values())
+
+
+def _callees_of(node) -> set[str]:
+    found = {node.op}
+    for value in node.attr.values():
+        if value.func.name:
+            found.add(value.func.name)
+        found.update(f.name for f in value.list.func)
+    return found
+
+
+def _rename_callees(fdef, renamed: dict[str, str]) -> None:
+    for node in fdef.node_def:
+        if node.op in renamed:
+            node.op = renamed[node.op]
+        for value in node.attr.values():
+            if value.func.name in renamed:
+                value.func.name = renamed[value.func.name]
+            for f in value.list.func:
+                if f.name in renamed:
+                    f.name = renamed[f.name]
+
+
+class _Loader:
+    """Registers rewritten FunctionDefs as ConcreteFunctions, callees first."""
+
+    def __init__(self, library: dict, originals: dict):
+        self.library = library
+        self.originals = originals
+        self.loaded: dict[str, object] = {}  # rewritten name → ConcreteFunction
+        self.renamed: dict[str, str] = {}  # rewritten name → registered name
+        self._wrapped: dict[str, object] = {}
+
+    def load_nested(self, name: str) -> None:
+        from tensorflow.python.eager.polymorphic_function import concrete_function as cf_lib
+
+        graph = self._func_graph(name)
+        loaded = cf_lib.ConcreteFunction.from_func_graph(
+            graph, None, _function_attrs(self.library[name]), shared_func_graph=True)
+        self.loaded[name] = loaded
+        self.renamed[name] = _text(loaded.name)
+
+    def load_entry(self, name: str, traced):
+        from tensorflow.python.eager.polymorphic_function import concrete_function as cf_lib
+
+        graph = self._func_graph(name)
+        _bind_like(graph, traced.graph)
+        attrs = _function_attrs(self.library[name])
+        new = cf_lib.ConcreteFunction.from_func_graph(graph, traced.function_type, attrs,
+                                                      shared_func_graph=False)
+        new._arg_keywords = traced._arg_keywords  # pylint: disable=protected-access
+        new._num_positional_args = traced._num_positional_args  # pylint: disable=protected-access
+        return new
+
+    def _func_graph(self, name: str):
+        """The FuncGraph of the rewritten ``name``, its callees registered and differentiable."""
+        from tensorflow.python.framework import function_def_to_graph, ops
+
+        fdef = type(self.library[name])()
+        fdef.CopyFrom(self.library[name])
+        _rename_callees(fdef, self.renamed)
+        fdef.signature.name = _GENERATED_NAME.match(name).group(1) + "_amp"
+        callees = [self._callee(c) for c in sorted(_callees(fdef))]
+        callees = [c for c in callees if c is not None]
+        with ops.Graph().as_default() as outer:
+            for callee in callees:  # ops named after a function need it defined
+                outer._add_function_recursive(callee)  # pylint: disable=protected-access
+            graph = function_def_to_graph.function_def_to_graph(fdef, propagate_device_spec=True)
+        for callee in callees:
+            graph._add_function_recursive(callee)  # pylint: disable=protected-access
+        for op in graph.get_operations():
+            if op.type in CALL_OPS:
+                op._gradient_function = self._gradient_function(op.get_attr("f").name)  # pylint: disable=protected-access
+        return graph
+
+    def _callee(self, registered: str):
+        """The function object registered as ``registered``, if it is a function."""
+        for name, new_name in self.renamed.items():
+            if new_name == registered:
+                return self.loaded[name]._inference_function  # pylint: disable=protected-access
+        return self.originals.get(registered)
+
+    def _gradient_function(self, registered: str):
+        """A gradient function for calls of ``registered``, built when first asked for."""
+        registered = _text(registered)
+
+        def gradient(op, *output_gradients):
+            return self._concrete(registered)._get_gradient_function()(op, *output_gradients)  # pylint: disable=protected-access
+
+        return gradient
+
+    def _concrete(self, registered: str):
+        from tensorflow.python.eager.polymorphic_function import concrete_function as cf_lib
+
+        for name, new_name in self.renamed.items():
+            if new_name == registered:
+                return self.loaded[name]
+        if registered not in self._wrapped:
+            self._wrapped[registered] = cf_lib.ConcreteFunction(self.originals[registered])
+        return self._wrapped[registered]
+
+
+def _bind_like(graph, traced) -> None:
+    """Gives the rebuilt entry ``graph`` the traced graph's captures, variables and structure.
+
+    Inputs correspond by position: the FunctionDef's arguments are the traced
+    graph's inputs, captures included, in order.
+    """
+    from tensorflow.python.ops import handle_data_util
+    from tensorflow.python.util import nest
+
+    position = {id(t): k for k, t in enumerate(traced.inputs)}
+    for old, new in zip(traced.inputs, graph.inputs):
+        new.set_shape(old.shape)
+        if old.dtype.name == "resource":
+            handle_data_util.copy_handle_data(old, new)
+    captures, new_captures = traced.function_captures, graph.function_captures
+    for key, internal in captures.by_val_internal.items():
+        new_captures.add_or_replace(key=key, external=captures.by_val_external[key],
+                                    internal=graph.inputs[position[id(internal)]],
+                                    tracetype=captures.by_val_tracetype[key], is_by_ref=False)
+    for key, internal in captures.by_ref_internal.items():
+        new_internal = nest.map_structure(lambda t: graph.inputs[position[id(t)]], internal)
+        new_captures.add_or_replace(key=key, external=captures.by_ref_external[key],
+                                    internal=new_internal,
+                                    tracetype=captures.by_ref_tracetype[key], is_by_ref=True)
+    new_captures.control.update(captures.control)
+    for old, new in zip(traced.outputs, graph.outputs):
+        new.set_shape(old.shape)
+        if old.dtype.name == "resource":
+            handle_data_util.copy_handle_data(old, new)
+    outputs = {id(t): new for t, new in zip(traced.outputs, graph.outputs)}
+    graph.structured_outputs = nest.map_structure(
+        lambda value: outputs.get(id(value), value), traced.structured_outputs, expand_composites=True)
+    graph.structured_input_signature = traced.structured_input_signature
+    graph.variables = traced.variables
+    graph.collective_manager_ids_used = list(getattr(traced, "collective_manager_ids_used", []))
+    if not traced.saveable:
+        graph.mark_as_unsaveable(traced.saving_errors)
+
+
+def _function_attrs(fdef) -> dict:
+    """The FunctionDef attributes a new function may carry (XLA, no-inline, ...)."""
+    from tensorflow.python.eager.polymorphic_function import attributes
+
+    allowed = attributes.MONOMORPHIC_FUNCTION_ALLOWLIST - {attributes.EAGER_RUNTIME_CONSTRUCTION_CONTEXT,
+                                                           attributes.INPUT_SHAPES}
+    return {key: value for key, value in fdef.attr.items() if key in allowed}
+
+
+def _text(name) -> str:
+    return name.decode() if isinstance(name, bytes) else name

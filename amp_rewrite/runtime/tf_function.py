@@ -1,0 +1,303 @@
+"""``tf.function`` under the runtime: each traced ConcreteFunction runs its rewritten body.
+
+TensorFlow calls every function in ``transform.CONCRETE_FUNCTION_CALLBACKS``
+with each ConcreteFunction that tracing creates, before the function is cached
+or called. The callback installed here rewrites the function
+(:mod:`amp_rewrite.runtime.concrete`) and swaps the new function's state into
+the traced object, so the ``tf.function`` cache holds, and every later call
+runs, the rewritten body. Its inputs, outputs, captures and variables are the
+traced ones.
+
+A function is rewritten when the runtime is enabled (``ENABLE_AUTO_MP=1`` or
+:func:`amp_rewrite.enable`), or when it was traced by
+:func:`amp_rewrite.function`, which marks the graph it traces.
+
+Guarantees:
+
+- A GradientTape inside the function was traced into its graph, so forward
+  and backward math are both rewritten. A tape *outside* it differentiates the
+  rewritten graph; when that graph holds ``tf.custom_gradient`` ops, calls under
+  a tape run the float32 function instead (logged), since custom gradient
+  closures only know the traced graph.
+- tf.data functions are left alone: they run on the host's CPU.
+- If the rewrite or the reload fails, a warning gives the reason and the
+  function stays as traced; the first eager call that fails in the rewritten
+  function, but not in the traced one, does the same. With
+  ``AMP_REWRITE_STRICT=1`` a :class:`RuntimeRewriteError` is raised instead.
+- :func:`uninstall` puts back every function it swapped (functions from
+  :func:`amp_rewrite.function` keep theirs).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+
+from amp_rewrite.config import Config
+from amp_rewrite.errors import AmpRewriteError
+from amp_rewrite.runtime.settings import STRICT_ENV, is_true
+
+logger = logging.getLogger(__name__)
+
+MARK_ATTR = "_amp_rewrite_config"
+TF_DATA_ATTR = "_tf_data_function"
+
+
+@dataclass(frozen=True)
+class FunctionReport:
+    """What the hook did to one traced ConcreteFunction.
+
+    Attributes:
+        name: the traced function's name.
+        summary: the rewrite's numbers.
+        seconds: time spent rewriting and reloading it.
+        is_explicit: traced by :func:`amp_rewrite.function`, not by the runtime.
+        is_inference_only: calls under a tape run the traced float32 function.
+    """
+
+    name: str
+    summary: str
+    seconds: float
+    is_explicit: bool
+    is_inference_only: bool
+
+
+@dataclass
+class SwapRecord:
+    """A swapped ConcreteFunction: its report, its traced state, and the rewritten function."""
+
+    report: FunctionReport
+    traced_state: dict = field(repr=False)
+    rewritten: object = field(repr=False)
+
+
+class _Hook:
+    def __init__(self):
+        self.lock = threading.RLock()
+        self.is_global = False
+        self.is_strict = False
+        self.is_installed = False
+        self.wants_marked = False
+        self.swapped: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.history: list[FunctionReport] = []
+
+
+_HOOK = _Hook()
+
+
+def install(*, is_strict: bool = False) -> None:
+    """Rewrites every ConcreteFunction traced from now on (the runtime's switch)."""
+    with _HOOK.lock:
+        _HOOK.is_global = True
+        _HOOK.is_strict = is_strict
+        _register_callback()
+
+
+def uninstall() -> None:
+    """Stops rewriting new traces and puts back the functions the runtime swapped."""
+    with _HOOK.lock:
+        _HOOK.is_global = False
+        for cf, record in list(_HOOK.swapped.items()):
+            if not record.report.is_explicit:
+                restore(cf)
+        if _HOOK.is_installed and not _HOOK.wants_marked:
+            from tensorflow.python.eager.polymorphic_function import transform
+
+            while _on_concrete_function in transform.CONCRETE_FUNCTION_CALLBACKS:
+                transform.CONCRETE_FUNCTION_CALLBACKS.remove(_on_concrete_function)
+            _HOOK.is_installed = False
+
+
+def install_for_marked() -> None:
+    """Makes the callback rewrite graphs :func:`marked` traced, whatever the runtime does."""
+    with _HOOK.lock:
+        _HOOK.wants_marked = True
+        _register_callback()
+
+
+def marked(python_function, config: Config | None):
+    """``python_function``, marking the graph that traces it for a rewrite with ``config``."""
+
+    @functools.wraps(python_function)
+    def traced(*args, **kwargs):
+        from tensorflow.python.framework import ops
+
+        graph = ops.get_default_graph()
+        if getattr(graph, "building_function", False):
+            setattr(graph, MARK_ATTR, config if config is not None else default_config())
+        return python_function(*args, **kwargs)
+
+    return traced
+
+
+def rewritten_functions() -> list[FunctionReport]:
+    """A report of every swap made so far in this process, oldest first."""
+    with _HOOK.lock:
+        return list(_HOOK.history)
+
+
+def record_of(concrete_function) -> SwapRecord | None:
+    """The swap record of ``concrete_function``, or None when it runs as traced."""
+    return _HOOK.swapped.get(concrete_function)
+
+
+def restore(concrete_function) -> None:
+    """Puts the traced state back into ``concrete_function``."""
+    with _HOOK.lock:
+        record = _HOOK.swapped.pop(concrete_function, None)
+        if record is not None:
+            _set_state(concrete_function, record.traced_state)
+
+
+def _register_callback() -> None:
+    from tensorflow.python.eager.polymorphic_function import transform
+
+    if _on_concrete_function not in transform.CONCRETE_FUNCTION_CALLBACKS:
+        transform.CONCRETE_FUNCTION_CALLBACKS.append(_on_concrete_function)
+    _HOOK.is_installed = True
+
+
+def _on_concrete_function(concrete_function) -> None:
+    """TensorFlow's callback: a ConcreteFunction was just traced."""
+    config = getattr(concrete_function.graph, MARK_ATTR, None)
+    is_explicit = config is not None
+    if not is_explicit and not _HOOK.is_global:
+        return
+    name = _function_name(concrete_function)
+    if TF_DATA_ATTR in concrete_function.function_def.attr:
+        logger.debug("tf.function %s: a tf.data function, left in float32", name)
+        return
+    with _HOOK.lock:
+        if concrete_function in _HOOK.swapped:
+            return
+        try:
+            _swap_in(concrete_function, config or default_config(), is_explicit=is_explicit)
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {_first_line(exc)}"
+            if _is_strict():
+                raise _runtime_error(f"tf.function {name}: rewrite failed: {reason}") from exc
+            logger.warning("amp-rewrite: tf.function %s runs in float32: rewrite failed: %s", name, reason)
+
+
+def _swap_in(concrete_function, config: Config, *, is_explicit: bool) -> None:
+    from amp_rewrite.runtime.concrete import rewrite_concrete
+
+    start = time.perf_counter()
+    rewritten = rewrite_concrete(concrete_function, config)
+    name = _function_name(concrete_function)
+    if rewritten.concrete_function is None:
+        logger.debug("tf.function %s: nothing to run in %s", name, config.target)
+        return
+    traced_state = dict(vars(concrete_function))
+    if traced_state.get("_garbage_collector") is not None:
+        # Tracing hands the graph of the object it returns over to Python's
+        # collector; the traced graph kept here gets the same treatment.
+        traced_state["_garbage_collector"].release()
+    new_state = dict(vars(rewritten.concrete_function))
+    for key in ("_arg_keywords", "_num_positional_args"):
+        new_state.pop(key, None)
+    if rewritten.has_custom_gradients:
+        # Calls under a tape, and calls from another function's trace, keep the
+        # traced (float32) forward and backward functions.
+        new_state = {"_inference_function": new_state["_inference_function"]}
+    report = FunctionReport(name=name, summary=_summary(rewritten.result),
+                            seconds=time.perf_counter() - start, is_explicit=is_explicit,
+                            is_inference_only=rewritten.has_custom_gradients)
+    record = SwapRecord(report, traced_state, rewritten)
+    vars(concrete_function).update(new_state)
+    vars(concrete_function)["_call_flat"] = _first_eager_call_guard(concrete_function, record)
+    _HOOK.swapped[concrete_function] = record
+    _HOOK.history.append(report)
+    logger.info("amp-rewrite: tf.function %s: %s (rewrite and reload %.3f s)", name, report.summary,
+                report.seconds)
+    if report.is_inference_only:
+        logger.info("amp-rewrite: tf.function %s: calls under a GradientTape run it in float32, "
+                    "since the gradient would reach the custom gradient of %s", name,
+                    rewritten.custom_gradient_ops[0])
+
+
+def _first_eager_call_guard(concrete_function, record: SwapRecord):
+    """A ``_call_flat`` that checks the first eager run of the rewritten function.
+
+    Once a run succeeds the guard removes itself, so later calls cost nothing.
+    """
+    function_ref = weakref.ref(concrete_function)
+
+    def call_flat(tensor_inputs, captured_inputs):
+        from tensorflow.python.eager import context
+
+        cf = function_ref()
+        run = type(cf)._call_flat
+        if not context.executing_eagerly():
+            return run(cf, tensor_inputs, captured_inputs)  # builds a call; nothing runs yet
+        try:
+            outputs = run(cf, tensor_inputs, captured_inputs)
+        except Exception as exc:
+            return _first_run_failed(cf, record, exc, tensor_inputs, captured_inputs)
+        vars(cf).pop("_call_flat", None)
+        return outputs
+
+    return call_flat
+
+
+def _first_run_failed(cf, record: SwapRecord, exc, tensor_inputs, captured_inputs):
+    """The rewritten function failed on its first run: try the traced one."""
+    rewritten_state = dict(vars(cf))
+    _set_state(cf, record.traced_state)
+    try:
+        outputs = type(cf)._call_flat(cf, tensor_inputs, captured_inputs)
+    except Exception:
+        # The traced function fails too: the caller's error, not the rewrite's.
+        _set_state(cf, rewritten_state)
+        raise exc from None
+    with _HOOK.lock:
+        _HOOK.swapped.pop(cf, None)
+    name = record.report.name
+    reason = f"the rewritten function failed to run: {type(exc).__name__}: {_first_line(exc)}"
+    if _is_strict():
+        raise _runtime_error(f"tf.function {name}: {reason}") from exc
+    logger.warning("amp-rewrite: tf.function %s runs in float32: %s", name, reason)
+    return outputs
+
+
+def _set_state(concrete_function, state: dict) -> None:
+    current = vars(concrete_function)
+    current.clear()
+    current.update(state)
+
+
+def default_config() -> Config:
+    """The environment's configuration, for the device type functions will run on."""
+    import tensorflow as tf
+
+    return Config.from_env(device_type="GPU" if tf.config.list_physical_devices("GPU") else "CPU")
+
+
+def _is_strict() -> bool:
+    return _HOOK.is_strict or is_true(os.environ.get(STRICT_ENV))
+
+
+def _runtime_error(message: str) -> AmpRewriteError:
+    from amp_rewrite.runtime.session import RuntimeRewriteError
+
+    return RuntimeRewriteError(message)
+
+
+def _summary(result) -> str:
+    """The rewrite's numbers, without the FLOP share (which would build every body again)."""
+    return (f"converted {len(result.converted)}/{result.nodes_total} nodes to "
+            f"{result.config.target}, {len(result.casts)} casts")
+
+
+def _function_name(concrete_function) -> str:
+    return str(concrete_function.graph.name)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else "(no message)"
