@@ -45,7 +45,8 @@ def function(func=None, *, target: str | None = None, config: Config | None = No
 
     if target is not None:
         config = replace(config if config is not None else tf_function.default_config(), target=target)
-    tf_function.install_for_marked()
+    if not tf_function.install_for_marked():
+        return tf.function(func, **tf_function_kwargs)  # untested TensorFlow: plain float32
     return tf.function(tf_function.marked(func, config), **tf_function_kwargs)
 
 

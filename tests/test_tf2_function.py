@@ -6,6 +6,7 @@ dtypes of the ops each traced graph holds.
 """
 
 import logging
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -217,11 +218,12 @@ def test_first_run_failure_falls_back_to_the_traced_function(amp_runtime, monkey
     broken = tf.function(lambda x: tf.debugging.check_numerics(x / 0.0, "rewritten"))
     broken = broken.get_concrete_function(tf.TensorSpec([4, 5]))  # traced before the hook
 
+    rewrite_concrete = concrete.rewrite_concrete
+
     def failing_at_run_time(concrete_function, config):
-        return concrete.RewrittenFunction(broken, None)
+        return replace(rewrite_concrete(concrete_function, config), concrete_function=broken)
 
     monkeypatch.setattr(concrete, "rewrite_concrete", failing_at_run_time)
-    monkeypatch.setattr(tf_function, "_summary", lambda result: "")
     amp_runtime()
     function = tf.function(lambda x: x * 2.0)
     with caplog.at_level(logging.WARNING, "amp_rewrite"):
@@ -291,3 +293,21 @@ def test_enable_is_idempotent_and_tf_data_functions_stay_float32(amp_runtime):
     dataset = tf.data.Dataset.from_tensor_slices(Y[:, :4].repeat(2, axis=1)).map(lambda v: tf.linalg.matvec(w, v))
     assert np.allclose(list(dataset.as_numpy_iterator())[0], w.numpy() @ Y[0, :4].repeat(2), rtol=1e-6)
     assert len(tf_function.rewritten_functions()) == before
+
+
+def test_untested_tensorflow_keeps_functions_float32(amp_runtime, monkeypatch, caplog):
+    hook = tf_function._on_concrete_function  # pylint: disable=protected-access
+    runtime.disable()
+    monkeypatch.setattr(tf_function, "TESTED_TENSORFLOW", ("1.0.",))
+    monkeypatch.setattr(tf_function._HOOK, "wants_marked", False)  # pylint: disable=protected-access
+    monkeypatch.setattr(transform, "CONCRETE_FUNCTION_CALLBACKS",
+                        [c for c in transform.CONCRETE_FUNCTION_CALLBACKS if c is not hook])
+    net = ConvNet()
+    want, _ = float32_reference(net)
+    with caplog.at_level(logging.WARNING, "amp_rewrite"):
+        amp_runtime()
+        assert np.array_equal(tf.function(net.__call__)(X).numpy(), want)
+        assert np.array_equal(amp_rewrite.function(net.__call__)(X).numpy(), want)
+    assert hook not in transform.CONCRETE_FUNCTION_CALLBACKS
+    assert len(caplog.records) == 2
+    assert f"tested with 1.0.x, not {tf.__version__}" in caplog.records[0].getMessage()

@@ -45,6 +45,9 @@ from amp_rewrite.runtime.settings import STRICT_ENV, is_true
 logger = logging.getLogger(__name__)
 
 MARK_ATTR = "_amp_rewrite_config"
+# The versions whose tracing internals (transform.CONCRETE_FUNCTION_CALLBACKS,
+# ConcreteFunction/AtomicFunction construction, FunctionCaptures) were tested.
+TESTED_TENSORFLOW = ("2.21.",)
 TF_DATA_ATTR = "_tf_data_function"
 
 
@@ -55,14 +58,18 @@ class FunctionReport:
     Attributes:
         name: the traced function's name.
         summary: the rewrite's numbers.
+        nodes_total: nodes of the function and of the functions it calls.
         seconds: time spent rewriting and reloading it.
+        rewrite_seconds: the part of ``seconds`` the rewrite itself took.
         is_explicit: traced by :func:`amp_rewrite.function`, not by the runtime.
         is_inference_only: calls under a tape run the traced float32 function.
     """
 
     name: str
     summary: str
+    nodes_total: int
     seconds: float
+    rewrite_seconds: float
     is_explicit: bool
     is_inference_only: bool
 
@@ -91,10 +98,16 @@ _HOOK = _Hook()
 
 
 def install(*, is_strict: bool = False) -> None:
-    """Rewrites every ConcreteFunction traced from now on (the runtime's switch)."""
+    """Rewrites every ConcreteFunction traced from now on (the runtime's switch).
+
+    On a TensorFlow version the hook was not tested with, nothing is
+    installed: a warning says so (``is_strict`` raises instead).
+    """
     with _HOOK.lock:
-        _HOOK.is_global = True
         _HOOK.is_strict = is_strict
+        if not _is_supported_tensorflow():
+            return
+        _HOOK.is_global = True
         _register_callback()
 
 
@@ -113,11 +126,31 @@ def uninstall() -> None:
             _HOOK.is_installed = False
 
 
-def install_for_marked() -> None:
-    """Makes the callback rewrite graphs :func:`marked` traced, whatever the runtime does."""
+def install_for_marked() -> bool:
+    """Makes the callback rewrite graphs :func:`marked` traced, whatever the runtime does.
+
+    Returns False (after a warning) on a TensorFlow version the hook was not tested with.
+    """
     with _HOOK.lock:
+        if not _is_supported_tensorflow():
+            return False
         _HOOK.wants_marked = True
         _register_callback()
+        return True
+
+
+def _is_supported_tensorflow() -> bool:
+    """Whether this TensorFlow has the tracing internals the hook was tested with."""
+    import tensorflow as tf
+
+    if tf.__version__.startswith(TESTED_TENSORFLOW):
+        return True
+    message = (f"tf.function traces run in float32: the hook relies on TensorFlow internals "
+               f"tested with {', '.join(v + 'x' for v in TESTED_TENSORFLOW)}, not {tf.__version__}")
+    if _is_strict():
+        raise _runtime_error(message)
+    logger.warning("amp-rewrite: %s", message)
+    return False
 
 
 def marked(python_function, config: Config | None):
@@ -139,6 +172,12 @@ def rewritten_functions() -> list[FunctionReport]:
     """A report of every swap made so far in this process, oldest first."""
     with _HOOK.lock:
         return list(_HOOK.history)
+
+
+def swapped() -> list[tuple[object, FunctionReport]]:
+    """The ConcreteFunctions running rewritten now, each with its report."""
+    with _HOOK.lock:
+        return [(cf, record.report) for cf, record in _HOOK.swapped.items()]
 
 
 def record_of(concrete_function) -> SwapRecord | None:
@@ -206,15 +245,17 @@ def _swap_in(concrete_function, config: Config, *, is_explicit: bool) -> None:
         # traced (float32) forward and backward functions.
         new_state = {"_inference_function": new_state["_inference_function"]}
     report = FunctionReport(name=name, summary=_summary(rewritten.result),
-                            seconds=time.perf_counter() - start, is_explicit=is_explicit,
+                            nodes_total=rewritten.result.nodes_total,
+                            seconds=time.perf_counter() - start,
+                            rewrite_seconds=rewritten.result.seconds, is_explicit=is_explicit,
                             is_inference_only=rewritten.has_custom_gradients)
     record = SwapRecord(report, traced_state, rewritten)
     vars(concrete_function).update(new_state)
     vars(concrete_function)["_call_flat"] = _first_eager_call_guard(concrete_function, record)
     _HOOK.swapped[concrete_function] = record
     _HOOK.history.append(report)
-    logger.info("amp-rewrite: tf.function %s: %s (rewrite and reload %.3f s)", name, report.summary,
-                report.seconds)
+    logger.info("amp-rewrite: tf.function %s: %s (rewrite %.3f s, reload %.3f s)", name,
+                report.summary, report.rewrite_seconds, report.seconds - report.rewrite_seconds)
     if report.is_inference_only:
         logger.info("amp-rewrite: tf.function %s: calls under a GradientTape run it in float32, "
                     "since the gradient would reach the custom gradient of %s", name,
