@@ -1,0 +1,157 @@
+"""Keras 3 under the runtime: fit with ENABLE_AUTO_MP=1, and what compile wraps.
+
+The fit tests run ``tools/tf2_keras_fit.py`` (an MLP and a CNN on synthetic
+data) in two subprocesses, with and without the variable, and compare what
+they wrote. The compile tests patch this process with ``enable()``.
+"""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from amp_rewrite import runtime
+from amp_rewrite.runtime import keras_patch
+from amp_rewrite.runtime.settings import RuntimeSettings
+from helpers import rng
+
+FIT_TOOL = Path(__file__).resolve().parents[1] / "tools" / "tf2_keras_fit.py"
+OWN_PREFIXES = ("ENABLE_AUTO_MP", "TF_ENABLE_AUTO_MIXED_PRECISION", "AMP_",
+                "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_")
+EPOCHS = 6
+
+
+@pytest.fixture(scope="module")
+def fits(tmp_path_factory):
+    """Both fits, run side by side: {"fp32": {model: result}, "amp": {model: result}}."""
+    root = tmp_path_factory.mktemp("fit")
+    base = {k: v for k, v in os.environ.items() if not k.startswith(OWN_PREFIXES)}
+    base.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONHASHSEED="0")
+    runs = {}
+    for name, extra in (("fp32", {}), ("amp", {"ENABLE_AUTO_MP": "1"})):
+        out = root / f"{name}.json"
+        command = [sys.executable, str(FIT_TOOL), "--out", str(out), "--epochs", str(EPOCHS)]
+        runs[name] = (out, subprocess.Popen(command, env={**base, **extra}, stdout=subprocess.DEVNULL,
+                                            stderr=subprocess.PIPE, text=True))
+    results = {}
+    for name, (out, process) in runs.items():
+        _, stderr = process.communicate(timeout=300)
+        assert process.returncode == 0, stderr[-4000:]
+        results[name] = {r["model"]: r for r in json.loads(out.read_text())}
+    return results
+
+
+@pytest.mark.parametrize("model", ["mlp", "cnn"])
+def test_fit_under_the_switch_scales_the_loss_and_keeps_float32_weights(fits, model):
+    amp, fp32 = fits["amp"][model], fits["fp32"][model]
+    assert (amp["optimizer"], amp["inner_optimizer"]) == ("LossScaleOptimizer", "Adam")
+    assert fp32["optimizer"] == "Adam"
+    assert amp["weight_dtypes"] == fp32["weight_dtypes"] == ["float32"]
+
+
+@pytest.mark.parametrize("model", ["mlp", "cnn"])
+def test_fit_loss_falls_like_the_float32_loss(fits, model):
+    amp, fp32 = fits["amp"][model]["losses"], fits["fp32"][model]["losses"]
+    assert len(amp) == EPOCHS
+    assert amp[-1] < 0.25 * amp[0]
+    np.testing.assert_allclose(amp, fp32, rtol=2e-2)
+    assert amp != fp32  # the half math really ran
+
+
+@pytest.mark.parametrize("model, half_ops", [
+    ("mlp", {"MatMul", "ReluGrad", "BiasAddGrad"}),
+    ("cnn", {"Conv2D", "Conv2DBackpropFilter", "Conv2DBackpropInput", "MatMul"}),
+])
+def test_fit_runs_the_rewritten_train_step(fits, model, half_ops):
+    rewritten = fits["amp"][model]["rewritten"]
+    steps = [r for r in rewritten if r["name"] == "one_step_on_data"]
+    assert steps and all(half_ops <= set(r["half_ops"]) for r in steps)
+    assert fits["fp32"][model]["rewritten"] == []
+
+
+@pytest.fixture
+def amp_runtime():
+    runtime.disable()
+    runtime.enable(settings=RuntimeSettings())
+    yield
+    runtime.disable()
+
+
+def small_model():
+    keras.utils.set_random_seed(0)
+    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+
+
+def test_compile_wraps_once_and_respects_what_already_scales(amp_runtime):
+    model = small_model()
+    model.compile(optimizer="sgd", loss="mse")
+    wrapped = model.optimizer
+    assert isinstance(wrapped, keras.optimizers.LossScaleOptimizer)
+    assert isinstance(wrapped.inner_optimizer, keras.optimizers.SGD)
+    model.compile(optimizer=wrapped, loss="mse")
+    assert model.optimizer is wrapped
+    model.compile(optimizer="sgd", loss="mse", auto_scale_loss=False)
+    assert isinstance(model.optimizer, keras.optimizers.SGD)
+    model.compile(optimizer=keras.optimizers.SGD(loss_scale_factor=128.0), loss="mse")
+    assert isinstance(model.optimizer, keras.optimizers.SGD)
+    runtime.disable()
+    assert not keras_patch.is_patched()
+    model.compile(optimizer="sgd", loss="mse")
+    assert isinstance(model.optimizer, keras.optimizers.SGD)
+
+
+def eager_step(model, x, y, *, scale=False):
+    """One custom-loop step on ``model.optimizer``; returns (the true gradient, the weight change)."""
+    kernel = model.trainable_variables[0]
+    before = kernel.numpy()
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(model(x) - y))
+        scaled = model.optimizer.scale_loss(loss) if scale else loss
+    grads = tape.gradient(scaled, model.trainable_variables)
+    model.optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    true_grad = grads[0].numpy() / (float(model.optimizer.dynamic_scale.numpy()) if scale else 1.0)
+    return true_grad, kernel.numpy() - before
+
+
+def traced_step(model, x, y):
+    """The same step (unscaled) as a tf.function, which the runtime rewrites; the gradient is eager."""
+    kernel = model.trainable_variables[0]
+    before = kernel.numpy()
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(model(x) - y))
+    grad = tape.gradient(loss, kernel).numpy()
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x) - y))
+        grads = tape.gradient(loss, model.trainable_variables)
+        model.optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+    step()
+    return grad, kernel.numpy() - before
+
+
+@pytest.mark.parametrize("step, rtol", [(eager_step, 1e-5), (traced_step, 2e-2)])
+def test_custom_loop_without_scale_loss_is_not_slowed(amp_runtime, caplog, step, rtol):
+    model = small_model()
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    model.optimizer.build(model.trainable_variables)
+    x = rng(4).normal(size=(16, 8)).astype(np.float32)
+    y = rng(5).normal(size=(16, 4)).astype(np.float32)
+    with caplog.at_level(logging.WARNING, "amp_rewrite"):
+        for _ in range(2):
+            grad, change = step(model, x, y)
+            np.testing.assert_allclose(change, -0.1 * grad, rtol=rtol, atol=1e-3 * np.abs(grad).max())
+    assert [r.getMessage() for r in caplog.records] == [
+        "amp-rewrite: apply_gradients without scale_loss: the gradients are applied unscaled, "
+        "without loss scaling"]
+    grad, change = eager_step(model, x, y, scale=True)  # a scaled loss is still unscaled
+    np.testing.assert_allclose(change, -0.1 * grad, rtol=1e-5, atol=1e-7)
