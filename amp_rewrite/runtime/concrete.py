@@ -196,15 +196,45 @@ def _rename_callees(fdef, renamed: dict[str, str]) -> None:
                     f.name = renamed[f.name]
 
 
+class _Callees:
+    """The functions rebuilt bodies may call, by registered name: rebuilt ones and originals."""
+
+    def __init__(self, originals: dict):
+        self.originals = originals
+        self.rebuilt: dict[str, object] = {}  # registered name → ConcreteFunction
+        self._wrapped: dict[str, object] = {}
+
+    def function(self, registered: str):
+        """The function object to add to a graph calling ``registered``, or None if no function."""
+        if registered in self.rebuilt:
+            return self.rebuilt[registered]._inference_function  # pylint: disable=protected-access
+        return self.originals.get(registered)
+
+    def gradient_function(self, registered: str):
+        """A gradient function for call ops of ``registered``, built when first asked for."""
+
+        def gradient(op, *output_gradients):
+            return self._concrete(registered)._get_gradient_function()(op, *output_gradients)  # pylint: disable=protected-access
+
+        return gradient
+
+    def _concrete(self, registered: str):
+        from tensorflow.python.eager.polymorphic_function import concrete_function as cf_lib
+
+        if registered in self.rebuilt:
+            return self.rebuilt[registered]
+        if registered not in self._wrapped:
+            self._wrapped[registered] = cf_lib.ConcreteFunction(self.originals[registered])
+        return self._wrapped[registered]
+
+
 class _Loader:
     """Registers rewritten FunctionDefs as ConcreteFunctions, callees first."""
 
     def __init__(self, library: dict, originals: dict):
         self.library = library
-        self.originals = originals
-        self.loaded: dict[str, object] = {}  # rewritten name → ConcreteFunction
+        self.callees = _Callees(originals)
         self.renamed: dict[str, str] = {}  # rewritten name → registered name
-        self._wrapped: dict[str, object] = {}
 
     def load_nested(self, name: str) -> None:
         from tensorflow.python.eager.polymorphic_function import concrete_function as cf_lib
@@ -212,8 +242,8 @@ class _Loader:
         graph = self._func_graph(name)
         loaded = cf_lib.ConcreteFunction.from_func_graph(
             graph, None, _function_attrs(self.library[name]), shared_func_graph=True)
-        self.loaded[name] = loaded
         self.renamed[name] = _text(loaded.name)
+        self.callees.rebuilt[self.renamed[name]] = loaded
 
     def load_entry(self, name: str, traced):
         from tensorflow.python.eager.polymorphic_function import concrete_function as cf_lib
@@ -235,44 +265,19 @@ class _Loader:
         fdef.CopyFrom(self.library[name])
         _rename_callees(fdef, self.renamed)
         fdef.signature.name = _GENERATED_NAME.match(name).group(1) + "_amp"
-        callees = [self._callee(c) for c in sorted(_callees(fdef))]
-        callees = [c for c in callees if c is not None]
+        functions = [self.callees.function(c) for c in sorted(_callees(fdef))]
+        functions = [f for f in functions if f is not None]
         with ops.Graph().as_default() as outer:
-            for callee in callees:  # ops named after a function need it defined
-                outer._add_function_recursive(callee)  # pylint: disable=protected-access
+            for function in functions:  # ops named after a function need it defined
+                outer._add_function_recursive(function)  # pylint: disable=protected-access
             graph = function_def_to_graph.function_def_to_graph(fdef, propagate_device_spec=True)
-        for callee in callees:
-            graph._add_function_recursive(callee)  # pylint: disable=protected-access
+        for function in functions:
+            graph._add_function_recursive(function)  # pylint: disable=protected-access
         for op in graph.get_operations():
             if op.type in CALL_OPS:
-                op._gradient_function = self._gradient_function(op.get_attr("f").name)  # pylint: disable=protected-access
+                callee = _text(op.get_attr("f").name)
+                op._gradient_function = self.callees.gradient_function(callee)  # pylint: disable=protected-access
         return graph
-
-    def _callee(self, registered: str):
-        """The function object registered as ``registered``, if it is a function."""
-        for name, new_name in self.renamed.items():
-            if new_name == registered:
-                return self.loaded[name]._inference_function  # pylint: disable=protected-access
-        return self.originals.get(registered)
-
-    def _gradient_function(self, registered: str):
-        """A gradient function for calls of ``registered``, built when first asked for."""
-        registered = _text(registered)
-
-        def gradient(op, *output_gradients):
-            return self._concrete(registered)._get_gradient_function()(op, *output_gradients)  # pylint: disable=protected-access
-
-        return gradient
-
-    def _concrete(self, registered: str):
-        from tensorflow.python.eager.polymorphic_function import concrete_function as cf_lib
-
-        for name, new_name in self.renamed.items():
-            if new_name == registered:
-                return self.loaded[name]
-        if registered not in self._wrapped:
-            self._wrapped[registered] = cf_lib.ConcreteFunction(self.originals[registered])
-        return self._wrapped[registered]
 
 
 def _bind_like(graph, traced) -> None:
