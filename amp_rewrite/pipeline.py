@@ -107,13 +107,18 @@ class RewriteResult:
 
         return half_flop_share(self.graph_def)
 
-    def summary(self) -> str:
-        """One line: converted nodes, casts, FLOP share."""
-        share = self.half_flop_share
-        share_text = ("MatMul/Conv FLOPs unknown (no static shapes)" if share is None
-                      else f"{share:.1%} of MatMul/Conv FLOPs in {self.config.target}")
+    def summary(self, *, with_flops: bool = True) -> str:
+        """One line: converted nodes, casts, and (unless ``with_flops`` is false) the FLOP share.
+
+        The FLOP share imports the graph and builds every function body to
+        infer shapes; a runtime hook that rewrites on every trace skips it.
+        """
         line = (f"converted {len(self.converted)}/{self.nodes_total} nodes to {self.config.target}, "
-                f"{len(self.casts)} casts, {share_text}")
+                f"{len(self.casts)} casts")
+        if with_flops:
+            share = self.half_flop_share
+            line += (", MatMul/Conv FLOPs unknown (no static shapes)" if share is None
+                     else f", {share:.1%} of MatMul/Conv FLOPs in {self.config.target}")
         if self.validation is not None:
             v = self.validation
             line += (f"; validated in {v.runs} runs, {len(v.range_kept)} nodes kept for range, "

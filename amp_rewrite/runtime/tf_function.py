@@ -331,8 +331,7 @@ def _runtime_error(message: str) -> AmpRewriteError:
 
 def _summary(result) -> str:
     """The rewrite's numbers, without the FLOP share (which would build every body again)."""
-    return (f"converted {len(result.converted)}/{result.nodes_total} nodes to "
-            f"{result.config.target}, {len(result.casts)} casts")
+    return result.summary(with_flops=False)
 
 
 def _function_name(concrete_function) -> str:
