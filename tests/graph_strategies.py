@@ -48,8 +48,9 @@ result, so cancellation (``a - b`` with ``a ≈ b``) cannot cause false alarms.
 
 fp16-unsafe by construction, and how the recipes stay clear of it:
 
-- values are rescaled by powers of two (exact) to stay within [2^-3, 4] at
-  the top level and within 16 inside loop bodies, so no half op overflows;
+- values are rescaled by powers of two (exact, by at most 2^8 upwards) to
+  stay within [2^-3, 4] at the top level and within 16 inside loop bodies, so
+  no half op overflows;
 - Exp only reads ``tanh(x)``; Log reads ``|x| + 1`` and Sqrt ``|x| + 1/4``;
 - comparisons that decide a Select or a Cast read fed placeholders whose
   values are multiples of 1/64 in [-1, 1] (exact in both half types) against
@@ -442,11 +443,15 @@ class Builder:
     # -- normalisation keeps every value inside the half range --
 
     def normalise_top(self, a: Sym, env: dict) -> Sym:
-        """Scales a top-level value by a power of two so its largest magnitude lies in [1/8, 4]."""
+        """Scales a top-level value by a power of two so its largest magnitude lies in [1/8, 4].
+
+        Values below 2^-8 are left alone: scaling them up would need a factor
+        beyond the half range, and they hold little but rounding noise in half.
+        """
         peak = float(np.abs(evaluate(a, env).ref).max(initial=0.0))
         if peak > 4.0:
             a = self.scaled(a, 2.0 ** -math.ceil(math.log2(peak / 2.0)))
-        elif 0.0 < peak < 0.125:
+        elif 2.0 ** -8 <= peak < 0.125:
             a = self.scaled(a, 2.0 ** math.floor(math.log2(1.0 / peak)))
         a.bound = float(np.abs(evaluate(a, env).ref).max(initial=0.0))
         return a
@@ -1140,6 +1145,8 @@ class Verdict:
     converted: int = 0
     casts: int = 0
     worst_ratio: float = 0.0  # max |got - want| / tolerance over the fetched elements
+    elements: int = 0  # fetched float elements compared
+    loose: int = 0  # of which the tolerance exceeds a tenth of that fetch's largest magnitude
 
     @property
     def ok(self) -> bool:
@@ -1284,6 +1291,9 @@ def _check_numerics(built: Built, result, verdict: Verdict) -> None:
             verdict.failures["close to float32"] = (
                 f"{name}[{worst}]: rewritten {g[worst]!r}, float32 {w[worst]!r}, "
                 f"tolerance {tolerance[worst]!r}")
+        if w.dtype.kind == "f":
+            verdict.elements += w.size
+            verdict.loose += int(np.sum(tolerance > 0.1 * np.abs(w).max(initial=0.0)))
         finite = tolerance > 0
         if np.any(finite):
             ratio = float(np.max(np.where(finite, gap / np.where(finite, tolerance, 1.0), 0.0)))

@@ -56,7 +56,8 @@ def check_seed(seed: int, out_dir: Path | None, max_steps: int) -> dict:
     if not verdict.ok and out_dir is not None:
         save_failure(out_dir, seed, built, verdict.failures)
     return {"seed": seed, "failures": verdict.failures, "nodes": len(built.graph_def.node),
-            "converted": verdict.converted, "casts": verdict.casts, "worst_ratio": verdict.worst_ratio}
+            "converted": verdict.converted, "casts": verdict.casts, "worst_ratio": verdict.worst_ratio,
+            "elements": verdict.elements, "loose": verdict.loose}
 
 
 def save_failure(out_dir: Path, seed: int, built, failures: dict[str, str]) -> Path:
@@ -101,6 +102,8 @@ class Tally:
     converted: int = 0
     casts: int = 0
     worst_ratio: float = 0.0
+    elements: int = 0
+    loose: int = 0
 
     def add(self, summary: dict, known: set[str]) -> None:
         self.tried += 1
@@ -108,6 +111,8 @@ class Tally:
         self.converted += summary.get("converted", 0)
         self.casts += summary.get("casts", 0)
         self.worst_ratio = max(self.worst_ratio, summary.get("worst_ratio", 0.0))
+        self.elements += summary.get("elements", 0)
+        self.loose += summary.get("loose", 0)
         failures = summary["failures"]
         if failures:
             self.failed += 1
@@ -188,6 +193,9 @@ def run(args) -> int:
     print(f"done: {tally.tried} graphs ({tally.nodes} nodes, {tally.converted} converted, {tally.casts} casts) "
           f"in {elapsed:.0f} s; {tally.failed} failing, {tally.unknown_failed} on properties not --known",
           flush=True)
+    if tally.elements:
+        print(f"tolerance above a tenth of the output's magnitude for {tally.loose / tally.elements:.1%} "
+              f"of {tally.elements} fetched values", flush=True)
     if tally.failing_seeds:
         print(f"failing seeds (first 20): {tally.failing_seeds[:20]}; graphs saved in {out_dir}", flush=True)
     return 1 if tally.unknown_failed else 0
