@@ -83,6 +83,7 @@ def write_atomic(path: str | os.PathLike, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes private files; outputs get the usual mode
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -95,6 +96,12 @@ def write_atomic(path: str | os.PathLike, data: bytes) -> None:
 def save_graph_def(graph_def, path: str | os.PathLike, *, output_format: str | None = None) -> None:
     """Writes a GraphDef atomically, binary or text by ``output_format`` or the file name."""
     write_atomic(path, graph_def_bytes(graph_def, format_of(path, output_format)))
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _first_line(exc: Exception) -> str:
@@ -173,6 +180,7 @@ def save_saved_model(saved, source: str | os.PathLike, target: str | os.PathLike
         raise InputFileError(f"{target}: already exists; remove it, choose another path, or pass --in-place")
     parent = target.parent if str(target.parent) else Path(".")
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=parent))
+    os.chmod(staging, 0o777 & ~_umask())
     try:
         for sub in ("variables", "assets", "assets.extra"):
             if (source / sub).is_dir():

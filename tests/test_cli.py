@@ -107,3 +107,14 @@ def test_bundled_example_rewrites(tmp_path):
     assert proc.stdout.startswith("converted ")
     gd = tf.compat.v1.GraphDef.FromString((tmp_path / "mlp_amp.pb").read_bytes())
     assert any(n.op == "MatMul" and n.attr["T"].type == F16 for n in gd.node)
+
+
+def test_outputs_get_the_usual_file_mode(graph_file, tmp_path):
+    out, report = tmp_path / "out.pb", tmp_path / "r.json"
+    old = os.umask(0o022)
+    try:
+        assert cli(graph_file, out, "--report", report, "-q", cwd=tmp_path).returncode == 0
+    finally:
+        os.umask(old)
+    assert out.stat().st_mode & 0o777 == 0o644
+    assert report.stat().st_mode & 0o777 == 0o644
