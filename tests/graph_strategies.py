@@ -141,6 +141,7 @@ class Step:
         count: loop trip count.
         body: loop body, or the true branch of a cond.
         orelse: the false branch of a cond.
+        device: a device to pin the step's ops to ("" for none).
     """
 
     kind: str
@@ -150,10 +151,11 @@ class Step:
     count: int = 0
     body: tuple["Step", ...] = ()
     orelse: tuple["Step", ...] = ()
+    device: str = ""
 
     def __repr__(self) -> str:
         parts = [repr(self.kind), f"picks={self.picks}"]
-        for name in ("seed", "option", "count"):
+        for name in ("seed", "option", "count", "device"):
             if getattr(self, name):
                 parts.append(f"{name}={getattr(self, name)}")
         for name in ("body", "orelse"):
@@ -168,13 +170,15 @@ class Recipe:
 
     ``fetches`` holds (pick among computed values, mode), mode being
     ``"identity"`` (fetch an Identity of it), ``"direct"`` (fetch the tensor
-    itself) or ``"shape"`` (fetch its int32 Shape).
+    itself) or ``"shape"`` (fetch its int32 Shape). ``preserve`` picks
+    computed values whose nodes the rewrite must leave alone.
     """
 
     steps: tuple[Step, ...]
     fetches: tuple[tuple[int, str], ...]
     target: str = "float16"
     level: str = "DEFAULT"
+    preserve: tuple[int, ...] = ()
 
 
 # (kind, number of picks, weight at top level); bodies use the weight too when allowed there.
@@ -196,6 +200,8 @@ _KINDS: tuple[tuple[str, int, int], ...] = (
 ARITY = {kind: arity for kind, arity, _ in _KINDS}
 _TOP_TABLE = tuple((kind, weight) for kind, _, weight in _KINDS)
 _BODY_TABLE = tuple((kind, weight) for kind, _, weight in _KINDS[:_KINDS.index(("select_bool", 2, 1))])
+_NESTING_TABLE = _BODY_TABLE + (("while", 2), ("cond", 2))  # inside a loop or branch, one level down
+_DEVICES = (("", 14), ("/device:GPU:0", 1), ("/device:CPU:0", 1))
 TARGETS = (("float16", 4), ("bfloat16", 1))
 LEVELS = (("DEFAULT", 6), ("TENSOR_CORES_ONLY", 1), ("TREAT_INFER_AS_DENY", 1))
 
@@ -205,7 +211,10 @@ def make_recipe(chooser: Chooser, *, max_steps: int = 16) -> Recipe:
     steps = tuple(_make_step(chooser, _TOP_TABLE, depth=0) for _ in range(chooser.integer(1, max_steps)))
     fetches = tuple((chooser.integer(0, 7), chooser.weighted((("identity", 3), ("direct", 2), ("shape", 1))))
                     for _ in range(chooser.integer(1, 3)))
-    return Recipe(steps, fetches, target=chooser.weighted(TARGETS), level=chooser.weighted(LEVELS))
+    target, level = chooser.weighted(TARGETS), chooser.weighted(LEVELS)
+    preserved = int(chooser.weighted((("0", 4), ("1", 1), ("2", 1))))
+    preserve = tuple(chooser.integer(0, 15) for _ in range(preserved))
+    return Recipe(steps, fetches, target=target, level=level, preserve=preserve)
 
 
 def _make_step(chooser: Chooser, table, depth: int) -> Step:
@@ -213,14 +222,16 @@ def _make_step(chooser: Chooser, table, depth: int) -> Step:
     picks = tuple(chooser.integer(0, 7) for _ in range(ARITY[kind]))
     seed = chooser.integer(0, 2**16)
     option = chooser.integer(0, 7)
+    device = chooser.weighted(_DEVICES)
+    inner = _NESTING_TABLE if depth == 0 else _BODY_TABLE
     if kind == "while":
-        body = tuple(_make_step(chooser, _BODY_TABLE, depth + 1) for _ in range(chooser.integer(1, 3)))
-        return Step(kind, picks, seed, option, count=chooser.integer(1, 3), body=body)
+        body = tuple(_make_step(chooser, inner, depth + 1) for _ in range(chooser.integer(1, 3)))
+        return Step(kind, picks, seed, option, count=chooser.integer(1, 3), body=body, device=device)
     if kind == "cond":
-        true_branch = tuple(_make_step(chooser, _BODY_TABLE, depth + 1) for _ in range(chooser.integer(0, 2)))
-        false_branch = tuple(_make_step(chooser, _BODY_TABLE, depth + 1) for _ in range(chooser.integer(0, 2)))
-        return Step(kind, picks, seed, option, body=true_branch, orelse=false_branch)
-    return Step(kind, picks, seed, option)
+        true_branch = tuple(_make_step(chooser, inner, depth + 1) for _ in range(chooser.integer(0, 2)))
+        false_branch = tuple(_make_step(chooser, inner, depth + 1) for _ in range(chooser.integer(0, 2)))
+        return Step(kind, picks, seed, option, body=true_branch, orelse=false_branch, device=device)
+    return Step(kind, picks, seed, option, device=device)
 
 
 @st.composite
@@ -239,15 +250,17 @@ def recipe_from_seed(seed: int, *, max_steps: int = 16) -> Recipe:
 
 @dataclass(frozen=True)
 class Precision:
-    """Unit roundoff ``u`` and absolute rounding floor ``eta`` of a floating type."""
+    """Unit roundoff ``u``, absolute rounding floor ``eta`` and largest finite value of a floating type."""
 
     u: float
     eta: float
+    max: float
 
 
 # float16: subnormal spacing 2^-24; bfloat16: TensorFlow's CPU kernels flush below 2^-126.
-PRECISIONS = {"float16": Precision(2.0**-11, 2.0**-25), "bfloat16": Precision(2.0**-8, 2.0**-126)}
-SINGLE = Precision(2.0**-24, 2.0**-126)
+PRECISIONS = {"float16": Precision(2.0**-11, 2.0**-25, 65504.0),
+              "bfloat16": Precision(2.0**-8, 2.0**-126, 3.38e38)}
+SINGLE = Precision(2.0**-24, 2.0**-126, 3.4e38)
 FLOAT16 = PRECISIONS["float16"]
 
 
@@ -376,12 +389,17 @@ class Built:
 
 
 class Scope:
-    """The values visible to the steps of one block (top level, loop body or cond branch)."""
+    """The values visible to the steps of one block (top level, loop body or cond branch).
 
-    def __init__(self, values: list[Sym], *, top_level: bool, env: dict):
+    ``pred`` is the (tensor, value) a cond nested in this block branches on:
+    a placeholder fed outside the enclosing loop or cond.
+    """
+
+    def __init__(self, values: list[Sym], *, top_level: bool, env: dict, pred=None):
         self.values = values
         self.top_level = top_level
         self.env = env
+        self.pred = pred
 
     def pick(self, k: int) -> Sym:
         return self.values[-1 - (k % len(self.values))]
@@ -469,7 +487,7 @@ class Builder:
         produced = []
         for step in steps:
             self.counter += 1
-            with tf.name_scope(f"s{self.counter}_{step.kind}"):
+            with tf.name_scope(f"s{self.counter}_{step.kind}"), tf.device(step.device or None):
                 inputs = [scope.pick(k) for k in step.picks]
                 outs = STEP_KINDS[step.kind](self, step, inputs, scope)
                 normalise = (lambda s: self.normalise_top(s, scope.env)) if scope.top_level \
@@ -490,13 +508,15 @@ def build(recipe: Recipe) -> Built:
                    (), 1.0, source=True)
         scope = Scope([x0], top_level=True, env=env)
         computed = b.run_steps(recipe.steps, scope)
-        fetches, expected = _fetches(recipe, [s for s in computed if not s.source] or [x0], env)
+        candidates = [s for s in computed if not s.source] or [x0]
+        fetches, expected = _fetches(recipe, candidates, env)
+        preserve = sorted({candidates[-1 - (k % len(candidates))].tensor.op.name for k in recipe.preserve})
         init = None
         if b.variables:
             init = tf1.variables_initializer(b.variables, name=INIT_OP).name
     graph_def = b.graph.as_graph_def()
     rewrite_fetches = [name.removesuffix(":0") for name in fetches] + ([init] if init else [])
-    config = Config(device_type="CPU", target=recipe.target, level=recipe.level)
+    config = Config(device_type="CPU", target=recipe.target, level=recipe.level, preserve=tuple(preserve))
     return Built(recipe, b.graph, graph_def, fetches, rewrite_fetches, b.feeds, init, expected, config)
 
 
@@ -1013,11 +1033,13 @@ def _while(b: Builder, step: Step, ins, scope):
     bound_h, bound_g = max(h0.bound, 1.0), (g0.bound if passthrough else max(g0.bound, 1.0))
     holders = {}
 
+    pred = _nested_pred(b, step, scope)
+
     def body(i, h, g):
         h_in = Sym(h, None, (), bound_h)
         g_in = Sym(g, None, (), bound_g)
         holders.update(h=h_in, g=g_in)
-        inner = Scope([captured, g_in, h_in], top_level=False, env={})
+        inner = Scope([captured, g_in, h_in], top_level=False, env={}, pred=pred)
         produced = b.run_steps(step.body, inner)
         last = produced[-1] if produced else h_in
         new_h = _elementwise(tf.math.tanh, np.tanh, 1.0, lambda m: 1.0)(b, step, [last], inner)[0]
@@ -1049,20 +1071,33 @@ def _no_ref(tensor):
     return tf.identity(tensor) if tensor.dtype._is_ref_dtype else tensor
 
 
+def _fed_pred(b: Builder, step: Step):
+    """A predicate: a fed bool, or ``p > 0`` on a fed float (exact in half either way)."""
+    if step.option & 1:
+        pred, value = b.fed(step.seed, (), tf.bool, name="pred")
+        return pred, bool(value)
+    p, value = b.fed(step.seed, (), name="p")
+    return tf.math.greater(p, np.float32(0.0)), bool(value > 0.0)
+
+
+def _nested_pred(b: Builder, step: Step, scope: Scope):
+    """The predicate for conds nested in this step's blocks: made here at top level, else inherited."""
+    if not scope.top_level:
+        return scope.pred
+    with tf.name_scope("nested"):
+        return _fed_pred(b, replace(step, seed=step.seed + 1, option=step.option >> 1))
+
+
 def _cond(b: Builder, step: Step, ins, scope):
     """A tf.compat.v1 cond on a fed predicate; each branch runs its steps on the picked values."""
     a, c = ins
-    if step.option & 1:
-        pred, value = b.fed(step.seed, (), tf.bool, name="pred")
-        taken = bool(value)
-    else:
-        p, value = b.fed(step.seed, (), name="p")
-        pred, taken = tf.math.greater(p, np.float32(0.0)), bool(value > 0.0)
+    pred, taken = _fed_pred(b, step) if scope.top_level else scope.pred
+    nested = _nested_pred(b, step, scope)
     outs = {}
 
     def branch(steps, key):
         def fn():
-            inner = Scope([c, a], top_level=False, env={})
+            inner = Scope([c, a], top_level=False, env={}, pred=nested)
             produced = b.run_steps(steps, inner)
             outs[key] = produced[-1] if produced else inner.values[-1 - (step.option >> 1) % 2]
             return tf.identity(outs[key].tensor)
@@ -1102,29 +1137,51 @@ assert set(STEP_KINDS) == set(ARITY), set(STEP_KINDS) ^ set(ARITY)
 _V1_CONTROL_FLOW = frozenset({"Enter", "RefEnter", "Switch", "RefSwitch", "Merge", "RefMerge"})
 
 
-def session_config(graph: tf.Graph):
-    """One thread each (the graphs are tiny); Grappler off for graphs with v1 control flow.
+def grappler_works_on(graph: tf.Graph) -> bool:
+    """Whether to run ``graph`` with Grappler: not when it has v1 control flow.
 
     On v1 loops and conds TensorFlow 2.21's Grappler misbehaves on graphs of
     ours, the float32 original as much as the rewrite: it never returns
     (arithmetic optimizer on ``Reshape(Reshape(Enter(Identity(VariableV2))))``;
     an inference FusedBatchNorm in a loop body), builds a Mul with inputs from
     two frames, or leaves a cond's Merge without a value when both branches
-    read one tensor. Those graphs run unoptimised; the others with Grappler.
+    read one tensor.
     """
-    config = tf1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1)
-    if any(op.type in _V1_CONTROL_FLOW for op in graph.get_operations()):
-        config.graph_options.rewrite_options.disable_meta_optimizer = True
+    return not any(op.type in _V1_CONTROL_FLOW for op in graph.get_operations())
+
+
+def session_config(*, optimize: bool):
+    """One thread each (the graphs are tiny), soft placement (some steps are pinned to a GPU)."""
+    config = tf1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1,
+                             allow_soft_placement=True)
+    config.graph_options.rewrite_options.disable_meta_optimizer = not optimize
     return config
 
 
-def run_graph(graph: tf.Graph, fetches: list[str], feeds: dict[str, np.ndarray], init: str | None) -> list:
+def run_graph(graph: tf.Graph, fetches: list[str], feeds: dict[str, np.ndarray], init: str | None,
+              *, optimize: bool = True) -> list:
     """Runs ``fetches`` of ``graph`` on ``feeds`` in a fresh Session, after ``init`` if given."""
-    with tf1.Session(graph=graph, config=session_config(graph)) as sess:
+    with tf1.Session(graph=graph, config=session_config(optimize=optimize)) as sess:
         if init:
             sess.run(graph.get_operation_by_name(init))
         return sess.run([graph.get_tensor_by_name(f) for f in fetches],
                         {graph.get_tensor_by_name(k): v for k, v in feeds.items()})
+
+
+def run_reference(built: Built) -> tuple[list, bool]:
+    """The float32 outputs, and whether Grappler was on to get them.
+
+    Grappler is tried first where it can work at all; when it fails on the
+    float32 graph itself (TensorFlow 2.21's constant folding breaks some
+    depthwise convolutions, for one), the graph runs unoptimised instead and
+    the rewritten graph is then run the same way.
+    """
+    if grappler_works_on(built.graph):
+        try:
+            return run_graph(built.graph, built.fetches, built.feeds, built.init), True
+        except tf.errors.OpError:
+            logger.info("Grappler fails on the float32 graph of %r; running it unoptimised", built.recipe)
+    return run_graph(built.graph, built.fetches, built.feeds, built.init, optimize=False), False
 
 
 def import_graph(graph_def) -> tf.Graph:
@@ -1176,7 +1233,7 @@ def check_rewrite(built: Built) -> Verdict:
     verdict.converted, verdict.casts = len(result.converted), len(result.casts)
     checks = (_input_untouched(built, before), _deterministic(built, result), _order_independent(built, result),
               _idempotent(built, result), _casts_change_type(result), _no_new_round_trips(built, result),
-              _report_complete(built, result))
+              _report_complete(built, result), _allow_ops_convert(built, result), _deny_ops_stay(built, result))
     for name, detail in checks:
         if detail:
             verdict.failures[name] = detail
@@ -1246,6 +1303,33 @@ def _no_new_round_trips(built: Built, result):
     return "no half round trip", (f"Cast pairs half -> float32 -> half: {sorted(new)}" if new else None)
 
 
+# Ops with CPU half kernels for both targets, always on the allow list; and ops on each deny list.
+_ALLOW_OPS = frozenset({"MatMul", "Conv2D", "BatchMatMulV2", "Einsum", "DepthwiseConv2dNative"})
+_DENY_OPS = {"float16": frozenset({"Exp", "Sum", "Mean"}), "bfloat16": frozenset({"Exp"})}
+
+
+def _left_alone(built: Built) -> set[str]:
+    """Nodes the rewrite must not change: fetched, preserved, or pinned to a GPU."""
+    kept = {name.split(":")[0] for name in built.rewrite_fetches} | set(built.config.preserve)
+    return kept | {n.name for n in built.graph_def.node if "GPU" in n.device}
+
+
+def _allow_ops_convert(built: Built, result):
+    converted, kept = set(result.converted), _left_alone(built)
+    missed = sorted(n.name for n in built.graph_def.node
+                    if n.op in _ALLOW_OPS and n.name not in kept and n.name not in converted)
+    wrongly = sorted(kept & converted)
+    if missed:
+        return "allow ops convert", f"allow-list ops left float32: {missed[:5]}"
+    return "allow ops convert", (f"fetched, preserved or GPU nodes changed: {wrongly[:5]}" if wrongly else None)
+
+
+def _deny_ops_stay(built: Built, result):
+    deny = _DENY_OPS[built.config.target]
+    changed = sorted(n.name for n in built.graph_def.node if n.op in deny and n.name in set(result.converted))
+    return "deny ops stay float32", (f"deny-list ops converted: {changed[:5]}" if changed else None)
+
+
 def _report_complete(built: Built, result):
     nodes = result.report()["nodes"]
     names = {n.name for n in built.graph_def.node}
@@ -1263,12 +1347,12 @@ def _report_complete(built: Built, result):
 
 def _check_numerics(built: Built, result, verdict: Verdict) -> None:
     try:
-        want = run_graph(built.graph, built.fetches, built.feeds, built.init)
+        want, optimize = run_reference(built)
     except Exception as exc:  # noqa: BLE001
         verdict.failures["harness: float32 graph runs"] = f"{type(exc).__name__}: {exc}"
         return
     try:
-        got = run_graph(import_graph(result.graph_def), built.fetches, built.feeds, built.init)
+        got = run_graph(import_graph(result.graph_def), built.fetches, built.feeds, built.init, optimize=optimize)
     except Exception as exc:  # noqa: BLE001
         verdict.failures["runs"] = f"{type(exc).__name__}: {str(exc)[:2000]}"
         return
@@ -1285,9 +1369,17 @@ def _check_numerics(built: Built, result, verdict: Verdict) -> None:
             verdict.failures["harness: float32 matches exact"] = (
                 f"{name}[{worst}]: float32 {w[worst]!r}, exact {expected.ref[worst]!r}, "
                 f"bound {expected.err[worst]!r}")
-        gap = np.abs(g.astype(np.float64) - w.astype(np.float64))
+        # Where the bound keeps the value inside the half range, the rewrite must not overflow;
+        # elsewhere (errors compounded past the range) an inf proves nothing.
+        guarded = np.abs(expected.ref) + expected.err < target.max
+        lost = guarded & np.isfinite(w) & ~np.isfinite(g)
+        if np.any(lost):
+            worst = np.unravel_index(np.argmax(lost), g.shape)
+            verdict.failures["finite"] = f"{name}[{worst}]: rewritten {g[worst]!r}, float32 {w[worst]!r}"
+            continue
+        gap = np.where(guarded, np.abs(g.astype(np.float64) - w.astype(np.float64)), 0.0)
         if not np.all(gap <= tolerance):
-            worst = np.unravel_index(np.argmax(gap - tolerance), gap.shape)
+            worst = np.unravel_index(np.argmax(np.where(gap <= tolerance, -np.inf, 1.0)), gap.shape)
             verdict.failures["close to float32"] = (
                 f"{name}[{worst}]: rewritten {g[worst]!r}, float32 {w[worst]!r}, "
                 f"tolerance {tolerance[worst]!r}")
