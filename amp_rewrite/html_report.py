@@ -408,6 +408,7 @@ header .stat b { color: #fff; }
 #count { padding: 0 10px 6px; color: #495057; }
 #list { flex: 1; overflow-y: auto; position: relative; border-top: 1px solid var(--line); min-height: 80px; }
 #spacer { position: relative; }
+#spacer::before { content: attr(data-empty); position: absolute; left: 10px; top: 4px; color: #868e96; }
 .row { position: absolute; left: 0; right: 0; height: 22px; display: flex; align-items: center; gap: 6px;
        padding: 0 10px; cursor: pointer; white-space: nowrap; }
 .row:hover { background: #f1f3f5; }
@@ -458,7 +459,7 @@ const t0 = performance.now();
 const D = JSON.parse(document.getElementById("graph-data").textContent);
 const n = D.name.length;
 const CAT_COLOURS = D.categories.map(c => getComputedStyle(document.documentElement).getPropertyValue("--" + c).trim());
-const DX = 60, DY = 16, NODE_W = 34, NODE_H = 10, ROW_H = 22;
+const DX = 66, DY = 20, NODE_W = 44, NODE_H = 13, ROW_H = 22, CROSSING_EDGES_UP_TO = 3000;
 
 // ---- adjacency -------------------------------------------------------------
 const inputs = Array.from({length: n}, () => []), outputs = Array.from({length: n}, () => []);
@@ -474,19 +475,18 @@ function wrapBands() {
   for (let i = 0; i < n; i++) cols = Math.max(cols, D.col[i] + 1);
   const height = new Int32Array(cols);
   for (let i = 0; i < n; i++) height[D.col[i]] = Math.max(height[D.col[i]], D.row[i] + 1);
-  const el = document.getElementById("main"), W = el.clientWidth || 1000, H = el.clientHeight || 700;
+  const el = document.getElementById("main"), W = (el.clientWidth || 1000) - 24, H = (el.clientHeight || 700) - 78;
   const bandHeight = (b, per) => { let m = 0; for (let c = b * per; c < Math.min(cols, (b + 1) * per); c++) m = Math.max(m, height[c]); return (m + 2) * DY; };
   const fitScale = bands => {
     const per = Math.ceil(cols / bands);
     let h = 0; for (let b = 0; b < bands; b++) h += bandHeight(b, per);
     return Math.min(W / (per * DX), H / h);
   };
+  // Wrap into bands when that draws the nodes at least a third larger than one long row.
   let best = 1, bestScale = fitScale(1);
-  if (bestScale * NODE_W < 16) {          // too small to read on one row: wrap into bands
-    for (let bands = 2; bands <= cols; bands++) {
-      const s = fitScale(bands);
-      if (s > bestScale) { best = bands; bestScale = s; } else if (s < bestScale * 0.8) break;
-    }
+  for (let bands = 2; bands <= cols; bands++) {
+    const s = fitScale(bands);
+    if (s > bestScale * (best === 1 ? 1.33 : 1)) { best = bands; bestScale = s; } else if (s < bestScale * 0.8) break;
   }
   const per = Math.ceil(cols / best);
   let top = 0;
@@ -515,10 +515,10 @@ function resize() {
   const r = canvas.getBoundingClientRect();
   canvas.width = Math.max(1, Math.round(r.width * dpr)); canvas.height = Math.max(1, Math.round(r.height * dpr));
 }
-function fit() {
-  const r = canvas.getBoundingClientRect();
-  scale = Math.min((r.width - 20) / worldW, (r.height - 20) / worldH);
-  ox = (r.width - worldW * scale) / 2; oy = (r.height - worldH * scale) / 2;
+function fit() {             // leave room for the Fit button above and the status line below
+  const r = canvas.getBoundingClientRect(), top = 48, bottom = 30, side = 12;
+  scale = Math.min((r.width - 2 * side) / worldW, (r.height - top - bottom) / worldH);
+  ox = (r.width - worldW * scale) / 2; oy = top + (r.height - top - bottom - worldH * scale) / 2;
   redraw();
 }
 function centreOn(i) {
@@ -546,12 +546,23 @@ function draw() {
     const alpha = Math.min(0.4, 0.08 * NODE_W * scale / 8) * (matches ? 0.4 : 1);
     ctx.strokeStyle = `rgba(73,80,87,${alpha.toFixed(3)})`;
     ctx.beginPath();
+    const crossing = [];
     for (let k = 0; k < D.edges.length; k += 2) {
       const s = D.edges[k], d = D.edges[k + 1];
-      if (band[s] !== band[d] || !(inView(s) || inView(d))) continue;
+      if (band[s] !== band[d]) { if (n <= CROSSING_EDGES_UP_TO) crossing.push(s, d); continue; }
+      if (!(inView(s) || inView(d))) continue;
       ctx.moveTo(X[s] + hw, Y[s]); ctx.lineTo(X[d] - hw, Y[d]);
     }
     ctx.stroke();
+    if (crossing.length) {     // from one band to another: a curve leaving right, arriving from the left
+      ctx.strokeStyle = "rgba(73,80,87,0.22)"; ctx.beginPath();
+      for (let k = 0; k < crossing.length; k += 2) {
+        const s = crossing[k], d = crossing[k + 1], bend = 3 * DX;
+        ctx.moveTo(X[s] + hw, Y[s]);
+        ctx.bezierCurveTo(X[s] + hw + bend, Y[s], X[d] - hw - bend, Y[d], X[d] - hw, Y[d]);
+      }
+      ctx.stroke();
+    }
   }
   if (selected >= 0) drawEdgesOf(selected, hw);
   // nodes, batched by colour
@@ -608,7 +619,7 @@ function fitted(text, width) {
 }
 function drawLabels(inView) {
   ctx.textBaseline = "middle"; ctx.textAlign = "center";
-  const size = Math.min(NODE_H * 0.78, 10 / scale);       // about 10 screen pixels, never taller than a node
+  const size = Math.min(NODE_H * 0.8, 12 / scale);        // about 12 screen pixels, never taller than a node
   ctx.font = `${size}px system-ui, sans-serif`;
   const detailed = NODE_H * scale >= 22;
   for (let i = 0; i < n; i++) {
@@ -694,7 +705,8 @@ function applyQuery(text) {
   document.getElementById("count").textContent = query
     ? `${shown.length.toLocaleString()} of ${n.toLocaleString()} nodes match “${text.trim()}”`
     : `${shown.length.toLocaleString()} nodes`;
-  spacer.style.height = shown.length * ROW_H + "px";
+  spacer.style.height = Math.max(shown.length, 1) * ROW_H + "px";
+  spacer.dataset.empty = shown.length ? "" : "No node matches.";
   list.scrollTop = 0;
   renderRows(); redraw();
 }
