@@ -13,7 +13,20 @@ checks the properties.
 Every value the steps pass around is a float32 ``[8, 8]`` matrix; a step may
 reshape, convolve or split it internally. Steps read earlier values by
 ``pick``: 0 is the most recent value, 1 the one before, and so on (modulo the
-number of values), so any list of steps builds a valid graph.
+number of values), so any list of steps builds a valid graph. Besides the op
+steps there are sources (placeholders, Consts, resource and ref variables,
+Casts from bool and int), v1 while loops and conds (nested one level), steps
+pinned to a GPU (left alone by a CPU rewrite, run with soft placement), and
+nodes to preserve.
+
+Properties (:func:`check_rewrite`): the rewrite succeeds and leaves its input
+alone; it gives the same bytes twice and the same conversions for the nodes
+in reverse order; rewriting its output changes nothing; every Cast it adds
+changes the type, and no new half → float32 → half Cast pair appears; the
+report names every node, and so does the HTML page drawn from it; allow-list
+ops convert unless fetched, preserved or pinned, and deny-list ops do not;
+the output imports and runs, and fetched
+tensors keep their dtype and agree with float32 within the model below.
 
 Tolerance model (running error analysis). For each tensor ``y`` we carry
 ``err(y)``, an elementwise bound on ``|y_computed - y_exact|`` that holds
@@ -45,6 +58,9 @@ output ``want`` must satisfy ``|got - want| <= err_half + err_single``, where
 err_half``, which catches a wrong NumPy model here rather than blaming the
 rewrite. The bound is relative to the magnitudes of the operands, not of the
 result, so cancellation (``a - b`` with ``a ≈ b``) cannot cause false alarms.
+An element whose bound reaches past the largest half value (errors that
+compound, such as squaring a matrix 24 times) is not judged: there the half
+result may legitimately be anything, inf included.
 
 fp16-unsafe by construction, and how the recipes stay clear of it:
 
@@ -63,7 +79,6 @@ fp16-unsafe by construction, and how the recipes stay clear of it:
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import random
@@ -1233,7 +1248,8 @@ def check_rewrite(built: Built) -> Verdict:
     verdict.converted, verdict.casts = len(result.converted), len(result.casts)
     checks = (_input_untouched(built, before), _deterministic(built, result), _order_independent(built, result),
               _idempotent(built, result), _casts_change_type(result), _no_new_round_trips(built, result),
-              _report_complete(built, result), _allow_ops_convert(built, result), _deny_ops_stay(built, result))
+              _report_complete(built, result), _allow_ops_convert(built, result), _deny_ops_stay(built, result),
+              _html_report_renders(result))
     for name, detail in checks:
         if detail:
             verdict.failures[name] = detail
@@ -1343,6 +1359,18 @@ def _report_complete(built: Built, result):
     if not set(result.casts) <= out_names - names:
         return "report", "casts are not new nodes of the output"
     return "report", None
+
+
+def _html_report_renders(result):
+    import json
+
+    from amp_rewrite.html_report import render_html
+
+    page = render_html(result, title="fuzz")
+    start = page.index('id="graph-data">') + len('id="graph-data">')
+    names = json.loads(page[start:page.index("</script>", start)])["name"]
+    same = names == [node.name for node in result.graph_def.node]
+    return "html report", None if same else "the page's data does not list the rewritten graph's nodes"
 
 
 def _check_numerics(built: Built, result, verdict: Verdict) -> None:
