@@ -6,6 +6,7 @@ properties for as many graphs as you like, outside pytest.
 """
 
 import os
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -22,13 +23,18 @@ settings.register_profile(
 settings.register_profile("amp-fuzz-long", parent=settings.get_profile("amp-fuzz-ci"), max_examples=2000)
 PROFILE = settings.get_profile(os.environ.get("AMP_FUZZ_PROFILE", "amp-fuzz-ci"))
 
-# Properties the core is known to break, each reproduced by an xfail(strict) test
-# in test_fuzz_regressions.py. Drop an entry when that test starts passing.
-KNOWN_CORE_BUGS: dict[str, str] = {}
+# Failures the core is known to cause: property → a pattern its detail matches only
+# for that bug. Each is reproduced by an xfail(strict) test in test_fuzz_regressions.py;
+# drop the entry when that test starts passing.
+KNOWN_CORE_BUGS: dict[str, str] = {
+    # test_preserved_next_iteration_keeps_float32
+    "left alone": r"fetched, preserved or GPU nodes changed: \[('[^']*/NextIteration(_\d+)?'(, )?)+\]",
+}
 
 
 def unexpected_failures(verdict) -> dict[str, str]:
-    return {name: detail for name, detail in verdict.failures.items() if name not in KNOWN_CORE_BUGS}
+    return {name: detail for name, detail in verdict.failures.items()
+            if not (name in KNOWN_CORE_BUGS and re.fullmatch(KNOWN_CORE_BUGS[name], detail))}
 
 
 @settings(PROFILE)
@@ -144,6 +150,15 @@ def test_a_rewrite_that_converts_nothing_fails_the_allow_check(monkeypatch):
 
     monkeypatch.setattr(gs, "rewrite", keep_everything)
     assert "allow ops convert" in check_rewrite(build(SMALL)).failures
+
+
+def test_known_core_bugs_excuse_only_their_own_failures():
+    class Verdict:
+        failures = {"left alone": "fetched, preserved or GPU nodes changed: ['loop/NextIteration_1']"}
+
+    assert unexpected_failures(Verdict) == {}
+    Verdict.failures = {"left alone": "fetched, preserved or GPU nodes changed: ['loop/MatMul']"}
+    assert unexpected_failures(Verdict) == Verdict.failures
 
 
 def test_half_round_trips_are_found():

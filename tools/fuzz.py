@@ -57,7 +57,7 @@ def check_seed(seed: int, out_dir: Path | None, max_steps: int) -> dict:
         save_failure(out_dir, seed, built, verdict.failures)
     return {"seed": seed, "failures": verdict.failures, "nodes": len(built.graph_def.node),
             "converted": verdict.converted, "casts": verdict.casts, "worst_ratio": verdict.worst_ratio,
-            "elements": verdict.elements, "loose": verdict.loose}
+            "elements": verdict.elements, "loose": verdict.loose, "optimized": verdict.optimized}
 
 
 def save_failure(out_dir: Path, seed: int, built, failures: dict[str, str]) -> Path:
@@ -104,6 +104,7 @@ class Tally:
     worst_ratio: float = 0.0
     elements: int = 0
     loose: int = 0
+    optimized: int = 0
 
     def add(self, summary: dict, known: set[str]) -> None:
         self.tried += 1
@@ -113,6 +114,7 @@ class Tally:
         self.worst_ratio = max(self.worst_ratio, summary.get("worst_ratio", 0.0))
         self.elements += summary.get("elements", 0)
         self.loose += summary.get("loose", 0)
+        self.optimized += int(summary.get("optimized", False))
         failures = summary["failures"]
         if failures:
             self.failed += 1
@@ -193,6 +195,8 @@ def run(args) -> int:
     print(f"done: {tally.tried} graphs ({tally.nodes} nodes, {tally.converted} converted, {tally.casts} casts) "
           f"in {elapsed:.0f} s; {tally.failed} failing, {tally.unknown_failed} on properties not --known",
           flush=True)
+    print(f"{tally.optimized} graphs ran with Grappler, the others (v1 control flow, or Grappler wrong "
+          f"on the float32 graph) without", flush=True)
     if tally.elements:
         print(f"tolerance above a tenth of the output's magnitude for {tally.loose / tally.elements:.1%} "
               f"of {tally.elements} fetched values", flush=True)
