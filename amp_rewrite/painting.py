@@ -459,11 +459,13 @@ def match_loop_edges(ctx: PaintContext, painting: Painting) -> None:
         if nxt is None or not merges:
             continue
         blocker = next((m for m in merges if m not in painting.allow), None)
+        if blocker is None and not ctx.can_convert(nxt):
+            blocker = nxt  # a NextIteration that must stay float32 keeps its Merges float32
         if blocker is not None:
             for m in merges:
                 painting.unmark_allow(m, "loop variable: another Merge of its NextIteration stays float32", blocker)
             painting.unmark_allow(nxt, "loop variable: its Merge stays float32", blocker)
-        elif ctx.is_float32(nxt):
+        else:
             painting.mark_allow(nxt, "loop variable: its Merge is half", merges[0])
 
 

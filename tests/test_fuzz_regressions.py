@@ -35,9 +35,6 @@ def test_mixed_consumers_of_a_widening_cast_get_no_round_trip():
     assert half_round_trips(out) == set(), half_round_trips(out)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "match_loop_edges paints a NextIteration ALLOW when its Merges are, without asking "
-    "ctx.processable(), so a preserved (or GPU-pinned) NextIteration is retyped to half"))
 def test_preserved_next_iteration_keeps_float32():
     """A preserved NextIteration keeps float32, so its Merge (which it must feed directly) does too."""
     g = tf.Graph()
