@@ -13,3 +13,17 @@ def _no_amp_env(monkeypatch):
     for name in list(os.environ):
         if name.startswith(ENV_PREFIX):
             monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def amp_runtime():
+    """Starts the runtime with ``settings`` (default: an empty environment's); it is off before and after."""
+    from amp_rewrite import runtime
+    from amp_rewrite.runtime.settings import RuntimeSettings
+
+    def start(settings=None):
+        runtime.enable(settings=settings or RuntimeSettings())
+
+    runtime.disable()
+    yield start
+    runtime.disable()

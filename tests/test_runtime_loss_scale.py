@@ -11,15 +11,6 @@ from amp_rewrite.runtime.settings import LossScaleSettings, RuntimeSettings
 from helpers import tf1
 
 
-@pytest.fixture
-def amp_runtime():
-    def start(settings=None):
-        runtime.enable(settings=settings or RuntimeSettings())
-
-    runtime.disable()
-    yield start
-    runtime.disable()
-
 
 def run_updates(settings, finite_steps, initial=None):
     """Runs the state update once per entry of ``finite_steps``; returns (scale, good, skipped) after each."""

@@ -16,16 +16,6 @@ from helpers import rng, tf1
 X = rng().normal(size=(4, 8)).astype(np.float32)
 
 
-@pytest.fixture
-def amp_runtime():
-    """Turns the runtime on with ``settings`` (default: from an empty environment)."""
-    def start(settings=None):
-        runtime.enable(settings=settings or RuntimeSettings())
-
-    runtime.disable()
-    yield start
-    runtime.disable()
-
 
 def mlp_graph():
     """x → mm1 (allow) → relu1 → mm2 → y, with a NoOp ``marker`` and a variable."""

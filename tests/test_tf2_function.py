@@ -39,16 +39,6 @@ class ConvNet(tf.Module):
         return tf.matmul(tf.reshape(h, [-1, 8 * 8 * 8]), self.dense)
 
 
-@pytest.fixture
-def amp_runtime():
-    """Starts the runtime with ``settings`` (default: an empty environment's)."""
-    def start(settings=None):
-        runtime.enable(settings=settings or RuntimeSettings())
-
-    runtime.disable()
-    yield start
-    runtime.disable()
-
 
 def half_op_types(graph) -> set[str]:
     """Types of the ops of ``graph`` with a half type attr (Casts excluded)."""
