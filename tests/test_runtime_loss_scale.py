@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from amp_rewrite import runtime
 from amp_rewrite.errors import UsageError
 from amp_rewrite.runtime import loss_scale
 from amp_rewrite.runtime.settings import LossScaleSettings, RuntimeSettings
