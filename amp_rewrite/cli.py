@@ -7,10 +7,13 @@ Exit codes: 0 done; 1 bad input (the message names the file, node or op);
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import logging
 import os
 import sys
+import tempfile
+from contextlib import contextmanager
 from dataclasses import replace
 
 import numpy as np
@@ -92,7 +95,7 @@ def _add_rewrite_options(parser: argparse.ArgumentParser) -> None:
                         help="write the graph before and after, and the effective lists, here "
                              "(default: $AMP_REWRITE_DUMP_DIR or $TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LOG_PATH)")
     parser.add_argument("-v", "--verbose", action="count", default=0,
-                        help="-v: INFO logs; -vv: every painting decision")
+                        help="-v: INFO logs and TensorFlow's own start-up messages; -vv: every painting decision")
 
 
 def _flag_edits(args) -> tuple[ListEdit, ...]:
@@ -239,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="amp-rewrite: %(levelname)s: %(message)s")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if not args.verbose:
+        import_tensorflow_quietly()
     try:
         return run_explain(args) if explaining else run(args)
     except UsageError as exc:
@@ -250,3 +255,62 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"amp-rewrite: error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+
+
+def import_tensorflow_quietly() -> None:
+    """Imports TensorFlow without letting its load-time banner reach the user.
+
+    While it loads, TensorFlow's C++ code writes lines such as ``WARNING: All
+    log messages before absl::InitializeLog() is called are written to
+    STDERR`` or ``I0000 ... cpu_feature_guard.cc ...`` straight to file
+    descriptor 2, on some CPUs whatever ``TF_CPP_MIN_LOG_LEVEL`` says. For the
+    import, descriptor 2 points at a temporary file, which is dropped when the
+    import succeeds and passed on when it fails. Python's own ``sys.stderr``
+    (warnings, our messages) still reaches the user, and so does a fatal
+    signal's traceback. Without TensorFlow nothing happens here: the first
+    rewrite reports that.
+    """
+    with _descriptor_2_captured() as captured:
+        try:
+            import tensorflow  # noqa: F401
+        except BaseException:
+            captured.replay = True
+            if not isinstance(sys.exc_info()[1], ImportError):
+                raise
+
+
+@contextmanager
+def _descriptor_2_captured():
+    """Points file descriptor 2 at a temporary file; Python's ``sys.stderr`` keeps the real one."""
+
+    class Captured:
+        replay = False
+
+    captured = Captured()
+    try:
+        sys.stderr.flush()
+        real = os.dup(2)
+    except (OSError, AttributeError, ValueError):  # no usable stderr: nothing to protect
+        yield captured
+        return
+    python_stderr = sys.stderr
+    watching = not faulthandler.is_enabled()
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        sys.stderr = open(real, "w", encoding=getattr(python_stderr, "encoding", None) or "utf-8",
+                          errors="backslashreplace", buffering=1, closefd=False)
+        if watching:
+            faulthandler.enable(file=real)
+        try:
+            yield captured
+        finally:
+            if watching:
+                faulthandler.disable()
+            sys.stderr.flush()
+            sys.stderr = python_stderr
+            os.dup2(real, 2)
+            os.close(real)
+            if captured.replay:
+                sink.seek(0)
+                python_stderr.write(sink.read().decode(errors="backslashreplace"))
+                python_stderr.flush()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 
 import numpy as np
 import tensorflow as tf
@@ -102,3 +103,23 @@ def v1_control_flow():
 
 def rng(seed=0):
     return np.random.default_rng(seed)
+
+
+# A line amp-rewrite wrote: the CLI's "amp-rewrite: ..." or a log record of an
+# amp_rewrite logger. A file path containing the checkout's folder name never
+# matches, whatever that folder is called.
+_OUR_LINE = re.compile(r"(^|\s)amp-rewrite: |(^|\s)amp_rewrite(\.\w+)+: ")
+
+
+def our_lines(stderr: str) -> list[str]:
+    """The lines of ``stderr`` amp-rewrite wrote; TensorFlow's banner and warnings are not among them."""
+    return [line for line in stderr.splitlines() if _OUR_LINE.search(line)]
+
+
+def assert_one_line_error(stderr: str, message: str) -> str:
+    """Our output is exactly one line, holding ``message``, and no traceback; returns that line."""
+    lines = our_lines(stderr)
+    assert len(lines) == 1 and message in lines[0], stderr
+    assert lines[0].startswith("amp-rewrite: error: "), stderr
+    assert "Traceback (most recent call last)" not in stderr, stderr
+    return lines[0]
