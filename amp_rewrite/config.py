@@ -37,6 +37,9 @@ class Config:
             as accuracy validation decides; the reason goes into the report.
         release: nodes a deny op upstream does not taint (the elementwise tail
             of a layer norm whose statistics stay float32).
+        fixed_signatures: library functions whose arguments and results keep
+            their dtypes for every caller (the functions a SavedModel restores);
+            their bodies are rewritten, with Casts inside.
     """
 
     target: str = "float16"
@@ -49,6 +52,7 @@ class Config:
     dump_dir: str | None = None
     keep_float32: tuple[tuple[str, str], ...] = ()
     release: tuple[str, ...] = ()
+    fixed_signatures: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.target not in TARGETS:

@@ -84,8 +84,10 @@ class PaintContext:
 
     def __init__(self, graph: TypedGraph, lists: OpLists, *, target_dtype: int,
                  device_type: str, preserved: frozenset[str], force_all: bool = False,
-                 keep_float32: dict[str, str] | None = None, release: frozenset[str] = frozenset()):
+                 keep_float32: dict[str, str] | None = None, release: frozenset[str] = frozenset(),
+                 fixed_signatures: frozenset[str] = frozenset()):
         self.graph = graph
+        self.fixed_signatures = fixed_signatures
         self.keep_float32 = keep_float32 or {}
         self.released = {graph.index[n] for n in release if n in graph.index}
         self.lists = lists
@@ -109,6 +111,8 @@ class PaintContext:
             return self.keep_float32[node.name]
         if i in graph.opaque_calls:
             return f"call not rewritten: {graph.opaque_calls[i]}"
+        if i in graph.virtual and graph.bodies[graph.body_of[i]].function in self.fixed_signatures:
+            return "argument or result of a restored function: keeps its dtype"
         dev = device_type_of(node.device)
         if dev is not None and dev != self.device_type:
             return f"placed on {dev}"

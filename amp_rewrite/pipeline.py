@@ -208,7 +208,7 @@ def _rewrite(graph_def, *, fetches, target, config) -> RewriteResult:
     ctx = PaintContext(graph, lists, target_dtype=TARGET_DTYPES[config.target],
                        device_type=config.device_type, preserved=preserved,
                        force_all=config.level == "UNSAFE_FORCE_ALL", keep_float32=dict(config.keep_float32),
-                       release=frozenset(config.release))
+                       release=frozenset(config.release), fixed_signatures=frozenset(config.fixed_signatures))
     painting = paint(ctx)
     was_float32 = [graph.dtype(v) == DT_FLOAT for v in range(len(graph.vertices))]
     applied = apply_painting(ctx, painting, was_float32)

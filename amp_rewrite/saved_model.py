@@ -3,11 +3,13 @@
 A TF2 SavedModel's graph holds little beyond variables and the calls behind
 its signatures and saver; the model lives in the function library, and the
 object graph names the concrete functions ``tf.saved_model.load`` restores.
-Each of those is an *entry*: its inputs and outputs keep their dtypes (so
-serving signatures and restored methods take and return float32), while its
-body and everything it calls are rewritten. Entries not called from the
-graph get a synthetic preserved call, placed first so that the entry keeps
-its name for the version with the unchanged signature. Variables are never
+Each of those is an *entry*: its inputs and outputs keep their dtypes for
+every caller (so serving signatures and restored methods take and return
+float32), while its body and everything it calls are rewritten, once: a
+function called both by the loader and by a signature wrapper is one
+function, rewritten in place. Entries not called from the graph get a
+synthetic preserved call, so that the rewrite reaches them; those calls are
+removed again, from the graph and from the report. Variables are never
 changed; they are read in float32 and cast after the read.
 """
 
@@ -49,7 +51,8 @@ def _rewrite_meta_graph(meta, config: Config) -> RewriteResult:
     del staged.node[:]
     staged.node.extend(synthetic + list(graph_def.node))
     keep = tuple(originals) + tuple(node.name for node in synthetic)
-    result = rewrite(staged, config=replace(config, fetches=keep, preserve=()))
+    restored = tuple(sorted(meta.object_graph_def.concrete_functions))
+    result = rewrite(staged, config=replace(config, fetches=keep, preserve=(), fixed_signatures=restored))
     rewritten = result.graph_def
     kept = [node for node in rewritten.node if not node.name.startswith(ENTRY_PREFIX + "/")]
     del rewritten.node[:]
