@@ -65,8 +65,8 @@ def build_explain_parser() -> argparse.ArgumentParser:
         description="Rewrite IN in memory and print why NODE got its precision, following each "
                     "cause back to the op-list entry that started it.",
     )
-    parser.add_argument("input", help="input graph: .pb or .pbtxt")
-    parser.add_argument("node", help="the node to explain")
+    parser.add_argument("input", help="input graph: .pb, .pbtxt, or a SavedModel directory")
+    parser.add_argument("node", help="the node to explain; a node inside a function is FUNCTION::NODE")
     _add_rewrite_options(parser)
     return parser
 
@@ -192,16 +192,22 @@ def run(args) -> int:
 def run_saved_model(args) -> int:
     """Rewrites a SavedModel directory into another."""
     from amp_rewrite import graph_io
+
+    rewritten, result = _rewrite_saved_model(args)
+    _finish(args, result, lambda: graph_io.save_saved_model(rewritten, args.input, args.output,
+                                                            replace=args.in_place))
+    return EXIT_OK
+
+
+def _rewrite_saved_model(args):
+    from amp_rewrite import graph_io
     from amp_rewrite.saved_model import rewrite_saved_model
 
     saved = graph_io.load_saved_model(args.input)
     try:
-        rewritten, result = rewrite_saved_model(saved, config=config_from_args(args))
+        return rewrite_saved_model(saved, config=config_from_args(args))
     except GraphError as exc:
         raise GraphError(f"{args.input}: {exc}") from None
-    _finish(args, result, lambda: graph_io.save_saved_model(rewritten, args.input, args.output,
-                                                            replace=args.in_place))
-    return EXIT_OK
 
 
 def _finish(args, result, save) -> None:
@@ -224,11 +230,17 @@ def _finish(args, result, save) -> None:
 
 def run_explain(args) -> int:
     """Prints the chain of reasons for one node."""
+    from amp_rewrite import graph_io
     from amp_rewrite.explain import explain_chain
 
-    result = _load_and_rewrite(args)
+    if graph_io.is_saved_model_dir(args.input):
+        result = _rewrite_saved_model(args)[1]
+    else:
+        result = _load_and_rewrite(args)
     if args.node not in result.node_outcomes:
-        raise GraphError(f"{args.input}: no node named {args.node!r}")
+        inside = [name for name in result.node_outcomes if name.endswith("::" + args.node)]
+        hint = f"; inside functions: {', '.join(inside[:3])}{', ...' if len(inside) > 3 else ''}" if inside else ""
+        raise GraphError(f"{args.input}: no node named {args.node!r}{hint}")
     for line in explain_chain(result.node_outcomes, args.node, result.lists.origins):
         print(line)
     return EXIT_OK

@@ -78,9 +78,9 @@ def render_html(result: RewriteResult, *, title: str) -> str:
         string every time for the same result.
     """
     report = result.report()
-    graph_def = result.graph_def
-    nodes = _describe_nodes(graph_def, report)
-    edges, control = _edges(graph_def)
+    flat = flat_nodes(result.graph_def, report)
+    nodes = _describe_nodes(flat, report)
+    edges, control = _edges(flat)
     column, row = layered_layout(len(nodes), edges + _control_edges_into_sinks(edges, control, len(nodes)))
     data = _page_data(nodes, edges, control, column, row, report)
     logger.debug("rendered %d nodes and %d edges", len(nodes), len(edges) + len(control))
@@ -90,24 +90,61 @@ def render_html(result: RewriteResult, *, title: str) -> str:
 # -- what each node is -----------------------------------------------------------
 
 
-def _describe_nodes(graph_def, report: dict) -> list[_Node]:
-    """One :class:`_Node` per node of the rewritten graph, in GraphDef order."""
+@dataclass(frozen=True)
+class FlatNode:
+    """A node of the main graph, or of a function body under ``function::node``."""
+
+    name: str
+    node_def: object
+    inputs: tuple[tuple[str, bool], ...]  # (source's name, is a control input)
+
+
+def flat_nodes(graph_def, report: dict) -> list[FlatNode]:
+    """The main graph's nodes, then the nodes of every function the report covers, with their inputs.
+
+    A function body refers to its own nodes as ``node:output:k`` and to its
+    arguments by name; arguments are not nodes and draw no edge.
+    """
+    flat = [FlatNode(node.name, node, tuple((parse_input(ref)[0], ref.startswith("^")) for ref in node.input))
+            for node in graph_def.node]
+    covered = dict.fromkeys(name.split("::")[0] for name in (*report["nodes"], *report["casts"]) if "::" in name)
+    library = {f.signature.name: f for f in graph_def.library.function}
+    for function in covered:
+        fdef = library.get(function)
+        if fdef is None:
+            continue
+        prefix = function + "::"
+        names = {node.name for node in fdef.node_def}
+        for node in fdef.node_def:
+            refs = []
+            for ref in node.input:
+                source = ref.lstrip("^").split(":")[0]
+                if source in names:
+                    refs.append((prefix + source, ref.startswith("^")))
+            flat.append(FlatNode(prefix + node.name, node, tuple(refs)))
+    return flat
+
+
+def _describe_nodes(flat: list[FlatNode], report: dict) -> list[_Node]:
+    """One :class:`_Node` per node drawn, in the order of :func:`flat_nodes`."""
     outcomes = report["nodes"]
     converted = set(report["converted"])
     casts = set(report["casts"])
     described = []
-    for node in graph_def.node:
+    for item in flat:
+        node = item.node_def
         types = _float_types(node)
-        if node.name in casts:
+        if item.name in casts:
+            data_inputs = [source for source, control in item.inputs if not control]
             entry = {"colour": "cast", "rule": "inserted by the rewrite",
-                     "cause": parse_input(node.input[0])[0] if node.input else None}
+                     "cause": data_inputs[0] if data_inputs else None}
         else:
-            entry = outcomes.get(node.name, {"colour": "none", "rule": ""})
+            entry = outcomes.get(item.name, {"colour": "none", "rule": ""})
         described.append(_Node(
-            name=node.name, op=node.op,
-            category=_category(node.name in casts, entry["colour"], node.name in converted, types),
+            name=item.name, op=node.op,
+            category=_category(item.name in casts, entry["colour"], item.name in converted, types),
             colour=entry["colour"], rule=entry.get("rule", ""), cause=entry.get("cause"),
-            dtype=_main_dtype(node), converted=node.name in converted,
+            dtype=_main_dtype(node), converted=item.name in converted,
         ))
     return described
 
@@ -153,13 +190,12 @@ def _dtype_name(enum: int) -> str:
         return f"dtype{enum}"
 
 
-def _edges(graph_def) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+def _edges(flat: list[FlatNode]) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """(data edges, control edges) as (source index, destination index), in input order."""
-    index = {node.name: i for i, node in enumerate(graph_def.node)}
+    index = {item.name: i for i, item in enumerate(flat)}
     data, control = [], []
-    for dst, node in enumerate(graph_def.node):
-        for ref in node.input:
-            name, _, is_control = parse_input(ref)
+    for dst, item in enumerate(flat):
+        for name, is_control in item.inputs:
             src = index.get(name)
             if src is not None:
                 (control if is_control else data).append((src, dst))
@@ -351,10 +387,23 @@ def _page_data(nodes: list[_Node], edges, control, column, row, report: dict) ->
         "dtype": _indices([n.dtype for n in nodes], dtypes),
         "cause": [index.get(n.cause, -1) if n.cause else -1 for n in nodes],
         "converted": [int(n.converted) for n in nodes],
+        "list_order": list_order(nodes),
         "col": column, "row": row,
         "edges": [i for edge in edges for i in edge],
         **_control_sets(control, len(nodes)),
     }
+
+
+def list_order(nodes: list[_Node]) -> list[int]:
+    """The side list's order: compute ops first, then Consts, then Casts, each in graph order.
+
+    A frozen model holds hundreds of weight Consts and a rewrite adds Casts;
+    listed first, they would bury the ops a reader looks for.
+    """
+    def group(node: _Node) -> int:
+        return 2 if node.op == "Cast" else 1 if node.op == "Const" else 0
+
+    return sorted(range(len(nodes)), key=lambda i: (group(nodes[i]), i))
 
 
 def _control_sets(control, count: int) -> dict:
@@ -418,7 +467,7 @@ header .stat b { color: #fff; }
        padding: 0 10px; cursor: pointer; white-space: nowrap; }
 .row:hover { background: #f1f3f5; }
 .row.sel { background: #e7f5ff; }
-.row .nm { overflow: hidden; text-overflow: ellipsis; flex: 1; direction: rtl; text-align: left; }
+.row .nm { overflow: hidden; white-space: nowrap; flex: 1; min-width: 0; }
 .row .op { color: #868e96; font-size: 12px; }
 #details { border-top: 1px solid var(--line); padding: 10px; max-height: 42%; overflow-y: auto; }
 #details h2 { font-size: 13px; margin: 0 0 6px; word-break: break-all; }
@@ -702,7 +751,7 @@ function applyQuery(text) {
   query = text.trim().toLowerCase();
   matches = query ? new Uint8Array(n) : null;
   shown = [];
-  for (let i = 0; i < n; i++) {
+  for (const i of D.list_order) {
     const hit = !query || lowerNames[i].includes(query) || lowerOps[D.op[i]] === query;
     if (matches && hit) matches[i] = 1;
     if (hit && visible(i)) shown.push(i);
@@ -731,11 +780,26 @@ function renderRows() {
     const i = shown[k];
     row.dataset.i = i; row.style.top = k * ROW_H + "px"; row.style.display = "flex";
     row.children[0].style.background = CAT_COLOURS[D.cat[i]];
-    row.children[1].textContent = "\u200e" + D.name[i]; row.children[1].title = D.name[i];
     row.children[2].textContent = D.ops[D.op[i]];
+    row.children[1].title = D.name[i];
+    row.children[1].textContent = middleFit(D.name[i], row.children[1].clientWidth);
     row.classList.toggle("sel", i === selected);
   }
   for (let k = used; k < rowPool.length; k++) rowPool[k].style.display = "none";
+}
+// Long names lose their middle, so the layer (head) and the op (tail) both stay visible.
+const measure = document.createElement("canvas").getContext("2d");
+function middleFit(text, width) {
+  measure.font = getComputedStyle(list).font;
+  const fits = s => measure.measureText(s).width <= width;
+  return width > 0 ? shortenMiddle(text, fits) : text;
+}
+function shortenMiddle(text, fits) {
+  if (fits(text)) return text;
+  const cut = k => { const head = Math.ceil(k * 0.4); return text.slice(0, head) + "\u2026" + text.slice(text.length - (k - head)); };
+  let lo = 0, hi = text.length - 1;
+  while (lo < hi) { const mid = (lo + hi + 1) >> 1; if (fits(cut(mid))) lo = mid; else hi = mid - 1; }
+  return cut(lo);
 }
 list.addEventListener("scroll", renderRows);
 search.addEventListener("input", () => applyQuery(search.value));

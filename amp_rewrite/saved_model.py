@@ -58,7 +58,28 @@ def _rewrite_meta_graph(meta, config: Config) -> RewriteResult:
     del rewritten.node[:]
     rewritten.node.extend(kept)
     meta.graph_def.CopyFrom(rewritten)
-    return replace(result, nodes_total=result.nodes_total - len(synthetic))
+    explain = result.explain
+    return replace(result, nodes_total=result.nodes_total - len(synthetic),
+                   explain=lambda: _without_entry_calls(explain()))
+
+
+def _without_entry_calls(outcomes: dict[str, dict]) -> dict[str, dict]:
+    """The outcomes without the synthetic calls, which the written SavedModel does not hold.
+
+    A node whose cause was one of them (an argument of a restored function)
+    keeps its verdict and rule, without the clause naming the call.
+    """
+    prefix = ENTRY_PREFIX + "/"
+    kept = {}
+    for name, entry in outcomes.items():
+        if name.startswith(prefix):
+            continue
+        if entry.get("cause", "").startswith(prefix):
+            entry = dict(entry)
+            del entry["cause"]
+            entry["reason"] = entry["reason"][:entry["reason"].rindex("; its ")]
+        kept[name] = entry
+    return kept
 
 
 def _entry_calls(graph_def, entries: list[str]) -> list:

@@ -148,3 +148,57 @@ def test_page_runs_in_a_browser_and_honours_the_search_hash(result):
     assert count.group(1) == f"3 of {n} nodes match \u201cMatMul\u201d"  # allow0, allow1, loop/allow_loop
     listed = re.findall(r'<span class="nm" title="([^"]*)"', dom)
     assert listed[:3] == ["allow0", "allow1", "loop/allow_loop"]
+
+
+def function_graph():
+    @tf.function
+    def block(x):
+        return tf.nn.relu(tf.matmul(x, tf.ones([8, 8]) * 0.1, name="allow_in_fn"), name="clr_in_fn")
+
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [4, 8], name="x")
+        h = tf.matmul(x, tf.ones([8, 8]) * 0.2, name="allow_main")
+        tf.identity(block(h), name="out")
+    return g.as_graph_def()
+
+
+def test_function_bodies_are_drawn_with_counts_equal_to_the_summary():
+    result = amp(function_graph(), ["out"])
+    function = next(f.signature.name for f in result.graph_def.library.function)
+    data = page_data(render_html(result, title="t"))
+    category = {name: CATEGORIES[c] for name, c in zip(data["name"], data["cat"])}
+    assert category[f"{function}::allow_in_fn"] == category[f"{function}::clr_in_fn"] == "half"
+    assert category["allow_main"] == "half"
+    counts = {c: list(category.values()).count(c) for c in CATEGORIES}
+    assert counts["half"] == data["summary"]["converted"] == len(result.converted)
+    assert counts["cast"] == data["summary"]["casts"] == len(result.casts)
+    assert set(result.report()["nodes"]) <= set(data["name"])
+    index = {name: i for i, name in enumerate(data["name"])}
+    edges = set(zip(data["edges"][0::2], data["edges"][1::2]))
+    assert (index[f"{function}::allow_in_fn"], index[f"{function}::clr_in_fn"]) in edges
+
+
+def test_list_shows_compute_ops_before_consts_and_casts(result):
+    data = page_data(render_html(result, title="t"))
+    order = data["list_order"]
+    assert sorted(order) == list(range(len(data["name"])))
+    ops = [data["ops"][data["op"][i]] for i in order]
+    groups = [2 if op == "Cast" else 1 if op == "Const" else 0 for op in ops]
+    assert groups == sorted(groups) and groups[0] == 0 and 1 in groups and 2 in groups
+    computed = [i for i in order if groups[order.index(i)] == 0]
+    assert computed == sorted(computed)  # graph order within a group
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs node to run the page's script")
+def test_long_names_lose_their_middle_not_their_ends(result):
+    page = render_html(result, title="t")
+    script = re.search(r"function shortenMiddle\(text, fits\) \{.*?\n\}\n", page, re.S).group(0)
+    name = "mobilenetv2_0.35_96_1/block_13_expand_BN_1/batchnorm/mul_1"
+    program = script + (f"console.log(JSON.stringify([shortenMiddle({json.dumps(name)}, s => s.length <= 30), "
+                        f"shortenMiddle('short/name', s => s.length <= 30)]));")
+    short, kept = json.loads(subprocess.run(["node", "-e", program], capture_output=True, text=True,
+                                            timeout=60, check=True).stdout)
+    assert kept == "short/name"
+    assert len(short) == 30 and "\u2026" in short
+    assert short.startswith("mobilenetv2") and short.endswith("batchnorm/mul_1")
