@@ -98,10 +98,10 @@ def _names(graph, qualified: dict[int, str], vertices, target: int, node: int) -
 def disagreements(result) -> list[str]:
     """Nodes whose reason states a precision that their node in the rewritten graph does not have.
 
-    Each reason says ``→ float16`` or ``stays float32``; this reads the dtype
-    from the rewritten GraphDef (its type attrs: any half type means half)
-    and lists every node where the two differ. An empty list is the
-    expected answer.
+    Each reason says ``→ float16`` or ``stays float32``; this reads the type
+    attrs of the node in the rewritten GraphDef and lists every node where
+    they disagree: a half verdict needs that half type among them, a float32
+    one needs float32 and no half type. An empty list is the expected answer.
     """
     target = result.config.target
     defs = {node.name: node for node in result.graph_def.node}
@@ -120,18 +120,17 @@ def disagreements(result) -> list[str]:
             continue
         else:
             stated = verdict[len("stays "):].split(":")[0]
-        actual = _node_def_precision(node)
-        if stated != actual:
-            found.append(f"{name}: the reason says {stated}, the rewritten node is {actual}: {entry['reason']}")
+        types = _node_def_float_types(node)
+        holds = stated in types and (stated != "float32" or types == {"float32"})
+        if not holds:
+            found.append(f"{name}: the reason says {stated}, the rewritten node has "
+                         f"{', '.join(sorted(types)) or 'no float type'}: {entry['reason']}")
     return found
 
 
-def _node_def_precision(node) -> str:
+def _node_def_float_types(node) -> set[str]:
     types = {t for value in node.attr.values() for t in (value.type, *value.list.type)}
-    halves = sorted(DTYPE_NAMES[t] for t in types if t in (DT_HALF, DT_BFLOAT16))
-    if halves:
-        return halves[0]
-    return "float32" if DT_FLOAT in types else "n/a"
+    return {DTYPE_NAMES[t] for t in types if t in (DT_FLOAT, DT_HALF, DT_BFLOAT16)}
 
 
 def reported_bodies(graph) -> dict[int, str]:
@@ -198,9 +197,10 @@ def explain_chain(outcomes: dict[str, dict], node: str, origins: dict | None = N
     return lines
 
 
-def _precision(graph, i: int) -> str:
+def _precision(graph, i: int, dtype_of=None) -> str:
     """The node's dtype after the rewrite: its half type if any type attr holds one, else float32."""
-    dtypes = {graph.dtype(v) for v in graph.node_vertices[i] if graph.vertices[v][1].name}
+    dtype_of = dtype_of or graph.dtype
+    dtypes = {dtype_of(v) for v in graph.node_vertices[i] if graph.vertices[v][1].name}
     halves = sorted(DTYPE_NAMES[d] for d in dtypes if d in (DT_HALF, DT_BFLOAT16))
     if halves:
         return halves[0]
@@ -209,9 +209,7 @@ def _precision(graph, i: int) -> str:
 
 def _precision_before(graph, i: int, was_float32: list[bool]) -> str:
     """The node's dtype before the rewrite (painting only ever changes float32 type attrs)."""
-    if any(was_float32[v] for v in graph.node_vertices[i] if graph.vertices[v][1].name):
-        return "float32"
-    return _precision(graph, i)
+    return _precision(graph, i, lambda v: DT_FLOAT if was_float32[v] else graph.dtype(v))
 
 
 def _sentence(ctx, name: str, entry: dict, inputs: dict, outcomes: dict, before: str) -> str:
@@ -228,6 +226,19 @@ def _sentence(ctx, name: str, entry: dict, inputs: dict, outcomes: dict, before:
     return f"{verdict}; its {relation} {cause} is {outcomes[cause]['precision']}"
 
 
+def node_is_cast_past_widening(ctx, i: int, was_float32: list[bool]) -> bool:
+    """Whether node ``i`` is a Cast of the input graph whose float32 input became half.
+
+    The Casts step lets an existing ``float32 -> X`` Cast read past the
+    ``half -> float32`` Cast it would otherwise need: widening is exact.
+    """
+    graph = ctx.graph
+    if graph.nodes[i].op != "Cast":
+        return False
+    source = graph.vertex_of(i, "SrcT")
+    return source is not None and was_float32[source] and graph.dtype(source) == ctx.target_dtype
+
+
 def _node_colour(ctx, painting, i: int, was_float32: list[bool]):
     graph = ctx.graph
     vids = graph.node_vertices[i]
@@ -238,6 +249,8 @@ def _node_colour(ctx, painting, i: int, was_float32: list[bool]):
         if hits:
             rule, cause = painting.reasons.get(hits[0], ("", None))
             return colour, rule, cause
+    if node_is_cast_past_widening(ctx, i, was_float32):
+        return "allow", "existing Cast now reads the half value its float32 input was widened from", None
     for v in vids:
         if v in painting.reasons:  # painted, then unpainted by a later rule
             rule, cause = painting.reasons[v]

@@ -1258,8 +1258,9 @@ def check_rewrite(built: Built) -> Verdict:
     deterministic (byte-identical output twice) and independent of node
     order; rewriting its output changes nothing; every Cast it adds changes
     the type and no new half → float32 → half Cast pair appears; the report
-    names every node; the output imports and runs, fetched tensors keep their
-    dtype, and they agree with float32 within the half tolerance model.
+    names every node, and each node's reason states the dtype it has; the
+    output imports and runs, fetched tensors keep their dtype, and they agree
+    with float32 within the half tolerance model.
     """
     verdict = Verdict()
     before = built.graph_def.SerializeToString(deterministic=True)
@@ -1272,13 +1273,20 @@ def check_rewrite(built: Built) -> Verdict:
     checks = (_input_untouched(built, before), _deterministic(built, result), _order_independent(built, result),
               _idempotent(built, result), _casts_change_type(result), _no_new_round_trips(built, result),
               _report_complete(built, result), _allow_ops_convert(built, result), _left_alone_unchanged(built, result),
-              _deny_ops_stay(built, result),
+              _deny_ops_stay(built, result), _reasons_agree(result),
               _html_report_renders(result))
     for name, detail in checks:
         if detail:
             verdict.failures[name] = detail
     _check_numerics(built, result, verdict)
     return verdict
+
+
+def _reasons_agree(result):
+    from amp_rewrite.explain import disagreements
+
+    found = disagreements(result)
+    return "reasons agree with dtypes", (f"{len(found)} reasons state another dtype: {found[:3]}" if found else None)
 
 
 def _input_untouched(built: Built, before: bytes):

@@ -4,12 +4,21 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import helpers
+from amp_rewrite.explain import disagreements
 from amp_rewrite.oracle import grappler_rewrite
-from helpers import F16, F32, amp, assert_same_outputs_within_half, rng, tf1
+from helpers import F16, F32, assert_same_outputs_within_half, rng, tf1
 
 R = rng(11)
 W = (R.standard_normal((16, 16)) * 0.3).astype(np.float32)
 U = (R.standard_normal((16, 16)) * 0.3).astype(np.float32)
+
+
+def amp(graph_def, fetches=None, **fields):
+    """The rewrite, with every node's reason (function bodies included) checked against its dtype."""
+    result = helpers.amp(graph_def, fetches, **fields)
+    assert disagreements(result) == []
+    return result
 
 
 def functions(graph_def) -> dict:

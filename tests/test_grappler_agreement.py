@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from amp_rewrite.explain import disagreements
 from amp_rewrite.oracle import grappler_rewrite
 from helpers import amp, assert_same_outputs_within_half, casts, half_nodes, rng, tf1, v1_control_flow
 
@@ -79,6 +80,7 @@ def test_small_graphs_agree_with_grappler(name):
     ours, ours_half, theirs_half, theirs_casts = compare(gd, fetches)
     assert ours_half == theirs_half
     assert len(ours.casts) <= len(theirs_casts)
+    assert disagreements(ours) == []
     assert_same_outputs_within_half(gd, ours.graph_def, fetches, feeds)
 
 
@@ -97,6 +99,7 @@ def test_real_models_agree_with_grappler(name):
     assert ours_half == theirs_half
     assert len(ours.casts) <= len(theirs_casts)
     assert len(ours_half) > 20
+    assert disagreements(ours) == []
 
 
 def test_deliberate_difference_allow_op_without_a_half_kernel_is_not_converted():

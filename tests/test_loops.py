@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from amp_rewrite.explain import disagreements
 from amp_rewrite.oracle import grappler_rewrite
 from helpers import F16, amp, assert_same_outputs_within_half, half_nodes, rng, tf1, v1_control_flow
 
@@ -94,6 +95,7 @@ def test_tf1_dynamic_rnn_lstm_trains_in_half_with_few_casts_per_iteration():
     fetches = ["train", "loss", init]
     result = amp(gd, fetches)
     out = result.graph_def
+    assert disagreements(result) == []
     half = half_nodes(out)
     assert any(n.startswith("rnn/while/lstm_cell/MatMul") for n in half)
     merges = {n.name: n.attr["T"].type for n in out.node if n.op == "Merge"}

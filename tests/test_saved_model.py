@@ -1,6 +1,8 @@
 """SavedModel in, SavedModel out: every function rewritten, signatures and variables float32."""
 
+import json
 import os
+import re
 import subprocess
 import sys
 
@@ -8,8 +10,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
+from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
-from helpers import F16, rng
+from amp_rewrite import Config, rewrite
+from amp_rewrite.explain import disagreements
+from helpers import F16, assert_one_line_error, rng
 
 
 def cli(*args, cwd):
@@ -44,7 +49,19 @@ def mobilenet_saved_model(tmp_path_factory):
     module = Serving(model)
     path = tmp_path_factory.mktemp("models") / "mobilenet"
     tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve})
+    frozen = convert_variables_to_constants_v2(module.serve.get_concrete_function())
+    (path.parent / "mobilenet_frozen.pb").write_bytes(frozen.graph.as_graph_def().SerializeToString())
     return path
+
+
+@pytest.fixture(scope="module")
+def rewritten(mobilenet_saved_model, tmp_path_factory):
+    """The SavedModel rewritten by the command line, with its JSON report and summary line."""
+    tmp = tmp_path_factory.mktemp("rewritten")
+    out, report = tmp / "mobilenet_amp", tmp / "report.json"
+    proc = cli(mobilenet_saved_model, out, "--report", report, cwd=tmp)
+    assert proc.returncode == 0, proc.stderr
+    return out, json.loads(report.read_text()), proc.stdout.strip()
 
 
 def library(path):
@@ -53,11 +70,9 @@ def library(path):
 
 
 @pytest.mark.slow
-def test_saved_model_round_trip_serves_float32_within_half_tolerance(mobilenet_saved_model, tmp_path):
-    out = tmp_path / "mobilenet_amp"
-    proc = cli(mobilenet_saved_model, out, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("converted ")
+def test_saved_model_round_trip_serves_float32_within_half_tolerance(mobilenet_saved_model, rewritten):
+    out, _, summary = rewritten
+    assert summary.startswith("converted ")
     assert any(n.op == "Conv2D" and n.attr["T"].type == F16 for f in library(out) for n in f.node_def)
     images = tf.constant(rng(5).uniform(0, 1, (2, 96, 96, 3)).astype(np.float32))
     want = tf.saved_model.load(str(mobilenet_saved_model)).signatures["serving_default"](images=images)["logits"]
@@ -95,3 +110,95 @@ def test_rewriting_a_saved_model_in_place_then_again_changes_nothing(mobilenet_s
     proc = cli(copy, copy, "--in-place", cwd=tmp_path)
     assert proc.returncode == 0 and proc.stdout.startswith("converted 0/")
     assert (copy / "saved_model.pb").read_bytes() == first
+
+
+def casts_by_function(path):
+    """Per library function: (Casts, Casts of a variable read) in its body."""
+    counts = {}
+    for fdef in library(path):
+        ops = {node.name: node.op for node in fdef.node_def}
+        casts = [node for node in fdef.node_def if node.op == "Cast"]
+        of_reads = [c for c in casts if ops.get(c.input[0].split(":")[0]) == "ReadVariableOp"]
+        counts[fdef.signature.name] = (len(casts), len(of_reads))
+    return counts
+
+
+@pytest.mark.slow
+def test_each_function_is_rewritten_once_with_the_frozen_graphs_casts(mobilenet_saved_model, rewritten):
+    out, report, summary = rewritten
+    before = {f.signature.name for f in library(mobilenet_saved_model)}
+    after = casts_by_function(out)
+    assert set(after) == before  # rewritten in place: no renamed copy of any function
+    frozen = tf.compat.v1.GraphDef.FromString((mobilenet_saved_model.parent / "mobilenet_frozen.pb").read_bytes())
+    frozen_casts = len(rewrite(frozen, config=Config(device_type="CPU")).casts)
+    serve = next(name for name in after if name.startswith("__inference_serve_"))
+    casts, of_reads = after[serve]
+    # A variable is read in float32 and cast after the read; a frozen graph folds that
+    # weight into a half Const instead. Every other Cast is the frozen graph's.
+    assert of_reads > 0 and abs((casts - of_reads) - frozen_casts) <= 3, (casts, of_reads, frozen_casts)
+    assert sum(c for c, _ in after.values()) == len(report["casts"])
+    assert summary.startswith(f"converted {len(report['converted'])}/{report['nodes_total']} nodes to float16, "
+                              f"{len(report['casts'])} casts")
+
+
+@pytest.mark.slow
+def test_report_describes_the_nodes_inside_functions(mobilenet_saved_model, rewritten):
+    _, report, _ = rewritten
+    nodes = report["nodes"]
+    assert report["nodes_total"] == len(nodes)  # every node once: main graph and function bodies
+    assert not [name for name in nodes if name.startswith("_amp_rewrite")]
+    half = {name for name, entry in nodes.items() if entry["precision"] == "float16"}
+    assert half == set(report["converted"])
+    serve = next(f.signature.name for f in library(mobilenet_saved_model) if f.signature.name.startswith("__inference_serve_"))
+    convs = [entry for name, entry in nodes.items() if name.startswith(serve + "::") and entry["op"] == "Conv2D"]
+    assert convs and all(e["colour"] == "allow" and e["precision"] == "float16" for e in convs)
+    assert all(name.split("::")[0] in {f.signature.name for f in library(mobilenet_saved_model)}
+               for name in nodes if "::" in name)
+
+
+@pytest.mark.slow
+def test_html_report_of_a_saved_model_counts_what_the_summary_says(mobilenet_saved_model, tmp_path):
+    from amp_rewrite.html_report import CATEGORIES
+
+    out, page = tmp_path / "out", tmp_path / "report.html"
+    proc = cli(mobilenet_saved_model, out, "--report", page, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    converted, casts = map(int, re.match(r"converted (\d+)/\d+ nodes to float16, (\d+) casts", proc.stdout).groups())
+    data = json.loads(re.search(r'id="graph-data">(.*?)</script>', page.read_text(), re.S).group(1))
+    drawn = [CATEGORIES[c] for c in data["cat"]]
+    assert drawn.count("half") == data["summary"]["converted"] == converted > 0
+    assert drawn.count("cast") == data["summary"]["casts"] == casts > 0
+
+
+@pytest.mark.slow
+def test_every_reason_agrees_with_the_rewritten_saved_model(mobilenet_saved_model):
+    from amp_rewrite import graph_io
+    from amp_rewrite.saved_model import rewrite_saved_model
+
+    _, result = rewrite_saved_model(graph_io.load_saved_model(mobilenet_saved_model), config=Config(device_type="CPU"))
+    assert disagreements(result) == []
+    frozen = tf.compat.v1.GraphDef.FromString((mobilenet_saved_model.parent / "mobilenet_frozen.pb").read_bytes())
+    assert disagreements(rewrite(frozen, config=Config(device_type="CPU"))) == []
+
+
+@pytest.mark.slow
+def test_explain_takes_a_saved_model_and_a_function_node(mobilenet_saved_model, tmp_path):
+    serve = next(f.signature.name for f in library(mobilenet_saved_model) if f.signature.name.startswith("__inference_serve_"))
+    conv = next(n.name for f in library(mobilenet_saved_model) if f.signature.name == serve
+                for n in f.node_def if n.op == "Conv2D")
+    proc = cli("explain", mobilenet_saved_model, f"{serve}::{conv}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].endswith("float16/allow.txt]")
+    assert lines[0].startswith(f"{serve}::{conv} (Conv2D) → float16: allow-list op [Conv2D is on the allow list: ")
+    bn_mul = next(n.name for f in library(mobilenet_saved_model) if f.signature.name == serve
+                  for n in f.node_def if re.search(r"block_3_expand_BN(_\d+)?/batchnorm/mul$", n.name))
+    proc = cli("explain", mobilenet_saved_model, f"{serve}::{bn_mul}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    first = proc.stdout.splitlines()[0]
+    assert first.startswith(f"{serve}::{bn_mul} (Mul) stays float32: infer op fed by no half op; its consumer ")
+    assert first.endswith(" is float16")
+    proc = cli("explain", mobilenet_saved_model, conv, cwd=tmp_path)
+    assert proc.returncode == 1
+    line = assert_one_line_error(proc.stderr, f"no node named {conv!r}; inside functions: ")
+    assert f"{serve}::{conv}" in line and "rewrite_saved_model" not in proc.stderr

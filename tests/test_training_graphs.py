@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from amp_rewrite.explain import disagreements
 from helpers import F16, F32, amp, half_nodes, tf1
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
@@ -39,6 +40,7 @@ def test_rewritten_training_graph_tracks_float32_loss(build):
     fetches = list(model.fetches) + [models.INIT_OP_NAME]
     result = amp(model.graph_def, fetches)
     out = result.graph_def
+    assert disagreements(result) == []  # every node's reason states the dtype it has in `out`
     ops = {n.name: n for n in out.node}
     assert any(n.op in ("Conv2D", "MatMul", "BatchMatMulV2") and n.attr["T"].type == F16 for n in out.node)
     for node in out.node:
