@@ -5,9 +5,11 @@ one HTML document with inline CSS and JavaScript and no external resources,
 so it opens from disk, offline. The page shows:
 
 - a drawing of the graph on a ``<canvas>`` (pan by dragging, zoom with the
-  wheel), each node coloured by what the rewrite did to it;
+  wheel), each node coloured by what the rewrite did to it; the nodes of
+  every function body the report covers are drawn as ``function::node``;
 - a search box filtering a virtualized list of nodes by name or op, and
-  highlighting the matches in the drawing;
+  highlighting the matches in the drawing; the list shows compute ops before
+  Consts and Casts, and shortens a long name in the middle;
 - for the selected node: op, category, list colour, rule, and the cause, its
   inputs and consumers as links to those nodes.
 
