@@ -15,6 +15,7 @@ import sys
 import tempfile
 from contextlib import contextmanager
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -294,11 +295,7 @@ def import_tensorflow_quietly() -> None:
 @contextmanager
 def _descriptor_2_captured():
     """Points file descriptor 2 at a temporary file; Python's ``sys.stderr`` keeps the real one."""
-
-    class Captured:
-        replay = False
-
-    captured = Captured()
+    captured = SimpleNamespace(replay=False)  # set replay to pass what was captured on
     try:
         sys.stderr.flush()
         real = os.dup(2)
@@ -309,8 +306,9 @@ def _descriptor_2_captured():
     watching = not faulthandler.is_enabled()
     with tempfile.TemporaryFile() as sink:
         os.dup2(sink.fileno(), 2)
-        sys.stderr = open(real, "w", encoding=getattr(python_stderr, "encoding", None) or "utf-8",
-                          errors="backslashreplace", buffering=1, closefd=False)
+        replacement = open(real, "w", encoding=getattr(python_stderr, "encoding", None) or "utf-8",
+                           errors="backslashreplace", buffering=1, closefd=False)
+        sys.stderr = replacement
         if watching:
             faulthandler.enable(file=real)
         try:
@@ -318,7 +316,7 @@ def _descriptor_2_captured():
         finally:
             if watching:
                 faulthandler.disable()
-            sys.stderr.flush()
+            replacement.close()
             sys.stderr = python_stderr
             os.dup2(real, 2)
             os.close(real)

@@ -194,3 +194,16 @@ def test_python_warnings_still_reach_the_user_while_tensorflow_loads(graph_file,
     assert proc.returncode == 0, proc.stderr
     assert "UserWarning: a user-visible warning" in proc.stderr
     assert "absl::InitializeLog" not in proc.stderr
+
+
+def test_a_failing_tensorflow_import_shows_what_tensorflow_wrote(graph_file, tmp_path, banner_env):
+    hook = tmp_path / "site" / "sitecustomize.py"
+    hook.write_text(hook.read_text().replace(
+        'os.write(2, os.environ["FAKE_TF_BANNER"].encode())',
+        'os.write(2, b"F0000 loader.cc:1] Check failed: a broken TensorFlow install\\n"); '
+        'raise RuntimeError("TensorFlow failed to load")'))
+    proc = cli(graph_file, tmp_path / "out.pb", cwd=tmp_path, env=banner_env)
+    assert proc.returncode != 0
+    assert "Check failed: a broken TensorFlow install" in proc.stderr  # passed on, not dropped
+    assert "RuntimeError: TensorFlow failed to load" in proc.stderr
+    assert not (tmp_path / "out.pb").exists()
