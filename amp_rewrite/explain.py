@@ -6,6 +6,9 @@ per node: ``colour``, ``rule``, ``cause`` (a neighbouring node),
 ``precision`` (its dtype after the rewrite) and ``reason``, a sentence such as
 ``Tanh → float16: infer op after an allow op; its input MatMul_3 is float16``.
 :func:`explain_chain` follows causes back to the op-list entry that started it.
+Nodes inside functions are named ``function::node``. :func:`disagreements`
+checks each reason's verdict (``→ float16``, or ``stays`` with the dtype the
+node had) against the node's type attrs in the rewritten graph.
 """
 
 from __future__ import annotations

@@ -792,7 +792,8 @@ function renderRows() {
 // Long names lose their middle, so the layer (head) and the op (tail) both stay visible.
 const measure = document.createElement("canvas").getContext("2d");
 function middleFit(text, width) {
-  measure.font = getComputedStyle(list).font;
+  const style = getComputedStyle(list);
+  measure.font = `${style.fontSize} ${style.fontFamily}`;
   const fits = s => measure.measureText(s).width <= width;
   return width > 0 ? shortenMiddle(text, fits) : text;
 }
