@@ -136,9 +136,11 @@ SITECUSTOMIZE = '''
 import os, sys
 
 class _Banner:
+    written = False  # stays in sys.meta_path: removing it mid-lookup would skip the next finder
+
     def find_spec(self, name, path=None, target=None):
-        if name == "tensorflow":
-            sys.meta_path.remove(self)
+        if name == "tensorflow" and not self.written:
+            self.written = True
             os.write(2, os.environ["FAKE_TF_BANNER"].encode())
         return None
 
