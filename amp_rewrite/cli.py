@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=level, format="amp-rewrite: %(levelname)s: %(message)s")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if not args.verbose:
-        import_tensorflow_quietly()
+        quiet_tensorflow_import()
     try:
         return run_explain(args) if explaining else run(args)
     except UsageError as exc:
@@ -270,25 +270,58 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
 
 
-def import_tensorflow_quietly() -> None:
-    """Imports TensorFlow without letting its load-time banner reach the user.
+def quiet_tensorflow_import() -> None:
+    """Makes the first import of TensorFlow, whenever it comes, keep its load-time banner from the user.
 
     While it loads, TensorFlow's C++ code writes lines such as ``WARNING: All
     log messages before absl::InitializeLog() is called are written to
     STDERR`` or ``I0000 ... cpu_feature_guard.cc ...`` straight to file
-    descriptor 2, on some CPUs whatever ``TF_CPP_MIN_LOG_LEVEL`` says. For the
-    import, descriptor 2 points at a temporary file, which is dropped when the
-    import succeeds and passed on when it fails. Python's own ``sys.stderr``
-    (warnings, our messages) still reaches the user, and so does a fatal
-    signal's traceback. Without TensorFlow nothing happens here: the first
-    rewrite reports that.
+    descriptor 2, on some CPUs whatever ``TF_CPP_MIN_LOG_LEVEL`` says. While
+    the ``tensorflow`` package executes, descriptor 2 points at a temporary
+    file, which is dropped when the import succeeds and passed on when it
+    fails. Python's own ``sys.stderr`` (warnings, our messages) still reaches
+    the user, and so does a fatal signal's traceback. The import happens only
+    if a step needs TensorFlow, so an error found before that stays quick.
     """
-    with _descriptor_2_captured() as captured:
-        try:
-            import tensorflow  # noqa: F401
-        except BaseException:
-            captured.replay = True
-            if not isinstance(sys.exc_info()[1], ImportError):
+    if "tensorflow" not in sys.modules and not any(isinstance(f, _QuietTensorFlowFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _QuietTensorFlowFinder())
+
+
+class _QuietTensorFlowFinder:
+    """Finds ``tensorflow`` through the finders after it, and wraps the loader it gets."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "tensorflow":
+            return None
+        others = sys.meta_path[sys.meta_path.index(self) + 1:] if self in sys.meta_path else []
+        for finder in others:
+            find = getattr(finder, "find_spec", None)
+            spec = find(name, path, target) if find else None
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _QuietLoader(spec.loader)
+                return spec
+        return None
+
+
+class _QuietLoader:
+    """Runs the real loader with descriptor 2 captured; the module keeps the real loader."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        module.__loader__ = self.loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self.loader
+        with _descriptor_2_captured() as captured:
+            try:
+                self.loader.exec_module(module)
+            except BaseException:
+                captured.replay = True
                 raise
 
 

@@ -130,19 +130,35 @@ BANNER = (
     "available CPU instructions in performance-critical operations.\n"
 )
 
-# Run at interpreter start-up: the first import of tensorflow writes BANNER to
-# descriptor 2 from below Python, as TensorFlow's C++ logging does.
+# Run at interpreter start-up: while the tensorflow package executes, BANNER
+# goes to descriptor 2 from below Python, as TensorFlow's C++ logging does.
 SITECUSTOMIZE = '''
 import os, sys
 
-class _Banner:
-    written = False  # stays in sys.meta_path: removing it mid-lookup would skip the next finder
 
+class _BannerLoader:
+    def __init__(self, loader):
+        self.loader = loader
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        os.write(2, os.environ["FAKE_TF_BANNER"].encode())
+        self.loader.exec_module(module)
+
+
+class _Banner:
     def find_spec(self, name, path=None, target=None):
-        if name == "tensorflow" and not self.written:
-            self.written = True
-            os.write(2, os.environ["FAKE_TF_BANNER"].encode())
+        if name != "tensorflow":
+            return None
+        for finder in sys.meta_path[sys.meta_path.index(self) + 1:]:
+            spec = finder.find_spec(name, path, target) if hasattr(finder, "find_spec") else None
+            if spec is not None:
+                spec.loader = _BannerLoader(spec.loader)
+                return spec
         return None
+
 
 sys.meta_path.insert(0, _Banner())
 '''
