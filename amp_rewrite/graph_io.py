@@ -308,6 +308,7 @@ class Outputs:
                             os.replace(staged, target)
                         except OSError:
                             os.replace(old / target.name, target)
+                            os.rmdir(old)
                             raise
                         old_dirs.append(old)
                     else:
