@@ -386,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"amp-rewrite: error: {args.input}: out of memory", file=sys.stderr)
         return EXIT_BAD_INPUT
     except Exception as exc:  # noqa: BLE001 - the user gets one line, never a traceback
-        logging.getLogger(__name__).debug("unexpected failure", exc_info=True)
+        logging.getLogger(__name__).info("unexpected failure", exc_info=True)
         print(f"amp-rewrite: error: {args.input}: cannot rewrite: {_first_line(exc)} "
               f"(unexpected; run with -v for details)", file=sys.stderr)
         return EXIT_BAD_INPUT
