@@ -1,8 +1,11 @@
 """Reading and writing graphs: binary ``.pb`` and text ``.pbtxt`` GraphDefs, and SavedModels.
 
-This module is the only one that touches files. Writes are atomic: the
-output is written to a temporary file beside the target and renamed over
-it, so an interrupted run never leaves a half-written graph.
+This module is the only one that touches files. Inputs must be regular
+files within protobuf's 2 GiB limit. Writes are atomic: every output is
+written to a temporary file (or directory) beside its target, and all are
+renamed over their targets only once all are complete (:class:`Outputs`), so
+a failed or interrupted run leaves nothing half-written. Symlinks are
+followed; an existing directory, device or FIFO is never replaced.
 """
 
 from __future__ import annotations
