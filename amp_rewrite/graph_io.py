@@ -151,8 +151,9 @@ def check_graph_def(graph_def, path: str | os.PathLike = "") -> None:
                     good = kind in ("list", None) and all(t in valid for t in value.list.type)
                     shown = list(value.list.type) if kind == "list" else kind
                 if not good:
+                    wanted = "DataType" if attr.type == "type" else "list of DataTypes"
                     raise GraphError(f"{prefix}node {node.name} (op {node.op}){where}: type attr {attr.name} "
-                                     f"holds {shown!r}, not a {'DataType' if attr.type == 'type' else 'list of DataTypes'}")
+                                     f"holds {shown!r}, not a {wanted}")
     missing = missing_function(graph_def)
     if missing:
         raise GraphError(prefix + missing)
