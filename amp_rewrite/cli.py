@@ -295,6 +295,8 @@ def _check_paths(args) -> None:
     dump_dir = args.dump_dir
     if dump_dir and os.path.exists(dump_dir) and not os.path.isdir(dump_dir):
         raise UsageError(f"{dump_dir}: --dump-dir is not a directory")
+    if dump_dir and (_same_path(dump_dir, args.input) or _inside(dump_dir, args.input)):
+        raise UsageError(f"{dump_dir}: --dump-dir would write into the input; choose another directory")
 
 
 def run_saved_model(args) -> int:

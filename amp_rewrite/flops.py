@@ -139,7 +139,7 @@ def _callees(node, library: set[str]) -> list[str]:
             names.append(value.func.name)
         elif value.HasField("list"):
             names.extend(f.name for f in value.list.func)
-    return names
+    return [name for name in names if name]  # an unset optional func attr has no name
 
 
 def missing_function(graph_def) -> str | None:

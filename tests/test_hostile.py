@@ -790,3 +790,29 @@ def test_loss_scale_settings_built_in_code_are_checked_too(fields):
 
     with pytest.raises(UsageError):
         LossScaleSettings(**fields)
+
+
+def test_dump_dir_inside_the_input_saved_model(capsys, tmp_path):
+    src = tf1_saved_model(tmp_path / "sm", two_meta_graphs=False)
+    refused(capsys, tmp_path, 2, "--dump-dir would write into the input", src, tmp_path / "out", "--dump-dir",
+            src / "dumps")
+
+
+def test_optional_func_attr_left_unset_is_no_call():
+    from amp_rewrite.flops import import_blocker, missing_function
+
+    graph_def = small_graph()
+    node(graph_def, "relu").attr["unused_f"].func.name = ""
+    assert missing_function(graph_def) is None and import_blocker(graph_def) is None
+
+
+def test_mutual_recursion_is_found_without_tensorflow():
+    from amp_rewrite.flops import import_blocker
+
+    graph_def = recursive_graph()
+    first = graph_def.library.function[0]
+    second = graph_def.library.function.add()
+    second.CopyFrom(first)
+    second.signature.name = "other"
+    first.node_def[0].attr["f"].func.name = "other"
+    assert import_blocker(graph_def) == "function other -> recurse -> other calls itself, which TensorFlow cannot import"
