@@ -816,3 +816,23 @@ def test_mutual_recursion_is_found_without_tensorflow():
     second.signature.name = "other"
     first.node_def[0].attr["f"].func.name = "other"
     assert import_blocker(graph_def) == "function other -> recurse -> other calls itself, which TensorFlow cannot import"
+
+
+def test_unexpected_failure_is_one_line_not_a_traceback(capsys, tmp_path, good, monkeypatch):
+    import amp_rewrite.pipeline
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("something nobody foresaw\nsecond line")
+
+    monkeypatch.setattr(amp_rewrite.pipeline, "rewrite", broken)
+    line = refused(capsys, tmp_path, 1, "in.pb: cannot rewrite: RuntimeError: something nobody foresaw", good,
+                   tmp_path / "out.pb")
+    assert "second line" not in line
+
+
+def test_explain_on_a_device_and_on_a_deep_text_graph(capsys, tmp_path):
+    refused(capsys, tmp_path, 1, "/dev/zero: not a regular file", "explain", "/dev/zero", "relu")
+    src = tmp_path / "deep.pbtxt"
+    src.write_text('node { name: "n" op: "NoOp" attr { key: "a" value { '
+                   + 'func { name: "f" attr { key: "a" value { ' * 3000 + "}}}" * 3000 + " } } }\n")
+    refused(capsys, tmp_path, 1, "nested too deeply", "explain", src, "n")
