@@ -376,10 +376,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"amp-rewrite: error: {exc.filename or args.input}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        print("amp-rewrite: interrupted; nothing was written", file=sys.stderr)
+        print("amp-rewrite: interrupted (SIGINT); no partial file is left", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Terminated:
-        print("amp-rewrite: terminated; nothing was written", file=sys.stderr)
+        print("amp-rewrite: terminated (SIGTERM); no partial file is left", file=sys.stderr)
         return EXIT_TERMINATED
     except RecursionError:
         print(f"amp-rewrite: error: {args.input}: the graph nests too deeply to process", file=sys.stderr)
