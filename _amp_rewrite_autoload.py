@@ -66,7 +66,10 @@ class _NotifyingLoader:
         try:
             self._callback(module)
         except Exception as exc:
-            print(f"amp-rewrite: not enabled, patching {module.__name__} failed: {exc!r}",
+            if os.environ.get("AMP_REWRITE_STRICT", "").strip().lower() in TRUE_VALUES:
+                raise  # strict mode promised to raise rather than run in float32
+            reason = str(exc) if type(exc).__module__.startswith("amp_rewrite") else repr(exc)
+            print(f"amp-rewrite: not enabled, patching {module.__name__} failed: {reason}",
                   file=sys.stderr)
 
     def __getattr__(self, name):

@@ -134,7 +134,7 @@ def fold_half_consts(ctx: PaintContext, painting: Painting, applied: Applied) ->
         consumers = graph.consumers.get((i, 0), [])
         if not consumers or not all(graph.input_vertex(d, k) in painting.allow for d, k in consumers):
             continue
-        peak = tensors.max_abs(node.attr["value"].tensor)
+        peak = tensors.max_abs(node.attr["value"].tensor, f"node {node.name} (op Const)")
         if peak > HALF_MAX[ctx.target_dtype]:
             applied.out_of_range_by_body.setdefault(graph.body_of[i], {})[node.name] = peak
             continue

@@ -1,7 +1,10 @@
 """The ``amp-rewrite`` command: read a graph, rewrite it, write it and a report.
 
 Exit codes: 0 done; 1 bad input (the message names the file, node or op);
-2 usage. Nothing is written unless the rewrite succeeded.
+2 usage (a bad flag, an OUT that is no regular file); 130/143 interrupted by
+SIGINT/SIGTERM. Every failure is one ``amp-rewrite:`` line on stderr. Nothing
+is written unless every part succeeded: OUT and the report are staged beside
+their targets and renamed into place together.
 """
 
 from __future__ import annotations
@@ -10,7 +13,9 @@ import argparse
 import faulthandler
 import json
 import logging
+import math
 import os
+import signal
 import sys
 import tempfile
 from contextlib import contextmanager
@@ -24,6 +29,7 @@ from amp_rewrite.errors import AmpRewriteError, GraphError, UsageError
 from amp_rewrite.op_lists import COLOURS, TARGETS, ListEdit
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_USAGE = 0, 1, 2
+EXIT_INTERRUPTED, EXIT_TERMINATED = 128 + 2, 128 + 15
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,12 +57,38 @@ def build_parser() -> argparse.ArgumentParser:
                        help="sample inputs: an .npz whose keys are placeholder or tensor names")
     check.add_argument("--random-inputs", action="store_true",
                        help="sample inputs drawn for every placeholder (unknown dimensions = 2)")
-    check.add_argument("--seed", type=int, default=0, help="seed for --random-inputs")
-    check.add_argument("--rtol", type=float, default=2e-2)
-    check.add_argument("--atol", type=float, default=2e-2, help="relative to each output's largest |value|")
+    check.add_argument("--seed", type=_integer(0, 2 ** 63 - 1), default=0, help="seed for --random-inputs")
+    check.add_argument("--rtol", type=_tolerance, default=2e-2)
+    check.add_argument("--atol", type=_tolerance, default=2e-2, help="relative to each output's largest |value|")
     check.add_argument("--metric", choices=("allclose", "cosine", "top1"), default="allclose")
-    check.add_argument("--max-runs", type=int, default=24, help="most graph executions validation may use")
+    check.add_argument("--max-runs", type=_integer(2, 10_000), default=24,
+                       help="most graph executions validation may use (at least 2)")
     return parser
+
+
+def _tolerance(text: str) -> float:
+    """A tolerance flag's value: a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(value) and 0 <= value <= 1e6):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a finite number from 0 to 1e6")
+    return value
+
+
+def _integer(low: int, high: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text!r}: must be from {low} to {high}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
 
 
 def build_explain_parser() -> argparse.ArgumentParser:
@@ -116,7 +148,8 @@ def _split_names(values: list[str]) -> tuple[str, ...]:
 
 def config_from_args(args, environ=None) -> Config:
     """The rewrite's Config: environment first, then the flags."""
-    config = Config.from_env(environ, list_edits=_flag_edits(args))
+    explicit = {"level": args.level} if args.level else {}
+    config = Config.from_env(environ, list_edits=_flag_edits(args), **explicit)
     fields = {"target": args.target, "lists_dir": args.lists, "device_type": args.device_type,
               "preserve": _split_names(args.preserve)}
     if args.dump_dir:
@@ -136,11 +169,33 @@ def _load_and_rewrite(args):
     config = config_from_args(args)
     graph_def = graph_io.load_graph_def(args.input, input_format=args.input_format)
     try:
+        _check_fetch_ports(graph_def, config.fetches or ())
         if getattr(args, "validate", False):
             return _validated(args, graph_def, config)
         return rewrite(graph_def, config=config)
     except GraphError as exc:
         raise GraphError(f"{args.input}: {exc}") from None
+
+
+def _check_fetch_ports(graph_def, fetches) -> None:
+    """A fetch ``name:port`` must name an output the node has (when its op is known)."""
+    from amp_rewrite.op_registry import OpRegistry
+    from amp_rewrite.typed_graph import TypedGraph, parse_input
+
+    with_port = [f for f in fetches if ":" in f]
+    if not with_port:
+        return
+    nodes = {node.name: node for node in graph_def.node}
+    view = None
+    for fetch in with_port:
+        name, port, _ = parse_input(fetch)
+        if name not in nodes or OpRegistry(graph_def.library).op_def(nodes[name].op) is None:
+            continue  # a missing node is the rewrite's error; an unknown op's outputs are unknown
+        view = view or TypedGraph(graph_def)
+        outputs = view.out_attrs[view.index[name]]
+        if outputs is not None and not 0 <= port < len(outputs):
+            raise GraphError(f"fetch {fetch!r}: node {name} (op {nodes[name].op}) has "
+                             f"{len(outputs)} output{'s' if len(outputs) != 1 else ''}")
 
 
 def _validated(args, graph_def, config):
@@ -149,11 +204,7 @@ def _validated(args, graph_def, config):
     if bool(args.inputs) == bool(args.random_inputs):
         raise UsageError("--validate needs sample inputs: give exactly one of --inputs FEEDS.npz and --random-inputs")
     if args.inputs:
-        try:
-            with np.load(args.inputs) as data:
-                feeds = {key: data[key] for key in data.files}
-        except (OSError, ValueError) as exc:
-            raise validate.ValidationError(f"{args.inputs}: cannot read sample inputs: {exc}") from None
+        feeds = _sample_inputs(args.inputs)
     else:
         feeds = validate.random_feeds(graph_def, seed=args.seed)
     fetches = config.fetches or tuple(sorted(_sinks_with_outputs(graph_def)))
@@ -168,6 +219,36 @@ def _validated(args, graph_def, config):
     return result
 
 
+def _sample_inputs(path: str) -> dict:
+    """The arrays of an ``.npz`` file, by key; anything else is a one-line error naming the file."""
+    from amp_rewrite import validate
+
+    def refuse(reason: str):
+        return validate.ValidationError(f"{path}: cannot read sample inputs: {reason}")
+
+    if not os.path.isfile(path):
+        raise refuse("no such file" if not os.path.lexists(path) else "not a regular file")
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except Exception as exc:  # noqa: BLE001 - numpy raises many kinds for a damaged file
+        raise refuse(f"not an .npz archive ({_first_line(exc)})") from None
+    if not isinstance(loaded, np.lib.npyio.NpzFile):
+        raise refuse("a single .npy array; save the inputs with numpy.savez(path, name=array, ...)")
+    try:
+        with loaded:
+            feeds = {key: loaded[key] for key in loaded.files}
+    except Exception as exc:  # noqa: BLE001 - a truncated member, a pickled object, ...
+        raise refuse(f"a damaged .npz archive ({_first_line(exc)})") from None
+    if not feeds:
+        raise refuse("the archive holds no arrays")
+    return feeds
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
 def _sinks_with_outputs(graph_def):
     consumed = {ref.lstrip("^").split(":")[0] for node in graph_def.node for ref in node.input}
     no_output = {"NoOp", "Assert", "SaveV2", "AssignVariableOp"}
@@ -178,25 +259,58 @@ def run(args) -> int:
     """Rewrites IN to OUT; writes the report; prints the summary line."""
     from amp_rewrite import graph_io
 
-    if (os.path.abspath(args.input) == os.path.abspath(args.output)) and not args.in_place:
-        raise UsageError(f"{args.output}: output is the input file; pass --in-place to overwrite it")
-    if args.report and not args.report.endswith((".json", ".html")):
-        raise UsageError(f"{args.report}: --report must end in .json or .html")
+    _check_paths(args)
     if graph_io.is_saved_model_dir(args.input):
         return run_saved_model(args)
+    graph_io.output_file_target(args.output)
     result = _load_and_rewrite(args)
-    _finish(args, result, lambda: graph_io.save_graph_def(result.graph_def, args.output,
-                                                          output_format=args.output_format))
+    _finish(args, result, lambda outputs: outputs.add_file(
+        args.output, graph_io.graph_def_bytes(result.graph_def, graph_io.format_of(args.output, args.output_format))))
     return EXIT_OK
+
+
+def _same_path(a: str, b: str) -> bool:
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _inside(path: str, directory: str) -> bool:
+    path, directory = os.path.realpath(path), os.path.realpath(directory)
+    return os.path.isdir(directory) and os.path.commonpath([path, directory]) == directory
+
+
+def _check_paths(args) -> None:
+    """Refuses, before any work, an OUT or report that would overwrite IN, OUT, or a non-file."""
+    from amp_rewrite import graph_io
+
+    if _same_path(args.input, args.output) and not args.in_place:
+        raise UsageError(f"{args.output}: output is the input file; pass --in-place to overwrite it")
+    if args.report:
+        if not args.report.endswith((".json", ".html")):
+            raise UsageError(f"{args.report}: --report must end in .json or .html")
+        for name, other in (("input", args.input), ("output", args.output)):
+            if _same_path(args.report, other) or _inside(args.report, other):
+                raise UsageError(f"{args.report}: --report would overwrite the {name}; choose another path")
+        graph_io.output_file_target(args.report)
+    dump_dir = args.dump_dir
+    if dump_dir and os.path.exists(dump_dir) and not os.path.isdir(dump_dir):
+        raise UsageError(f"{dump_dir}: --dump-dir is not a directory")
+    if dump_dir and (_same_path(dump_dir, args.input) or _inside(dump_dir, args.input)):
+        raise UsageError(f"{dump_dir}: --dump-dir would write into the input; choose another directory")
 
 
 def run_saved_model(args) -> int:
     """Rewrites a SavedModel directory into another."""
     from amp_rewrite import graph_io
 
+    graph_io.saved_model_target(args.output, replace=args.in_place)
     rewritten, result = _rewrite_saved_model(args)
-    _finish(args, result, lambda: graph_io.save_saved_model(rewritten, args.input, args.output,
-                                                            replace=args.in_place))
+    _finish(args, result, lambda outputs: outputs.add_saved_model(rewritten, args.input, args.output,
+                                                                  replace=args.in_place))
     return EXIT_OK
 
 
@@ -211,8 +325,8 @@ def _rewrite_saved_model(args):
         raise GraphError(f"{args.input}: {exc}") from None
 
 
-def _finish(args, result, save) -> None:
-    """Renders the report, saves the output, writes the report, prints the summary."""
+def _finish(args, result, stage) -> None:
+    """Renders the report; stages the output and the report; renames both into place; prints the summary."""
     from amp_rewrite import graph_io
 
     report_bytes = None
@@ -222,9 +336,11 @@ def _finish(args, result, save) -> None:
         report_bytes = render_html(result, title=os.path.basename(args.input)).encode()
     elif args.report:
         report_bytes = (json.dumps(result.report(), indent=1, sort_keys=True) + "\n").encode()
-    save()
-    if report_bytes is not None:
-        graph_io.write_atomic(args.report, report_bytes)
+    with graph_io.Outputs() as outputs:
+        if report_bytes is not None:
+            outputs.add_file(args.report, report_bytes)
+        stage(outputs)
+        outputs.commit()
     if not args.quiet:
         print(result.summary())
 
@@ -247,6 +363,14 @@ def run_explain(args) -> int:
     return EXIT_OK
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised like KeyboardInterrupt so that staged outputs are removed on the way out."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     explaining = bool(argv) and argv[0] == "explain"
@@ -257,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if not args.verbose:
         quiet_tensorflow_import()
+    previous_sigterm = _install_sigterm()
     try:
         return run_explain(args) if explaining else run(args)
     except UsageError as exc:
@@ -266,8 +391,36 @@ def main(argv: list[str] | None = None) -> int:
         print(f"amp-rewrite: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except OSError as exc:
-        print(f"amp-rewrite: error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
+        print(f"amp-rewrite: error: {exc.filename or args.input}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("amp-rewrite: interrupted (SIGINT); no partial file is left", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Terminated:
+        print("amp-rewrite: terminated (SIGTERM); no partial file is left", file=sys.stderr)
+        return EXIT_TERMINATED
+    except RecursionError:
+        print(f"amp-rewrite: error: {args.input}: the graph nests too deeply to process", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except MemoryError:
+        print(f"amp-rewrite: error: {args.input}: out of memory", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except Exception as exc:  # noqa: BLE001 - the user gets one line, never a traceback
+        logging.getLogger(__name__).info("unexpected failure", exc_info=True)
+        print(f"amp-rewrite: error: {args.input}: cannot rewrite: {_first_line(exc)} "
+              f"(unexpected; run with -v for details)", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    finally:
+        if previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, previous_sigterm)
+
+
+def _install_sigterm():
+    """Turns SIGTERM into :class:`Terminated` while the command runs (main thread only)."""
+    try:
+        return signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # not the main thread: leave signals alone
+        return None
 
 
 def quiet_tensorflow_import() -> None:

@@ -75,8 +75,8 @@ class Config:
         are applied after the environment's.
         """
         environ = os.environ if environ is None else environ
-        level = environ.get(LEVEL_ENV, "").strip().upper() or "DEFAULT"
-        if level not in LEVELS:
+        level = fields.get("level") or environ.get(LEVEL_ENV, "").strip().upper() or "DEFAULT"
+        if level not in LEVELS and "level" not in fields:
             raise UsageError(f"{LEVEL_ENV}={environ[LEVEL_ENV]!r}: choose one of {', '.join(LEVELS)}")
         extra_edits = tuple(fields.pop("list_edits", ()))
         dump_dir = next((environ[name] for name in DUMP_ENVS if environ.get(name)), None)

@@ -29,3 +29,7 @@ class InputFileError(AmpRewriteError):
 
 class TensorFlowMissingError(AmpRewriteError):
     """TensorFlow is not importable; amp-rewrite needs it for the op registry."""
+
+
+class OutputError(AmpRewriteError):
+    """An output cannot be written (missing directory, no space, permission); names the path."""

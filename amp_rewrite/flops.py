@@ -2,6 +2,9 @@
 
 Shapes come from TensorFlow's shape inference (the graph is imported into a
 scratch ``tf.Graph``; each library function is built from its FunctionDef).
+TensorFlow's importer crashes the process on a function that calls itself,
+so :func:`import_blocker` checks the library's call graph first and a graph
+TensorFlow cannot import has no FLOP share.
 Unknown dimensions, typically the batch, count as 1: the share is a ratio,
 and a batch dimension scales every op alike. An op inside a function counts
 once, whatever the number of calls or loop iterations, which no static view
@@ -91,6 +94,10 @@ def half_flop_share(graph_def) -> float | None:
     """
     import tensorflow as tf
 
+    blocker = import_blocker(graph_def)
+    if blocker:
+        logger.debug("FLOP share unknown: %s", blocker)
+        return None
     graph = tf.Graph()
     try:
         with graph.as_default():
@@ -123,3 +130,64 @@ def _function_ops(graph_def) -> list:
         except Exception as exc:  # noqa: BLE001 - a function we cannot build counts as unknown
             logger.debug("FLOPs of function %s unknown: %s", fdef.signature.name, exc)
     return ops
+
+
+def _callees(node, library: set[str]) -> list[str]:
+    names = [node.op] if node.op in library else []
+    for value in node.attr.values():
+        if value.HasField("func"):
+            names.append(value.func.name)
+        elif value.HasField("list"):
+            names.extend(f.name for f in value.list.func)
+    return [name for name in names if name]  # an unset optional func attr has no name
+
+
+def missing_function(graph_def) -> str | None:
+    """The first call to a function neither the library nor TensorFlow defines, as a message, or None."""
+    from amp_rewrite.op_registry import OpRegistry
+
+    library = {f.signature.name for f in graph_def.library.function}
+    bodies = [(None, graph_def.node)] + [(f.signature.name, f.node_def) for f in graph_def.library.function]
+    for owner, nodes in bodies:
+        for node in nodes:
+            for callee in _callees(node, library):
+                if callee not in library and OpRegistry.registry_op_def(callee) is None:
+                    where = f"node {node.name} (op {node.op})" + (f" in function {owner}" if owner else "")
+                    return f"{where} calls function {callee!r}, which the library does not define"
+    return None
+
+
+def import_blocker(graph_def) -> str | None:
+    """Why TensorFlow cannot import ``graph_def`` safely, or None.
+
+    A function that calls itself, directly or through others, makes
+    TensorFlow's importer recurse until the process dies; a call to a
+    function the library lacks fails the import. Both are found here from the
+    call graph alone, without importing anything.
+    """
+    missing = missing_function(graph_def)
+    if missing:
+        return missing
+    library = {f.signature.name for f in graph_def.library.function}
+    calls = {f.signature.name: sorted({c for n in f.node_def for c in _callees(n, library) if c in library})
+             for f in graph_def.library.function}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    for root in sorted(calls):
+        if state.get(root):
+            continue
+        state[root] = 1
+        stack = [(root, iter(calls[root]))]
+        while stack:
+            name, pending = stack[-1]
+            callee = next(pending, None)
+            if callee is None:
+                state[name] = 2
+                stack.pop()
+            elif state.get(callee) == 1:
+                path = [n for n, _ in stack]
+                cycle = path[path.index(callee):] + [callee]
+                return "function " + " -> ".join(cycle) + " calls itself, which TensorFlow cannot import"
+            elif not state.get(callee):
+                state[callee] = 1
+                stack.append((callee, iter(calls[callee])))
+    return None

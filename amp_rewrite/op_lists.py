@@ -10,12 +10,17 @@ order. After every edit an op may be in at most one list; otherwise a
 
 from __future__ import annotations
 
+import difflib
+import functools
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, NamedTuple
 
 from amp_rewrite.errors import ListError
+
+logger = logging.getLogger(__name__)
 
 COLOURS = ("allow", "infer", "deny", "clear")
 TARGETS = ("float16", "bfloat16")
@@ -79,9 +84,11 @@ def default_lists_root() -> Path:
 def parse_list_file(path: Path) -> list[str]:
     """Reads one list file: op names, one per line, ``#`` comments ignored."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_bytes().decode("utf-8-sig")
     except OSError as exc:
-        raise ListError(f"{path}: cannot read op list: {exc.strerror or exc}") from exc
+        raise ListError(f"{path}: cannot read op list: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ListError(f"{path}: not UTF-8 text (byte {exc.start} is 0x{exc.object[exc.start]:02x})") from None
     ops = []
     for lineno, raw in enumerate(text.splitlines(), start=1):
         line = raw.split("#", 1)[0].strip()
@@ -142,9 +149,14 @@ def load_lists(
         path = _list_path(root, colour, lists_dir, target)
         members[colour] = {op: str(path) for op in parse_list_file(path)}
         _check_overlap(members)
+        if path.parent != root:
+            _warn_unknown_ops(members[colour], str(path))
     for edit in edits:
         if edit.colour not in COLOURS:
             raise ListError(f"{edit.source}: unknown list {edit.colour!r}")
+        if not edit.op.replace("_", "").replace(">", "").isalnum():
+            raise ListError(f"{edit.source}: not an op name: {edit.op!r}")
+        _warn_unknown_ops([edit.op], edit.source)
         if edit.is_add:
             members[edit.colour].setdefault(edit.op, edit.source)
         else:
@@ -162,6 +174,31 @@ def load_lists(
         origins=origins,
         **{colour: frozenset(members[colour]) for colour in COLOURS},
     )
+
+
+def _warn_unknown_ops(ops: Iterable[str], source: str) -> None:
+    """Warns, once per op and source, about ops neither TensorFlow nor a known prefix names (a typo?)."""
+    from amp_rewrite.op_registry import OpRegistry
+
+    for op in ops:
+        if OpRegistry.registry_op_def(op) is None and (op, source) not in _WARNED:
+            _WARNED.add((op, source))
+            close = difflib.get_close_matches(op, _registered_op_names(), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else " (a custom op must be loaded to match)"
+            logger.warning("%s: %s is not an op this TensorFlow registers%s", source, op, hint)
+
+
+_WARNED: set[tuple[str, str]] = set()
+
+
+@functools.lru_cache(maxsize=1)
+def _registered_op_names() -> tuple[str, ...]:
+    try:
+        import tensorflow as tf
+
+        return tuple(name for name in dir(tf.raw_ops) if not name.startswith("_"))
+    except ImportError:  # pragma: no cover - the registry lookup already needs TensorFlow
+        return ()
 
 
 def _list_path(root: Path, colour: str, lists_dir, target: str) -> Path:

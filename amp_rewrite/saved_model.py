@@ -50,9 +50,13 @@ def _rewrite_meta_graph(meta, config: Config) -> RewriteResult:
     synthetic = _entry_calls(staged, entries)
     del staged.node[:]
     staged.node.extend(synthetic + list(graph_def.node))
-    keep = tuple(originals) + tuple(node.name for node in synthetic)
     restored = tuple(sorted(meta.object_graph_def.concrete_functions))
-    result = rewrite(staged, config=replace(config, fetches=keep, preserve=(), fixed_signatures=restored))
+    if restored:
+        keep = tuple(originals) + tuple(node.name for node in synthetic)
+        preserve: tuple[str, ...] = ()
+    else:
+        keep, preserve = _v1_interface(meta)
+    result = rewrite(staged, config=replace(config, fetches=keep, preserve=preserve, fixed_signatures=restored))
     rewritten = result.graph_def
     kept = [node for node in rewritten.node if not node.name.startswith(ENTRY_PREFIX + "/")]
     del rewritten.node[:]
@@ -80,6 +84,32 @@ def _without_entry_calls(outcomes: dict[str, dict]) -> dict[str, dict]:
             entry["reason"] = entry["reason"][:entry["reason"].rindex("; its ")]
         kept[name] = entry
     return kept
+
+
+def _v1_interface(meta) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """What a TF1 MetaGraph's users reach: (fetched, fed) node names.
+
+    Fetched: signature outputs, the saver's tensors, every node a collection
+    names (train ops, initializers, variables) and every node without
+    consumers; fed: signature inputs. The rest of the graph is free to change.
+    """
+    from amp_rewrite.typed_graph import parse_input
+
+    names = {node.name for node in meta.graph_def.node}
+    consumed = {parse_input(ref)[0] for node in meta.graph_def.node for ref in node.input}
+    fetched = names - consumed
+    fed = set()
+    for signature in meta.signature_def.values():
+        fetched.update(parse_input(t.name)[0] for t in signature.outputs.values() if t.name)
+        fed.update(parse_input(t.name)[0] for t in signature.inputs.values() if t.name)
+    saver = meta.saver_def
+    for ref in (saver.filename_tensor_name, saver.save_tensor_name, saver.restore_op_name):
+        if ref:
+            fetched.add(parse_input(ref)[0])
+    for collection in meta.collection_def.values():
+        if collection.WhichOneof("kind") == "node_list":
+            fetched.update(parse_input(ref)[0] for ref in collection.node_list.value)
+    return tuple(sorted(fetched & names)), tuple(sorted(fed & names))
 
 
 def _entry_calls(graph_def, entries: list[str]) -> list:

@@ -63,12 +63,35 @@ class Tolerance:
     atol: float = 2e-2
     metric: str = "allclose"
 
+    def __post_init__(self):
+        for name in ("rtol", "atol"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise UsageError(f"{name} {value!r}: must be a finite number >= 0")
+        if self.rtol == 0 and self.atol == 0:
+            raise UsageError("rtol and atol are both 0: no half graph can pass")
+        if self.metric not in METRICS:
+            raise UsageError(f"unknown metric {self.metric!r}; choose one of {', '.join(METRICS)}")
+
     def error(self, got: np.ndarray, want: np.ndarray) -> float:
-        """How far ``got`` is from ``want``: at most 1.0 passes; inf for non-finite values."""
+        """How far ``got`` is from ``want``: at most 1.0 passes.
+
+        Where ``want`` is not finite (a legitimate -inf, say), ``got`` must be
+        the same value; where it is finite, ``got`` must be finite too, and the
+        metric judges those values. A mismatch is inf, never NaN.
+        """
         got = np.asarray(got, dtype=np.float64)
         want = np.asarray(want, dtype=np.float64)
-        if got.shape != want.shape or not np.all(np.isfinite(got[np.isfinite(want)])):
+        if got.shape != want.shape:
             return math.inf
+        finite = np.isfinite(want)
+        if not np.all(np.isfinite(got[finite])):
+            return math.inf
+        odd_got, odd_want = got[~finite], want[~finite]
+        if not np.all((odd_got == odd_want) | (np.isnan(odd_got) & np.isnan(odd_want))):
+            return math.inf
+        if not np.all(finite):
+            got, want = got[finite], want[finite]
         if got.size == 0:
             return 0.0
         if self.metric == "cosine":
@@ -137,6 +160,8 @@ def validated_rewrite(
     tolerance = tolerance or Tolerance()
     if tolerance.metric not in METRICS:
         raise UsageError(f"unknown metric {tolerance.metric!r}; choose one of {', '.join(METRICS)}")
+    if not isinstance(max_runs, int) or max_runs < 2:
+        raise UsageError(f"max_runs {max_runs!r}: must be an integer >= 2 (a float32 run and a check)")
     fetches = list(fetches)
     report = ValidationReport()
     runner = _Runner(graph_def, feeds, fetches, report, max_runs, progress)
@@ -376,7 +401,14 @@ def random_feeds(graph_def, *, seed: int = 0, batch: int = 2) -> dict[str, np.nd
         if shape.unknown_rank:
             raise ValidationError(f"placeholder {node.name} has unknown rank: give sample inputs with --inputs")
         dims = [d.size if d.size >= 0 else batch for d in shape.dim]
-        dtype = tf.as_dtype(node.attr["dtype"].type)
+        try:
+            dtype = tf.as_dtype(node.attr["dtype"].type)
+        except TypeError:
+            raise ValidationError(f"placeholder {node.name} has dtype {node.attr['dtype'].type}, which is no "
+                                  f"DataType") from None
+        if dtype in (tf.resource, tf.variant, tf.string) or dtype.is_complex or dtype.is_quantized:
+            raise ValidationError(f"placeholder {node.name} is {dtype.name}, which random inputs cannot fill: "
+                                  f"give sample inputs with --inputs")
         if dtype.is_floating:
             feeds[node.name] = rng.standard_normal(dims).astype(dtype.as_numpy_dtype)
         elif dtype == tf.bool:
@@ -411,6 +443,8 @@ class _Runner:
 
         graph = self._import(self.graph_def)
         self._check_feeds(graph)
+        for fetch in self.fetches:
+            self._fetch(graph, fetch)
         observable = _observable_tensors(self.graph_def)
         peaks_ops = {}
         with graph.as_default(), tf.name_scope("amp_rewrite_validation"):
@@ -421,6 +455,11 @@ class _Runner:
         values = self._run(graph, [self._fetch(graph, f) for f in self.fetches] + list(peaks_ops.values()),
                            "float32 reference")
         outputs = dict(zip(self.fetches, values[:len(self.fetches)]))
+        for name, value in outputs.items():
+            value = np.asarray(value)
+            if value.dtype.kind == "f" and value.size and np.any(np.isnan(value)):
+                raise ValidationError(f"output {name} is NaN in float32 on these sample inputs; nothing to "
+                                      f"compare the half graph with: give other sample inputs")
         peaks = {name: float(v) for name, v in zip(peaks_ops, values[len(self.fetches):])}
         for name, value in self.feeds.items():
             if value.dtype.kind == "f" and value.size:
@@ -435,9 +474,19 @@ class _Runner:
     def _import(self, graph_def):
         import tensorflow as tf
 
+        from amp_rewrite.flops import import_blocker
+
+        blocker = import_blocker(graph_def)
+        if blocker:
+            raise ValidationError(f"cannot run the graph to validate it: {blocker}")
         graph = tf.Graph()
-        with graph.as_default():
-            tf.compat.v1.import_graph_def(graph_def, name="")
+        try:
+            with graph.as_default():
+                tf.compat.v1.import_graph_def(graph_def, name="")
+        except Exception as exc:  # noqa: BLE001 - whatever TensorFlow raises, the graph cannot run here
+            text = getattr(exc, "message", None) or str(exc)
+            raise ValidationError(f"cannot run the graph to validate it: TensorFlow does not import it: "
+                                  f"{text.strip().splitlines()[0] if text.strip() else type(exc).__name__}") from None
         return graph
 
     def _check_feeds(self, graph) -> None:
@@ -448,7 +497,13 @@ class _Runner:
                 tensor = graph.get_tensor_by_name(name)
             except (KeyError, ValueError):
                 raise ValidationError(f"sample input {name!r} names no tensor of the graph") from None
-            if tf.as_dtype(value.dtype) != tensor.dtype:
+            if value.dtype.kind == "f" and value.size and not np.all(np.isfinite(value)):
+                raise ValidationError(f"sample input {name!r} holds NaN or infinite values: give finite ones")
+            try:
+                dtype = tf.string if value.dtype.kind in "OSU" else tf.as_dtype(value.dtype)
+            except TypeError:
+                dtype = None
+            if dtype != tensor.dtype:
                 raise ValidationError(f"sample input {name!r} is {value.dtype}, the graph wants "
                                       f"{tensor.dtype.name}")
             if not tensor.shape.is_compatible_with(value.shape):
@@ -461,9 +516,12 @@ class _Runner:
                                   + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
 
     def _fetch(self, graph, name):
-        if ":" in name:
-            return graph.get_tensor_by_name(name)
-        op = graph.get_operation_by_name(name)
+        try:
+            if ":" in name:
+                return graph.get_tensor_by_name(name)
+            op = graph.get_operation_by_name(name)
+        except (KeyError, ValueError) as exc:
+            raise ValidationError(f"fetch {name!r}: {str(exc).strip(chr(34)).splitlines()[0]}") from None
         return op.outputs[0] if op.outputs else op
 
     def _run(self, graph, fetches, label: str):

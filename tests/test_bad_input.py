@@ -1,8 +1,8 @@
 """Bad input: one line naming the file, node or op; exit code 1; no output file left behind."""
 
+import logging
 import os
-import subprocess
-import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -10,13 +10,27 @@ import tensorflow as tf
 from google.protobuf import text_format
 
 from amp_rewrite import GraphError, rewrite
+from amp_rewrite.cli import main
 from helpers import CPU, amp, assert_one_line_error, tf1
 
 
-def cli(*args, cwd):
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("TF_AUTO_MIXED", "AMP_REWRITE"))}
-    return subprocess.run([sys.executable, "-m", "amp_rewrite", *map(str, args)], cwd=cwd, env=environ,
-                          capture_output=True, text=True, timeout=300)
+@pytest.fixture
+def cli(capsys, caplog, monkeypatch):
+    """Runs ``amp-rewrite ARGS`` in-process in ``cwd``: returncode, stdout, and stderr with the log's warnings."""
+    for name in list(os.environ):
+        if name.startswith(("TF_AUTO_MIXED", "AMP_REWRITE")):
+            monkeypatch.delenv(name)
+
+    def run(*args, cwd):
+        monkeypatch.chdir(cwd)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            returncode = main([str(a) for a in args])
+        captured = capsys.readouterr()
+        logged = "".join(f"amp-rewrite: {r.levelname}: {r.getMessage()}\n" for r in caplog.records)
+        return SimpleNamespace(returncode=returncode, stdout=captured.out, stderr=logged + captured.err)
+
+    return run
 
 
 def small_graph():
@@ -69,7 +83,7 @@ CASES = ["missing", "empty", "truncated", "corrupt", "text_as_binary", "binary_a
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_bad_input_gives_one_line_exit_1_and_no_output(tmp_path, case):
+def test_bad_input_gives_one_line_exit_1_and_no_output(cli, tmp_path, case):
     path, message = cases(tmp_path)[case]
     out = tmp_path / "out.pb"
     proc = cli(path, out, cwd=tmp_path)
@@ -80,7 +94,7 @@ def test_bad_input_gives_one_line_exit_1_and_no_output(tmp_path, case):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out.pb")] == []
 
 
-def test_failed_rewrite_leaves_an_existing_output_untouched(tmp_path):
+def test_failed_rewrite_leaves_an_existing_output_untouched(cli, tmp_path):
     good = write(tmp_path / "good.pb", small_graph())
     out = tmp_path / "out.pb"
     out.write_bytes(b"previous result")
@@ -89,14 +103,14 @@ def test_failed_rewrite_leaves_an_existing_output_untouched(tmp_path):
     assert out.read_bytes() == b"previous result"
 
 
-def test_unwritable_output_is_exit_1_with_the_path(tmp_path):
+def test_unwritable_output_is_exit_1_with_the_path(cli, tmp_path):
     good = write(tmp_path / "good.pb", small_graph())
     proc = cli(good, tmp_path / "no" / "such" / "dir" / "out.pb", cwd=tmp_path)
     assert proc.returncode == 1
     assert_one_line_error(proc.stderr, "no/such/dir")
 
 
-def test_custom_op_is_kept_with_a_warning_not_an_error(tmp_path):
+def test_custom_op_is_kept_with_a_warning_not_an_error(cli, tmp_path):
     gd = small_graph()
     custom = gd.node.add(name="custom", op="MyVendorOp")
     custom.input.append("relu")
@@ -126,7 +140,7 @@ def test_v1_loops_are_not_mistaken_for_cycles():
     assert amp(g.as_graph_def(), ["out"]).converted
 
 
-def test_explain_prints_the_chain_back_to_the_list(tmp_path):
+def test_explain_prints_the_chain_back_to_the_list(cli, tmp_path):
     good = write(tmp_path / "good.pb", small_graph())
     proc = cli("explain", good, "relu", "--fetch", "out", "--device-type", "CPU", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr

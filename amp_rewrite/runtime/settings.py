@@ -8,9 +8,12 @@ Every variable is read once, when the runtime is enabled, into one frozen
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Mapping
+
+import numpy as np
 
 from amp_rewrite.errors import UsageError
 
@@ -28,6 +31,18 @@ DEFAULT_GROWTH_INTERVAL = 2000
 DEFAULT_LOG_EVERY = 1000
 
 
+# The scale is a float32 variable; the step counters are int64 but a larger
+# interval than int32 allows never triggers anyway.
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+INT32_MAX = 2 ** 31 - 1
+
+
+def _is_float32(value: float) -> bool:
+    """Whether ``value`` is finite as a float32 (1e39 is finite as a double but inf in float32)."""
+    with np.errstate(over="ignore"):
+        return math.isfinite(value) and bool(np.isfinite(np.float32(value)))
+
+
 @dataclass(frozen=True)
 class LossScaleSettings:
     """Dynamic (``is_dynamic``) or fixed loss scaling.
@@ -43,6 +58,15 @@ class LossScaleSettings:
     initial_scale: float = DEFAULT_INITIAL_SCALE
     growth_interval: int = DEFAULT_GROWTH_INTERVAL
     log_every: int = DEFAULT_LOG_EVERY
+
+    def __post_init__(self):
+        scale = self.initial_scale
+        if not (isinstance(scale, (int, float)) and _is_float32(scale) and float(np.float32(scale)) > 0):
+            raise UsageError(f"loss scale {scale!r}: must be a number > 0 that float32 can hold")
+        for name, low in (("growth_interval", 1), ("log_every", 0)):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and low <= value <= INT32_MAX):
+                raise UsageError(f"{name} {value!r}: must be an integer from {low} to {INT32_MAX}")
 
 
 @dataclass(frozen=True)
@@ -80,8 +104,9 @@ def _loss_scale_from_env(environ: Mapping[str, str]) -> LossScaleSettings:
     if mode == "dynamic":
         return LossScaleSettings(True, initial, interval, log_every)
     fixed = _parse(LOSS_SCALE_ENV, mode, float)
-    if not fixed > 0 or fixed == float("inf"):
-        raise UsageError(f"{LOSS_SCALE_ENV}={mode!r}: use 'dynamic' or a finite number > 0")
+    if not (_is_float32(fixed) and fixed > 0 and float(np.float32(fixed)) > 0):
+        raise UsageError(f"{LOSS_SCALE_ENV}={mode!r}: use 'dynamic' or a finite number > 0 that float32 can hold "
+                         f"(at most {FLOAT32_MAX:.4g})")
     return LossScaleSettings(False, fixed, interval, log_every)
 
 
@@ -90,6 +115,10 @@ def _number(environ, name, kind, default, *, minimum):
     if not text:
         return default
     value = _parse(name, text, kind)
+    if kind is float and not _is_float32(value):
+        raise UsageError(f"{name}={text!r}: must be a finite number float32 can hold (at most {FLOAT32_MAX:.4g})")
+    if kind is int and value > INT32_MAX:
+        raise UsageError(f"{name}={text!r}: must be at most {INT32_MAX}")
     if value < minimum:
         raise UsageError(f"{name}={text!r}: must be at least {minimum}")
     return value
@@ -98,5 +127,5 @@ def _number(environ, name, kind, default, *, minimum):
 def _parse(name, text, kind):
     try:
         return kind(text)
-    except ValueError:
+    except (ValueError, OverflowError):
         raise UsageError(f"{name}={text!r}: not a{'n integer' if kind is int else ' number'}") from None
