@@ -144,7 +144,7 @@ def _install_tf2_patches(settings: RuntimeSettings) -> None:
     from amp_rewrite.runtime import keras_patch, tf_function
 
     tf_function.install(is_strict=settings.is_strict)
-    keras_patch.install()
+    keras_patch.install(settings)
 
 
 def _uninstall_tf2_patches() -> None:
