@@ -65,12 +65,15 @@ class RewrittenFunction:
         return bool(self.custom_gradient_ops)
 
 
-def rewrite_concrete(concrete_function, config: Config) -> RewrittenFunction:
+def rewrite_concrete(concrete_function, config: Config, *,
+                     is_probing_overflow: bool = False) -> RewrittenFunction:
     """Rewrites ``concrete_function`` (never modified) and loads the result.
 
     Args:
         concrete_function: a ``ConcreteFunction`` from ``tf.function`` tracing.
         config: the rewrite configuration; ``fetches`` and ``preserve`` are set here.
+        is_probing_overflow: give each rebuilt body finiteness probes on its half
+            outputs (:func:`amp_rewrite.runtime.overflow_probe.add_probes`).
 
     Raises:
         Any error of the rewrite or of TensorFlow while loading the result.
@@ -83,7 +86,7 @@ def rewrite_concrete(concrete_function, config: Config) -> RewrittenFunction:
     if entry.signature.name not in changed:
         return RewrittenFunction(None, result)
     library = {f.signature.name: f for f in result.graph_def.library.function}
-    loader = _Loader(library, originals)
+    loader = _Loader(library, originals, is_probing_overflow=is_probing_overflow)
     for name in _callees_first(library, changed - {entry.signature.name}):
         loader.load_nested(name)
     new = loader.load_entry(entry.signature.name, concrete_function)
@@ -231,8 +234,9 @@ class _Callees:
 class _Loader:
     """Registers rewritten FunctionDefs as ConcreteFunctions, callees first."""
 
-    def __init__(self, library: dict, originals: dict):
+    def __init__(self, library: dict, originals: dict, *, is_probing_overflow: bool = False):
         self.library = library
+        self.is_probing_overflow = is_probing_overflow
         self.callees = _Callees(originals)
         self.renamed: dict[str, str] = {}  # rewritten name → registered name
 
@@ -277,6 +281,10 @@ class _Loader:
             if op.type in CALL_OPS:
                 callee = _text(op.get_attr("f").name)
                 op._gradient_function = self.callees.gradient_function(callee)  # pylint: disable=protected-access
+        if self.is_probing_overflow:
+            from amp_rewrite.runtime.overflow_probe import add_probes
+
+            add_probes(graph, _GENERATED_NAME.match(name).group(1))
         return graph
 
 

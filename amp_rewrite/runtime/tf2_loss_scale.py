@@ -53,7 +53,7 @@ SCOPE = "amp_loss_scale"
 MAX_SCALE = 2.0 ** 24
 NAMES_IN_SKIP_LINE = 3
 SCALED_ELSEWHERE_ATTR = "_amp_rewrite_loss_scaled_elsewhere"
-OVERFLOW_HINT = "AMP_REWRITE_FIND_OVERFLOW=1 names the op whose output overflowed"
+OVERFLOW_HINT = "AMP_REWRITE_FIND_OVERFLOW=1 names the first op whose output was not finite."
 
 
 class LossScaleState:
@@ -544,11 +544,12 @@ class _GuardedStep:
         bad = tf.boolean_mask(names, flags > 0)
         shown = tf.strings.reduce_join(bad[:NAMES_IN_SKIP_LINE], separator=", ")
         more = tf.size(bad) - tf.minimum(tf.size(bad), NAMES_IN_SKIP_LINE)
-        message = tf.strings.format(
-            "amp-rewrite: loss scale {}: step skipped, gradients not finite for {} of {} variables: "
-            "{}{}. " + OVERFLOW_HINT,
-            (tf.identity(self.state.scale), tf.size(bad), len(self.names), shown,
-             tf.where(more > 0, tf.strings.format(" and {} more", more), "")))
+        hint = "" if is_finding_overflow() else " " + OVERFLOW_HINT
+        message = tf.strings.join([
+            tf.strings.format("amp-rewrite: loss scale {}: step skipped, gradients not finite for "
+                              "{} of {} variables: ",
+                              (tf.identity(self.state.scale), tf.size(bad), len(self.names))),
+            shown, tf.where(more > 0, tf.strings.format(" and {} more", more), ""), "." + hint])
         if tf.executing_eagerly():
             logger.warning("%s", message.numpy().decode())
         else:
