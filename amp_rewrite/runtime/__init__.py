@@ -11,8 +11,8 @@
 - ``MixedPrecisionLossScaleOptimizer`` so an optimizer it wraps is not scaled twice;
 - ``tf.function`` tracing, so each new ConcreteFunction runs its rewritten body
   (:mod:`amp_rewrite.runtime.tf_function`);
-- Keras 3 ``Model.compile``, which wraps the optimizer in a
-  ``LossScaleOptimizer`` for ``fit`` (:mod:`amp_rewrite.runtime.keras_patch`).
+- ``GradientTape.gradient`` and Keras optimizers' apply, for dynamic loss
+  scaling of TF2 loops and ``fit`` (:mod:`amp_rewrite.runtime.tf2_loss_scale`).
 
 :func:`disable` undoes all of it. Both are idempotent. Importing this module
 patches nothing and does not import TensorFlow.

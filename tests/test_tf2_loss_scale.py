@@ -1,0 +1,183 @@
+"""Loss scaling in TF2 training loops under ``ENABLE_AUTO_MP=1`` (float16 target).
+
+``fixtures/train_tf2_loops.py`` trains a tiny-loss model (loss x 1e-6,
+learning rate x 1e6) in each loop style, in three subprocesses per Keras:
+float32 (no variable), AMP, and AMP with scaling off (``AMP_LOSS_SCALE=1``).
+Both AMP runs make one gradient inf in step 3; the AMP run also restores the
+float32 run's checkpoint, and its own one with the runtime disabled.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+LOOPS = FIXTURES / "train_tf2_loops.py"
+OVERFLOW = FIXTURES / "overflow_step.py"
+OWN_PREFIXES = ("ENABLE_AUTO_MP", "TF_ENABLE_AUTO_MIXED_PRECISION", "AMP_",
+                "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_", "TF_USE_LEGACY_KERAS")
+KERAS3 = ("keras_function", "keras_eager", "keras_train_step", "keras_mirrored")
+TF_KERAS = ("tf_keras_fit", "tf_keras_loop")
+STYLES = KERAS3 + TF_KERAS
+FIT_STYLES = ("tf_keras_fit",)  # user code never sees the gradients
+INJECT_STEP = 3
+STEPS = 120
+FLOAT16 = {"ENABLE_AUTO_MP": "1", "AMP_REWRITE_TARGET": "float16"}
+SKIP_LINE = ("step skipped, gradients not finite for 1 of 5 variables: probe/injected.")
+
+
+def environment(**extra):
+    base = {k: v for k, v in os.environ.items() if not k.startswith(OWN_PREFIXES)}
+    return {**base, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONHASHSEED": "0", **extra}
+
+
+def start(root, name, styles, env, *more):
+    out = root / f"{name}.json"
+    command = [sys.executable, str(LOOPS), "--styles", ",".join(styles), "--out", str(out),
+               "--ckpt-dir", str(root / name), *more]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True)
+    return out, process
+
+
+def finish(out, process):
+    _, stderr = process.communicate(timeout=600)
+    assert process.returncode == 0, stderr[-4000:]
+    return json.loads(out.read_text()), stderr
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """{"f32"|"amp"|"unscaled": {style: result}} and {"amp"|"unscaled": stderr per Keras}."""
+    root = tmp_path_factory.mktemp("loops")
+    inject = ("--inject-step", str(INJECT_STEP))
+    groups = {"k3": (KERAS3, {}), "tfk": (TF_KERAS, {"TF_USE_LEGACY_KERAS": "1"})}
+    results = {"f32": {}, "amp": {}, "unscaled": {}}
+    stderrs = {"amp": {}, "unscaled": {}}
+    first = {}
+    for group, (styles, extra) in groups.items():
+        first[group, "f32"] = start(root, f"f32_{group}", styles, environment(**extra))
+        first[group, "unscaled"] = start(root, f"unscaled_{group}", styles,
+                                         environment(**extra, **FLOAT16, AMP_LOSS_SCALE="1"), *inject)
+    for (group, kind), running in first.items():
+        result, stderr = finish(*running)
+        results[kind].update(result)
+        if kind == "unscaled":
+            stderrs[kind][group] = stderr
+    second = {group: start(root, f"amp_{group}", styles, environment(**extra, **FLOAT16), *inject,
+                           "--restore-from", str(root / f"f32_{group}"))
+              for group, (styles, extra) in groups.items()}
+    for group, running in second.items():
+        result, stderr = finish(*running)
+        results["amp"].update(result)
+        stderrs["amp"][group] = stderr
+    return results, stderrs
+
+
+def final_loss(result, style):
+    losses = result["losses"]
+    # fit reports epoch means; a loop reports steps: average the last epoch's 8
+    return losses[-1] if style in FIT_STYLES or style == "keras_train_step" else float(np.mean(losses[-8:]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("style", STYLES)
+def test_float16_trains_like_float32_and_unscaled_float16_does_not(runs, style):
+    results, _ = runs
+    f32, amp, unscaled = (final_loss(results[k][style], style) for k in ("f32", "amp", "unscaled"))
+    assert f32 < 0.5, f"float32 did not train: {f32}"
+    assert abs(amp - f32) <= 0.1 * f32, (amp, f32)
+    assert unscaled > 2.0, f"float16 without scaling should stay near chance (2.30): {unscaled}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("style", [s for s in STYLES if s not in FIT_STYLES])
+def test_user_code_sees_the_float32_gradients(runs, style):
+    results, _ = runs
+    f32 = [np.asarray(g) for g in results["f32"][style]["seen_grads"]]
+    amp = [np.asarray(g) for g in results["amp"][style]["seen_grads"]]
+    unscaled = [np.asarray(g) for g in results["unscaled"][style]["seen_grads"]]
+    assert len(f32) == len(amp) == 5
+    # Float16 forward math rounds activations (a ReLU near 0 may flip), so single
+    # elements of the first layer's gradient can be a few % off: judge each
+    # tensor by its relative L2 error.
+    for want, got in zip(f32, amp):
+        if np.abs(want).max() > 0:
+            assert np.linalg.norm(got - want) <= 3e-2 * np.linalg.norm(want)
+        else:
+            np.testing.assert_array_equal(got, want)
+    # without scaling the same gradients underflow in float16
+    errors = [np.linalg.norm(got - want) / np.linalg.norm(want) for want, got in zip(f32, unscaled)
+              if np.abs(want).max() > 0]
+    assert max(errors) > 0.5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("style", STYLES)
+def test_injected_inf_skips_exactly_that_step_and_names_the_variable(runs, style):
+    results, stderrs = runs
+    result = results["amp"][style]
+    before, after = result["around_inject"]
+    for old, new in zip(before, after):
+        np.testing.assert_array_equal(np.asarray(new), np.asarray(old))
+    assert result["state"] == {"scale": 16384.0, "skipped": 1, "good": STEPS - 1 - INJECT_STEP}
+    group = "k3" if style in KERAS3 else "tfk"
+    lines = [line for line in stderrs["amp"][group].splitlines() if "step skipped" in line]
+    styles = KERAS3 if group == "k3" else TF_KERAS
+    assert lines and all(line.endswith(SKIP_LINE + " AMP_REWRITE_FIND_OVERFLOW=1 names the first op "
+                                       "whose output was not finite.") for line in lines), lines
+    assert all("amp-rewrite: loss scale 32768:" in line for line in lines)
+    # one skip per style (an eager skip also goes through Python logging, maybe to two handlers)
+    assert len({line[line.index("amp-rewrite:"):] for line in lines}) == 1
+    assert len(lines) >= len(styles)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("style", STYLES)
+def test_checkpoints_restore_both_ways(runs, style):
+    results, _ = runs
+    state_key = "optimizer/amp_loss_scale/scale/.ATTRIBUTES/VARIABLE_VALUE"
+    f32, amp = results["f32"][style]["checkpoint"], results["amp"][style]["checkpoint"]
+    assert state_key not in f32["keys"] and state_key in amp["keys"]
+    assert amp["saved_scale"] == 16384.0
+    assert set(amp["keys"]) - set(f32["keys"]) == {
+        f"optimizer/amp_loss_scale/{name}/.ATTRIBUTES/VARIABLE_VALUE"
+        for name in ("scale", "good_steps", "skipped_steps")}
+    into_amp = amp["restored_other"]  # the float32 checkpoint, under the runtime
+    assert into_amp["weights_match"] and into_amp["loss_finite"]
+    assert into_amp["iterations"] == STEPS + 1
+    without = amp["restored_own_without_runtime"]
+    assert without["weights_match"] and without["loss_finite"] and without["state"] is None
+    assert without["iterations"] == STEPS  # one step was skipped, one taken after the restore
+
+
+def run_overflow(**extra):
+    process = subprocess.run([sys.executable, str(OVERFLOW)], env=environment(**extra),
+                             capture_output=True, text=True, timeout=300)
+    assert process.returncode == 0, process.stderr[-4000:]
+    losses = [float(line.split()[1]) for line in process.stdout.splitlines() if line.startswith("loss")]
+    return losses, [line for line in process.stderr.splitlines() if "amp-rewrite:" in line]
+
+
+@pytest.mark.slow
+def test_find_overflow_names_the_op_that_overflowed():
+    losses, _ = run_overflow()
+    assert all(np.isfinite(losses))  # float32 is fine: the overflow is float16's
+    losses, lines = run_overflow(**FLOAT16, AMP_REWRITE_FIND_OVERFLOW="1")
+    assert not any(np.isfinite(losses))
+    found = [line for line in lines if "first non-finite half output" in line]
+    assert len(found) == 2, lines  # one per step
+    assert "output 0 of node 'sequential_1/big_1/MatMul' (op MatMul, float16)" in found[0]
+    assert ("keep MatMul in float32 with --deny-add MatMul or "
+            "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_DENYLIST_ADD=MatMul, "
+            "or only this node with --preserve sequential_1/big_1/MatMul") in found[0]
+    skipped = [line for line in lines if "step skipped" in line]
+    assert len(skipped) == 2 and "sequential/big/kernel" in skipped[0]
+    # following the advice
+    losses, lines = run_overflow(**FLOAT16, TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_DENYLIST_ADD="MatMul")
+    assert all(np.isfinite(losses)) and not [line for line in lines if "step skipped" in line]
