@@ -3,7 +3,8 @@
 With the runtime enabled for a float16 target (:func:`loss_scaling_wanted`),
 two places change, so every loop built from them is scaled without code changes:
 
-- ``tf.GradientTape.gradient(loss, sources)`` back-propagates from
+- ``tf.GradientTape.gradient(loss, variables)`` (one float loss, trainable
+  variables only) back-propagates from
   ``loss * scale`` (by seeding the gradient of ``loss`` with the scale, so the
   forward computation is unchanged) and returns gradients divided by the scale
   again, in float32. The caller sees true gradients: clipping, logging and
@@ -267,7 +268,7 @@ def _unscaled_inside(original, tape, *args, **kwargs):
 
 def _scaled_gradient(original, tape, target, sources, output_gradients=None, *args, **kwargs):
     """``GradientTape.gradient`` of ``target * scale``, returned divided by the scale."""
-    if not _is_scalable(target):
+    if not _is_scalable(target, sources):
         return original(tape, target, sources, output_gradients, *args, **kwargs)
     import tensorflow as tf
 
@@ -296,12 +297,21 @@ class _nothing:
         return False
 
 
-def _is_scalable(target) -> bool:
+def _is_scalable(target, sources) -> bool:
+    """A training step's gradient: of one float loss, with respect to trainable variables only.
+
+    Gradients with respect to tensors (saliency, gradient penalties, an outer
+    tape's analysis) are left unscaled: nothing would skip a step whose
+    scaled gradient overflowed.
+    """
     import tensorflow as tf
 
     if not loss_scaling_wanted() or getattr(_PATCHES.local, "unscaled", 0):
         return False
     if not isinstance(target, (tf.Tensor, tf.Variable)) or not target.dtype.is_floating:
+        return False
+    flat = tf.nest.flatten(sources)
+    if not flat or not all(getattr(s, "trainable", False) and hasattr(s, "assign") for s in flat):
         return False
     return _PATCHES.scaled_losses.get(id(target)) is not target
 

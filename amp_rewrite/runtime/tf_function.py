@@ -231,8 +231,8 @@ def _swap_in(concrete_function, config: Config, *, is_explicit: bool) -> None:
     start = time.perf_counter()
     name = _function_name(concrete_function)
     tf2_loss_scale.check_traced(concrete_function.graph, name)
-    rewritten = rewrite_concrete(concrete_function, config,
-                                 is_probing_overflow=tf2_loss_scale.is_finding_overflow())
+    probing = {"is_probing_overflow": True} if tf2_loss_scale.is_finding_overflow() else {}
+    rewritten = rewrite_concrete(concrete_function, config, **probing)
     if rewritten.concrete_function is None:
         logger.debug("tf.function %s: nothing to run in %s", name, config.target)
         return
