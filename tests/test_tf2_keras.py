@@ -155,10 +155,8 @@ def test_a_loss_scale_optimizer_is_not_scaled_twice(amp_runtime):
     wrapper = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1), initial_scale=64.0)
     x = rng(4).normal(size=(16, 8)).astype(np.float32)
     y = rng(5).normal(size=(16, 4)).astype(np.float32)
-    with tf.GradientTape() as tape:
-        loss = tf.reduce_mean(tf.square(model(x) - y))
-    want = tape.gradient(loss, model.trainable_variables[0]).numpy()
+    want = x.T @ (2.0 * (model(x).numpy() - y) / y.size)  # d mean((xW + b - y)^2) / dW
     grad, change = eager_step(model, x, y, wrapper=wrapper)
-    np.testing.assert_allclose(grad, want, rtol=1e-5, atol=1e-7)  # scaled by 64 only
+    np.testing.assert_allclose(grad, want, rtol=1e-4, atol=1e-6)  # scaled by 64 only
     np.testing.assert_allclose(change, -0.1 * grad, rtol=1e-5, atol=1e-7)
-    assert float(tf2_loss_scale.state().skipped_steps.numpy()) == 0
+    assert not tf2_loss_scale.has_state()  # neither the tape nor the optimizers scaled

@@ -181,3 +181,95 @@ def test_find_overflow_names_the_op_that_overflowed():
     # following the advice
     losses, lines = run_overflow(**FLOAT16, TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_DENYLIST_ADD="MatMul")
     assert all(np.isfinite(losses)) and not [line for line in lines if "step skipped" in line]
+
+
+# --- in this process: what is scaled, what is left alone, what warns ----------
+
+
+def small_model():
+    import keras
+
+    keras.utils.set_random_seed(0)
+    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+
+
+def batch():
+    rng = np.random.default_rng(4)
+    return rng.normal(size=(16, 8)).astype(np.float32), rng.normal(size=(16, 4)).astype(np.float32)
+
+
+def test_hand_written_updates_get_true_gradients_and_one_warning(amp_runtime, caplog):
+    import logging
+
+    import tensorflow as tf
+
+    model, (x, y) = small_model(), batch()
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(model(x) - y))
+    want = [g.numpy() for g in tape.gradient(loss, model.trainable_variables)]
+    amp_runtime()
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x) - y))
+        grads = tape.gradient(loss, model.trainable_variables)
+        for variable, grad in zip(model.trainable_variables, grads):
+            variable.assign_sub(0.0 * grad)
+        return grads
+
+    with caplog.at_level(logging.WARNING, "amp_rewrite"):
+        got = [g.numpy() for g in step()]
+        step()
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=2e-2, atol=2e-2 * np.abs(w).max())
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 1 and "gradients taken in tf.function step are loss-scaled but not " \
+                                  "applied by a Keras optimizer" in messages[0], messages
+
+
+def test_only_a_loss_with_respect_to_trainable_variables_is_scaled(amp_runtime):
+    import tensorflow as tf
+
+    from amp_rewrite.runtime import tf2_loss_scale
+
+    amp_runtime()
+    x, weight = tf.constant([[1.0, 2.0]]), tf.Variable([[3.0], [4.0]])
+    frozen = tf.Variable([[3.0], [4.0]], trainable=False)
+    for sources in ([x], [weight, x], [frozen]):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(tf.matmul(x, weight) + tf.matmul(x, frozen))
+        tape.gradient(loss, sources)
+        assert not tf2_loss_scale.has_state()
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.matmul(x, weight))
+    np.testing.assert_allclose(tape.gradient(loss, [weight])[0].numpy(), [[1.0], [2.0]])
+    assert tf2_loss_scale.has_state()
+
+
+def test_tf_keras_loss_scale_optimizer_is_not_scaled_twice(tmp_path):
+    script = tmp_path / "tf_keras_lso.py"
+    script.write_text(
+        "import numpy as np, tensorflow as tf\n"
+        "k = tf.keras\n"
+        "k.utils.set_random_seed(0)\n"
+        "model = k.Sequential([k.Input((8,)), k.layers.Dense(4)])\n"
+        "opt = k.mixed_precision.LossScaleOptimizer(k.optimizers.SGD(0.1), dynamic=False, initial_scale=64.0)\n"
+        "x = np.random.default_rng(4).normal(size=(16, 8)).astype(np.float32)\n"
+        "y = np.random.default_rng(5).normal(size=(16, 4)).astype(np.float32)\n"
+        "want = x.T @ (2.0 * (model(x).numpy() - y) / y.size)\n"
+        "with tf.GradientTape() as tape:\n"
+        "    scaled = opt.get_scaled_loss(tf.reduce_mean(tf.square(model(x) - y)))\n"
+        "grads = opt.get_unscaled_gradients(tape.gradient(scaled, model.trainable_variables))\n"
+        "before = model.trainable_variables[0].numpy()\n"
+        "opt.apply_gradients(zip(grads, model.trainable_variables))\n"
+        "change = model.trainable_variables[0].numpy() - before\n"
+        "np.testing.assert_allclose(grads[0].numpy(), want, rtol=1e-4, atol=1e-6)\n"
+        "np.testing.assert_allclose(change, -0.1 * want, rtol=1e-4, atol=1e-7)\n"
+        "from amp_rewrite.runtime import tf2_loss_scale\n"
+        "assert tf2_loss_scale.loss_scaling_wanted() and not tf2_loss_scale.has_state()\n"
+        "print('ok')\n")
+    process = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                             env=environment(**FLOAT16, TF_USE_LEGACY_KERAS="1"))
+    assert process.returncode == 0 and process.stdout.strip() == "ok", process.stderr[-3000:]

@@ -196,13 +196,18 @@ def _patch_tf_keras(module) -> None:
         if _PATCHES.settings is None:
             return
         _patch(optimizer_lib.Optimizer, "apply_gradients", _guarded_tf_keras_apply_gradients)
-        _patch(module.BaseLossScaleOptimizer, "get_scaled_loss", _marking_scale_loss)
-        _patch(module.LossScaleOptimizerV3, "__init__", _marking_wrapper_init)
-        _patch(module.LossScaleOptimizer, "__init__", _marking_wrapper_init)
+        for wrapper in (module.LossScaleOptimizer, module.LossScaleOptimizerV3):
+            _patch(wrapper, "get_scaled_loss", _marking_scale_loss)
+            _patch(wrapper, "__init__", _marking_wrapper_init)
     logger.debug("patched tf_keras optimizers")
 
 
 # --- the state ---------------------------------------------------------------
+
+
+def has_state() -> bool:
+    """Whether a tape or an optimizer has scaled anything since the runtime started."""
+    return _PATCHES.state is not None
 
 
 def state() -> LossScaleState:
