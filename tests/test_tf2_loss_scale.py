@@ -273,3 +273,31 @@ def test_tf_keras_loss_scale_optimizer_is_not_scaled_twice(tmp_path):
     process = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
                              env=environment(**FLOAT16, TF_USE_LEGACY_KERAS="1"))
     assert process.returncode == 0 and process.stdout.strip() == "ok", process.stderr[-3000:]
+
+
+def test_an_xla_compiled_step_skips_too(amp_runtime):
+    """XLA cannot print or handle strings: the skip happens and is counted, without its line."""
+    import keras
+    import tensorflow as tf
+
+    from amp_rewrite.runtime import tf2_loss_scale
+
+    amp_runtime()
+    model, (x, y) = small_model(), batch()
+    optimizer = keras.optimizers.SGD(0.1)
+
+    @tf.function(jit_compile=True)
+    def step(factor):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x) - y)) * factor
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+    step(tf.constant(1.0))
+    before = [v.numpy() for v in model.trainable_variables]
+    step(tf.constant(np.inf))
+    for old, variable in zip(before, model.trainable_variables):
+        np.testing.assert_array_equal(variable.numpy(), old)
+    state = tf2_loss_scale.state()
+    assert int(state.skipped_steps.numpy()) == 1 and float(state.scale.numpy()) == 16384.0
+    assert int(optimizer.iterations.numpy()) == 1

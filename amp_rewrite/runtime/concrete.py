@@ -79,6 +79,11 @@ def rewrite_concrete(concrete_function, config: Config, *,
         Any error of the rewrite or of TensorFlow while loading the result.
     """
     entry = concrete_function.function_def
+    if is_probing_overflow and entry.attr["_XlaMustCompile"].b:
+        logger.warning("amp-rewrite: tf.function %s is XLA-compiled, which cannot print: no overflow "
+                       "probes (trace it with jit_compile=False to find the op)",
+                       _GENERATED_NAME.match(entry.signature.name).group(1))
+        is_probing_overflow = False
     originals = _library_functions(concrete_function.graph)
     graph_def = _entry_graph_def(entry, [f.definition for f in originals.values()])
     result = rewrite(graph_def, config=replace(config, fetches=(ENTRY_CALL,), preserve=()))

@@ -539,8 +539,11 @@ class _GuardedStep:
                 distribution.extended.call_for_each_replica(self.apply, args=(grads, variables))
             return tf.constant(True)
 
+        is_compiled = self._is_compiled()
+
         def skip_branch():
-            self._skip(flags)
+            if not is_compiled:
+                self._skip(flags)
             return tf.constant(False)
 
         with tf.name_scope(SCOPE + "_apply"):
@@ -569,6 +572,13 @@ class _GuardedStep:
             logger.warning("%s", message.numpy().decode())
         else:
             tf.print(message, output_stream=_stderr())
+
+    def _is_compiled(self) -> bool:
+        """Inside an XLA-compiled function, which cannot print or handle strings."""
+        from tensorflow.python.framework import ops
+        from tensorflow.python.ops import control_flow_util
+
+        return control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph())
 
 
 def _stderr():
