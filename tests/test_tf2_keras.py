@@ -152,7 +152,8 @@ def test_custom_loop_applies_the_true_gradients(amp_runtime, caplog, step, rtol)
 
 def test_a_loss_scale_optimizer_is_not_scaled_twice(amp_runtime):
     model = small_model()
-    wrapper = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1), initial_scale=64.0)
+    wrapper = keras.optimizers.LossScaleOptimizer(inner_optimizer=keras.optimizers.SGD(0.1),
+                                                  initial_scale=64.0)
     x = rng(4).normal(size=(16, 8)).astype(np.float32)
     y = rng(5).normal(size=(16, 4)).astype(np.float32)
     want = x.T @ (2.0 * (model(x).numpy() - y) / y.size)  # d mean((xW + b - y)^2) / dW

@@ -341,10 +341,12 @@ def _marking_scale_loss(original, optimizer, loss, *args, **kwargs):
     return scaled
 
 
-def _marking_wrapper_init(original, wrapper, inner, *args, **kwargs):
+def _marking_wrapper_init(original, wrapper, *args, **kwargs):
     """A LossScaleOptimizer's inner optimizer is left to the wrapper."""
-    object.__setattr__(inner, SCALED_ELSEWHERE_ATTR, True)
-    return original(wrapper, inner, *args, **kwargs)
+    inner = args[0] if args else kwargs.get("inner_optimizer", kwargs.get("optimizer"))
+    if inner is not None:
+        object.__setattr__(inner, SCALED_ELSEWHERE_ATTR, True)
+    return original(wrapper, *args, **kwargs)
 
 
 # --- step contexts: did scaled gradients reach a guarded apply? ---------------
