@@ -407,9 +407,9 @@ def _warn_unguarded(what: str) -> None:
         if "unguarded" in _PATCHES.warned:
             return
         _PATCHES.warned.add("unguarded")
-    logger.warning("amp-rewrite: %s are loss-scaled but not applied by a Keras optimizer "
-                   "(Keras 3, or tf_keras' non-legacy ones): they are true gradients, but a step "
-                   "whose gradients overflow in float16 is not skipped", what)
+    logger.warning("amp-rewrite: %s are loss-scaled, but no Keras optimizer applies them there: "
+                   "unless one does later, a step whose gradients overflow in float16 is not "
+                   "skipped (the gradients returned are true ones either way)", what)
 
 
 # --- the guarded apply ---------------------------------------------------------
