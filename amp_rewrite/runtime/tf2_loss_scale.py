@@ -40,6 +40,7 @@ overflow is not skipped.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
@@ -278,8 +279,7 @@ def _scaled_gradient(original, tape, target, sources, output_gradients=None, *ar
     import tensorflow as tf
 
     loss_scale = state()
-    # The tape must not record the scaling: it is not part of the user's function.
-    with tape.stop_recording() if tape._recording else _nothing():  # pylint: disable=protected-access
+    with _not_recorded(tape):
         scale = tf.identity(loss_scale.scale)
         seed = tf.cast(scale, target.dtype)
         if output_gradients is None:
@@ -287,19 +287,16 @@ def _scaled_gradient(original, tape, target, sources, output_gradients=None, *ar
         else:
             output_gradients = tf.math.multiply_no_nan(tf.convert_to_tensor(output_gradients), seed)
     grads = original(tape, target, sources, output_gradients, *args, **kwargs)
-    with tape.stop_recording() if tape._recording else _nothing():  # pylint: disable=protected-access
+    with _not_recorded(tape):
         inverse = tf.math.divide_no_nan(tf.ones_like(scale), scale)
         grads = tf.nest.map_structure(lambda g: _unscale(g, inverse), grads)
     _note_scaled_gradient()
     return grads
 
 
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+def _not_recorded(tape):
+    """The tape must not record the scaling: it is not part of the user's function."""
+    return tape.stop_recording() if tape._recording else contextlib.nullcontext()  # pylint: disable=protected-access
 
 
 def _is_scalable(target, sources) -> bool:
