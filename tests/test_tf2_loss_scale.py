@@ -302,3 +302,39 @@ def test_an_xla_compiled_step_skips_too(amp_runtime):
     state = tf2_loss_scale.state()
     assert int(state.skipped_steps.numpy()) == 1 and float(state.scale.numpy()) == 16384.0
     assert int(optimizer.iterations.numpy()) == 1
+
+
+def test_a_failing_guard_warns_and_applies_unguarded(amp_runtime, monkeypatch, caplog):
+    import logging
+
+    import keras
+    import tensorflow as tf
+
+    from amp_rewrite import runtime
+    from amp_rewrite.runtime import tf2_loss_scale
+    from amp_rewrite.runtime.settings import RuntimeSettings
+
+    def broken(grads):
+        raise ValueError("no flags today")
+
+    monkeypatch.setattr(tf2_loss_scale, "_nonfinite_flags", broken)
+    model, (x, y) = small_model(), batch()
+    for is_strict in (False, True):
+        runtime.disable()
+        amp_runtime(RuntimeSettings(is_strict=is_strict))
+        optimizer = keras.optimizers.SGD(0.1)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x) - y))
+        grads = tape.gradient(loss, model.trainable_variables)
+        before = model.trainable_variables[0].numpy()
+        if is_strict:
+            with pytest.raises(ValueError, match="no flags today"):
+                optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            continue
+        with caplog.at_level(logging.WARNING, "amp_rewrite"):
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        np.testing.assert_allclose(model.trainable_variables[0].numpy() - before,
+                                   -0.1 * grads[0].numpy(), rtol=1e-5, atol=1e-7)
+        assert [r.getMessage() for r in caplog.records] == [
+            "amp-rewrite: SGD applies without skipping non-finite steps: the loss-scale guard "
+            "failed: ValueError: no flags today"]

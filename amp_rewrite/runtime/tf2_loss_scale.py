@@ -445,7 +445,8 @@ def _guarded_keras3_apply(original, optimizer, grads, trainable_variables=None):
     def apply(grads_, variables_):
         original(optimizer, list(grads_), list(variables_))
 
-    _guard(optimizer, apply, grads, variables)
+    if not _guard_or_warn(optimizer, apply, grads, variables):
+        return original(optimizer, grads, trainable_variables)
 
 
 def _guarded_tf_keras_apply_gradients(original, optimizer, grads_and_vars, *args, **kwargs):
@@ -465,8 +466,34 @@ def _guarded_tf_keras_apply_gradients(original, optimizer, grads_and_vars, *args
     def apply(grads_, variables_):
         original(optimizer, list(zip(grads_, variables_)), *args, **kwargs)
 
-    _guard(optimizer, apply, grads, variables)
+    if not _guard_or_warn(optimizer, apply, grads, variables):
+        return original(optimizer, grads_and_vars, *args, **kwargs)
     return optimizer.iterations
+
+
+def _guard_or_warn(optimizer, apply, grads, variables) -> bool:
+    """:func:`_guard`; if building it fails, a warning and False (the caller applies unguarded).
+
+    Once the optimizer's own apply has been called, its errors (and any
+    later one) propagate: applying again could update twice.
+    ``AMP_REWRITE_STRICT=1`` raises instead.
+    """
+    called = []
+
+    def tracked_apply(grads_, variables_):
+        called.append(True)
+        apply(grads_, variables_)
+
+    try:
+        _guard(optimizer, tracked_apply, grads, variables)
+        return True
+    except Exception as exc:  # the guard must never be what stops training
+        if called or (_PATCHES.settings is not None and _PATCHES.settings.is_strict):
+            raise
+        reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        logger.warning("amp-rewrite: %s applies without skipping non-finite steps: the loss-scale "
+                       "guard failed: %s", type(optimizer).__name__, reason)
+        return False
 
 
 def _guard(optimizer, apply, grads, variables) -> None:
