@@ -1,8 +1,8 @@
-"""Keras 3 under the runtime: fit with ENABLE_AUTO_MP=1, and what compile wraps.
+"""Keras 3 under the runtime: fit with ENABLE_AUTO_MP=1, and custom loops in this process.
 
 The fit tests run ``tools/tf2_keras_fit.py`` (an MLP and a CNN on synthetic
 data) in two subprocesses, with and without the variable, and compare what
-they wrote. The compile tests patch this process with ``enable()``.
+they wrote. The custom-loop tests patch this process with ``enable()``.
 """
 
 import json
@@ -18,7 +18,7 @@ import pytest
 import tensorflow as tf
 
 from amp_rewrite import runtime
-from amp_rewrite.runtime import keras_patch
+from amp_rewrite.runtime import keras_patch, tf2_loss_scale
 from amp_rewrite.runtime.settings import RuntimeSettings
 from helpers import rng
 
@@ -51,8 +51,8 @@ def fits(tmp_path_factory):
 @pytest.mark.parametrize("model", ["mlp", "cnn"])
 def test_fit_under_the_switch_scales_the_loss_and_keeps_float32_weights(fits, model):
     amp, fp32 = fits["amp"][model], fits["fp32"][model]
-    assert (amp["optimizer"], amp["inner_optimizer"]) == ("LossScaleOptimizer", "Adam")
-    assert fp32["optimizer"] == "Adam"
+    assert amp["optimizer"] == fp32["optimizer"] == "Adam"  # compile keeps the user's optimizer
+    assert amp["loss_scale"] == {"scale": 32768.0, "skipped": 0} and fp32["loss_scale"] is None
     assert amp["weight_dtypes"] == fp32["weight_dtypes"] == ["float32"]
 
 
@@ -89,34 +89,30 @@ def small_model():
     return keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
 
 
-def test_compile_wraps_once_and_respects_what_already_scales(amp_runtime):
+def test_compile_keeps_the_optimizer(amp_runtime):
     model = small_model()
-    model.compile(optimizer="sgd", loss="mse")
-    wrapped = model.optimizer
-    assert isinstance(wrapped, keras.optimizers.LossScaleOptimizer)
-    assert isinstance(wrapped.inner_optimizer, keras.optimizers.SGD)
-    model.compile(optimizer=wrapped, loss="mse")
-    assert model.optimizer is wrapped
-    model.compile(optimizer="sgd", loss="mse", auto_scale_loss=False)
-    assert isinstance(model.optimizer, keras.optimizers.SGD)
-    model.compile(optimizer=keras.optimizers.SGD(loss_scale_factor=128.0), loss="mse")
-    assert isinstance(model.optimizer, keras.optimizers.SGD)
+    sgd = keras.optimizers.SGD()
+    model.compile(optimizer=sgd, loss="mse")
+    assert model.optimizer is sgd
+    assert keras_patch.is_patched()
     runtime.disable()
     assert not keras_patch.is_patched()
-    model.compile(optimizer="sgd", loss="mse")
-    assert isinstance(model.optimizer, keras.optimizers.SGD)
 
 
-def eager_step(model, x, y, *, scale=False):
-    """One custom-loop step on ``model.optimizer``; returns (the true gradient, the weight change)."""
+def eager_step(model, x, y, *, wrapper=None):
+    """One custom-loop step; returns (the true gradient, the weight change).
+
+    With ``wrapper`` (a LossScaleOptimizer), the loop scales as Keras documents.
+    """
+    optimizer = wrapper or model.optimizer
     kernel = model.trainable_variables[0]
     before = kernel.numpy()
     with tf.GradientTape() as tape:
         loss = tf.reduce_mean(tf.square(model(x) - y))
-        scaled = model.optimizer.scale_loss(loss) if scale else loss
+        scaled = optimizer.scale_loss(loss)
     grads = tape.gradient(scaled, model.trainable_variables)
-    model.optimizer.apply_gradients(zip(grads, model.trainable_variables))
-    true_grad = grads[0].numpy() / (float(model.optimizer.dynamic_scale.numpy()) if scale else 1.0)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    true_grad = grads[0].numpy() / (float(wrapper.dynamic_scale.numpy()) if wrapper else 1.0)
     return true_grad, kernel.numpy() - before
 
 
@@ -140,7 +136,7 @@ def traced_step(model, x, y):
 
 
 @pytest.mark.parametrize("step, rtol", [(eager_step, 1e-5), (traced_step, 2e-2)])
-def test_custom_loop_without_scale_loss_is_not_slowed(amp_runtime, caplog, step, rtol):
+def test_custom_loop_applies_the_true_gradients(amp_runtime, caplog, step, rtol):
     model = small_model()
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
     model.optimizer.build(model.trainable_variables)
@@ -150,8 +146,18 @@ def test_custom_loop_without_scale_loss_is_not_slowed(amp_runtime, caplog, step,
         for _ in range(2):
             grad, change = step(model, x, y)
             np.testing.assert_allclose(change, -0.1 * grad, rtol=rtol, atol=1e-3 * np.abs(grad).max())
-    assert [r.getMessage() for r in caplog.records] == [
-        "amp-rewrite: apply_gradients without scale_loss: the gradients are applied unscaled, "
-        "without loss scaling"]
-    grad, change = eager_step(model, x, y, scale=True)  # a scaled loss is still unscaled
+    assert [r.getMessage() for r in caplog.records] == []
+    assert float(tf2_loss_scale.state().scale.numpy()) == 32768.0
+
+
+def test_a_loss_scale_optimizer_is_not_scaled_twice(amp_runtime):
+    model = small_model()
+    wrapper = keras.optimizers.LossScaleOptimizer(inner_optimizer=keras.optimizers.SGD(0.1),
+                                                  initial_scale=64.0)
+    x = rng(4).normal(size=(16, 8)).astype(np.float32)
+    y = rng(5).normal(size=(16, 4)).astype(np.float32)
+    want = x.T @ (2.0 * (model(x).numpy() - y) / y.size)  # d mean((xW + b - y)^2) / dW
+    grad, change = eager_step(model, x, y, wrapper=wrapper)
+    np.testing.assert_allclose(grad, want, rtol=1e-4, atol=1e-6)  # scaled by 64 only
     np.testing.assert_allclose(change, -0.1 * grad, rtol=1e-5, atol=1e-7)
+    assert not tf2_loss_scale.has_state()  # neither the tape nor the optimizers scaled

@@ -75,8 +75,18 @@ def train(name, build, shape, *, epochs, seed):
         "optimizer": type(model.optimizer).__name__,
         "inner_optimizer": type(getattr(model.optimizer, "inner_optimizer", model.optimizer)).__name__,
         "weight_dtypes": sorted({str(w.dtype) for w in model.weights}),
+        "loss_scale": loss_scale(),
         "rewritten": rewritten_functions(),
     }
+
+
+def loss_scale():
+    """The runtime's loss scale and skipped steps so far, or None when it is off."""
+    scaling = sys.modules.get("amp_rewrite.runtime.tf2_loss_scale")
+    if scaling is None or not scaling.loss_scaling_wanted():
+        return None
+    state = scaling.state()
+    return {"scale": float(state.scale.numpy()), "skipped": int(state.skipped_steps.numpy())}
 
 
 _REPORTED: set[int] = set()

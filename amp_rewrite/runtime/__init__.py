@@ -11,8 +11,8 @@
 - ``MixedPrecisionLossScaleOptimizer`` so an optimizer it wraps is not scaled twice;
 - ``tf.function`` tracing, so each new ConcreteFunction runs its rewritten body
   (:mod:`amp_rewrite.runtime.tf_function`);
-- Keras 3 ``Model.compile``, which wraps the optimizer in a
-  ``LossScaleOptimizer`` for ``fit`` (:mod:`amp_rewrite.runtime.keras_patch`).
+- ``GradientTape.gradient`` and Keras optimizers' apply, for dynamic loss
+  scaling of TF2 loops and ``fit`` (:mod:`amp_rewrite.runtime.tf2_loss_scale`).
 
 :func:`disable` undoes all of it. Both are idempotent. Importing this module
 patches nothing and does not import TensorFlow.
@@ -144,7 +144,7 @@ def _install_tf2_patches(settings: RuntimeSettings) -> None:
     from amp_rewrite.runtime import keras_patch, tf_function
 
     tf_function.install(is_strict=settings.is_strict)
-    keras_patch.install()
+    keras_patch.install(settings)
 
 
 def _uninstall_tf2_patches() -> None:

@@ -65,17 +65,25 @@ class RewrittenFunction:
         return bool(self.custom_gradient_ops)
 
 
-def rewrite_concrete(concrete_function, config: Config) -> RewrittenFunction:
+def rewrite_concrete(concrete_function, config: Config, *,
+                     is_probing_overflow: bool = False) -> RewrittenFunction:
     """Rewrites ``concrete_function`` (never modified) and loads the result.
 
     Args:
         concrete_function: a ``ConcreteFunction`` from ``tf.function`` tracing.
         config: the rewrite configuration; ``fetches`` and ``preserve`` are set here.
+        is_probing_overflow: give each rebuilt body finiteness probes on its half
+            outputs (:func:`amp_rewrite.runtime.overflow_probe.add_probes`).
 
     Raises:
         Any error of the rewrite or of TensorFlow while loading the result.
     """
     entry = concrete_function.function_def
+    if is_probing_overflow and entry.attr["_XlaMustCompile"].b:
+        logger.warning("amp-rewrite: tf.function %s is XLA-compiled, which cannot print: no overflow "
+                       "probes (trace it with jit_compile=False to find the op)",
+                       _GENERATED_NAME.match(entry.signature.name).group(1))
+        is_probing_overflow = False
     originals = _library_functions(concrete_function.graph)
     graph_def = _entry_graph_def(entry, [f.definition for f in originals.values()])
     result = rewrite(graph_def, config=replace(config, fetches=(ENTRY_CALL,), preserve=()))
@@ -83,7 +91,7 @@ def rewrite_concrete(concrete_function, config: Config) -> RewrittenFunction:
     if entry.signature.name not in changed:
         return RewrittenFunction(None, result)
     library = {f.signature.name: f for f in result.graph_def.library.function}
-    loader = _Loader(library, originals)
+    loader = _Loader(library, originals, is_probing_overflow=is_probing_overflow)
     for name in _callees_first(library, changed - {entry.signature.name}):
         loader.load_nested(name)
     new = loader.load_entry(entry.signature.name, concrete_function)
@@ -231,8 +239,9 @@ class _Callees:
 class _Loader:
     """Registers rewritten FunctionDefs as ConcreteFunctions, callees first."""
 
-    def __init__(self, library: dict, originals: dict):
+    def __init__(self, library: dict, originals: dict, *, is_probing_overflow: bool = False):
         self.library = library
+        self.is_probing_overflow = is_probing_overflow
         self.callees = _Callees(originals)
         self.renamed: dict[str, str] = {}  # rewritten name → registered name
 
@@ -277,6 +286,10 @@ class _Loader:
             if op.type in CALL_OPS:
                 callee = _text(op.get_attr("f").name)
                 op._gradient_function = self.callees.gradient_function(callee)  # pylint: disable=protected-access
+        if self.is_probing_overflow:
+            from amp_rewrite.runtime.overflow_probe import add_probes
+
+            add_probes(graph, _GENERATED_NAME.match(name).group(1))
         return graph
 
 

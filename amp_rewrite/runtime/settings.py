@@ -25,6 +25,7 @@ LOSS_SCALE_ENV = "AMP_LOSS_SCALE"
 LOSS_SCALE_INIT_ENV = "AMP_LOSS_SCALE_INIT"
 GROWTH_INTERVAL_ENV = "AMP_LOSS_SCALE_GROWTH_INTERVAL"
 LOG_EVERY_ENV = "AMP_LOSS_SCALE_LOG_STEPS"
+FIND_OVERFLOW_ENV = "AMP_REWRITE_FIND_OVERFLOW"
 
 DEFAULT_INITIAL_SCALE = 2.0 ** 15
 DEFAULT_GROWTH_INTERVAL = 2000
@@ -77,11 +78,14 @@ class RuntimeSettings:
         dump_dir: where to write each graph before and after its rewrite, or None.
         is_strict: raise instead of falling back to the float32 graph.
         loss_scale: the loss-scaling settings.
+        is_finding_overflow: probe rewritten tf.functions for the first op whose
+            half output is not finite.
     """
 
     dump_dir: str | None = None
     is_strict: bool = False
     loss_scale: LossScaleSettings = LossScaleSettings()
+    is_finding_overflow: bool = False
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "RuntimeSettings":
@@ -89,7 +93,8 @@ class RuntimeSettings:
         environ = os.environ if environ is None else environ
         dump_dir = environ.get(DUMP_DIR_ENV) or environ.get(TF_LOG_PATH_ENV) or None
         return cls(dump_dir=dump_dir, is_strict=is_true(environ.get(STRICT_ENV)),
-                   loss_scale=_loss_scale_from_env(environ))
+                   loss_scale=_loss_scale_from_env(environ),
+                   is_finding_overflow=is_true(environ.get(FIND_OVERFLOW_ENV)))
 
 
 def is_true(value: str | None) -> bool:

@@ -226,9 +226,13 @@ def _on_concrete_function(concrete_function) -> None:
 def _swap_in(concrete_function, config: Config, *, is_explicit: bool) -> None:
     from amp_rewrite.runtime.concrete import rewrite_concrete
 
+    from amp_rewrite.runtime import tf2_loss_scale
+
     start = time.perf_counter()
-    rewritten = rewrite_concrete(concrete_function, config)
     name = _function_name(concrete_function)
+    tf2_loss_scale.check_traced(concrete_function.graph, name)
+    probing = {"is_probing_overflow": True} if tf2_loss_scale.is_finding_overflow() else {}
+    rewritten = rewrite_concrete(concrete_function, config, **probing)
     if rewritten.concrete_function is None:
         logger.debug("tf.function %s: nothing to run in %s", name, config.target)
         return

@@ -1,0 +1,636 @@
+"""Dynamic loss scaling for TF2 training loops: GradientTape in, optimizer apply out.
+
+With the runtime enabled for a float16 target (:func:`loss_scaling_wanted`),
+two places change, so every loop built from them is scaled without code changes:
+
+- ``tf.GradientTape.gradient(loss, variables)`` (one float loss, trainable
+  variables only) back-propagates from
+  ``loss * scale`` (by seeding the gradient of ``loss`` with the scale, so the
+  forward computation is unchanged) and returns gradients divided by the scale
+  again, in float32. The caller sees true gradients: clipping, logging and
+  ``tf.debugging`` checks between ``gradient`` and ``apply`` work as in float32.
+- The ``apply`` of Keras 3 optimizers (``apply_gradients``, ``fit`` and custom
+  ``train_step`` all end there) and ``apply_gradients`` of tf_keras optimizers
+  apply the update only when every gradient is finite. A skipped step changes
+  no variable, slot or iteration count; it halves the scale (never below 1)
+  and prints a line naming the first variables whose gradients were not
+  finite. After ``growth_interval`` finite steps the scale doubles. Under a
+  ``tf.distribute`` strategy the count of non-finite gradients is all-reduced
+  first, so all replicas take one decision.
+
+The scale is one set of float32/int64 variables per process (one
+:class:`LossScaleState`), read by every tape and updated by every guarded
+apply. Each guarded optimizer tracks it as the checkpoint dependency
+``amp_loss_scale``, so ``tf.train.Checkpoint`` saves it with the optimizer and
+restores it (also when the restore came first: TensorFlow defers it). A
+checkpoint without it leaves the initial scale; a checkpoint with it restores
+into a run without the runtime, which ignores it.
+
+Nobody is scaled twice: a loss returned by ``scale_loss`` (Keras 3, also with a
+fixed ``loss_scale_factor``) or ``get_scaled_loss`` (tf_keras) is
+differentiated as given, and ``LossScaleOptimizer``s (Keras 3 and tf_keras),
+the optimizers they wrap and optimizers with a ``loss_scale_factor`` are left
+to Keras.
+
+Not covered, with one warning: gradients from a scaled tape that reach no
+guarded apply (legacy tf_keras ``OptimizerV2``, hand-written
+``var.assign_sub``): their values are right, but a step whose gradients
+overflow is not skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import threading
+import weakref
+
+from amp_rewrite.runtime.settings import LossScaleSettings, RuntimeSettings
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_NAME = "amp_loss_scale"
+SCOPE = "amp_loss_scale"
+MAX_SCALE = 2.0 ** 24
+NAMES_IN_SKIP_LINE = 3
+SCALED_ELSEWHERE_ATTR = "_amp_rewrite_loss_scaled_elsewhere"
+OVERFLOW_HINT = "AMP_REWRITE_FIND_OVERFLOW=1 names the first op whose output was not finite."
+
+
+class LossScaleState:
+    """The process's loss-scale variables: scale, finite steps in a row, skipped steps.
+
+    A ``tf.Module`` (built lazily, TensorFlow is imported late) so that the
+    three variables are checkpoint dependencies of whoever tracks it.
+    """
+
+    def __init__(self, module):
+        self.module = module
+
+    @property
+    def scale(self):
+        return self.module.scale
+
+    @property
+    def good_steps(self):
+        return self.module.good_steps
+
+    @property
+    def skipped_steps(self):
+        return self.module.skipped_steps
+
+
+class _Patches:
+    def __init__(self):
+        self.lock = threading.RLock()
+        self.settings: RuntimeSettings | None = None
+        self.applied: list[tuple[type, str, object]] = []
+        self.state: LossScaleState | None = None
+        self.scaled_losses: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self.pending = _Pending()
+        self.warned: set[str] = set()
+        self.local = threading.local()
+
+
+class _Pending:
+    """Scaled gradients taken, per step context, and whether a guarded apply consumed them."""
+
+    def __init__(self):
+        self.graphs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.eager_gradients = 0
+        self.eager_applies = 0
+
+
+_PATCHES = _Patches()
+
+KERAS3_MODULE = "keras.src.optimizers.loss_scale_optimizer"
+TF_KERAS_MODULE = "tf_keras.src.mixed_precision.loss_scale_optimizer"
+
+
+def loss_scaling_wanted() -> bool:
+    """The one switch of everything here: the runtime is on and its target is float16.
+
+    The runtime rewrites to float16 only, so today this is "installed"; a
+    bfloat16 target needs no loss scaling (its range is float32's).
+    """
+    return _PATCHES.settings is not None and _runtime_target() == "float16"
+
+
+def _runtime_target() -> str:
+    return "float16"
+
+
+def settings() -> RuntimeSettings | None:
+    return _PATCHES.settings
+
+
+def is_finding_overflow() -> bool:
+    """Whether rewritten functions get finiteness probes (``AMP_REWRITE_FIND_OVERFLOW=1``)."""
+    return loss_scaling_wanted() and _PATCHES.settings.is_finding_overflow
+
+
+def install(runtime_settings: RuntimeSettings) -> None:
+    """Patches the tape now and Keras' optimizers once their modules are imported."""
+    import _amp_rewrite_autoload as autoload
+    from tensorflow.python.eager import backprop
+
+    with _PATCHES.lock:
+        if _PATCHES.settings is not None:
+            return
+        _PATCHES.settings = runtime_settings
+        tape = backprop.GradientTape
+        _patch(tape, "gradient", _scaled_gradient)
+        _patch(tape, "jacobian", _unscaled_inside)
+        _patch(tape, "batch_jacobian", _unscaled_inside)
+    autoload.install_post_import_hook(_patch_keras3, KERAS3_MODULE)
+    autoload.install_post_import_hook(_patch_tf_keras, TF_KERAS_MODULE)
+
+
+def uninstall() -> None:
+    """Restores every patched method; the state variables stay with the optimizers that track them."""
+    import _amp_rewrite_autoload as autoload
+
+    with _PATCHES.lock:
+        autoload.remove_post_import_hooks(KERAS3_MODULE)
+        autoload.remove_post_import_hooks(TF_KERAS_MODULE)
+        for owner, name, original in reversed(_PATCHES.applied):
+            setattr(owner, name, original)
+        _PATCHES.applied.clear()
+        _PATCHES.settings = None
+        _PATCHES.state = None
+        _PATCHES.pending = _Pending()
+        _PATCHES.warned.clear()
+
+
+def _patch(owner, name, replacement) -> None:
+    original = owner.__dict__[name]
+
+    @functools.wraps(original)
+    def patched(*args, **kwargs):
+        return replacement(original, *args, **kwargs)
+
+    setattr(owner, name, patched)
+    _PATCHES.applied.append((owner, name, original))
+
+
+def _patch_keras3(module) -> None:
+    from keras.src import backend
+    from keras.src.optimizers import base_optimizer
+
+    with _PATCHES.lock:
+        if _PATCHES.settings is None or backend.backend() != "tensorflow":
+            return
+        base = base_optimizer.BaseOptimizer
+        wrapper = module.LossScaleOptimizer
+        _patch(base, "apply", _guarded_keras3_apply)
+        _patch(base, "scale_loss", _marking_scale_loss)
+        _patch(wrapper, "scale_loss", _marking_scale_loss)
+        _patch(wrapper, "__init__", _marking_wrapper_init)
+    logger.debug("patched Keras 3 optimizers")
+
+
+def _patch_tf_keras(module) -> None:
+    from tf_keras.src.optimizers import optimizer as optimizer_lib
+
+    with _PATCHES.lock:
+        if _PATCHES.settings is None:
+            return
+        _patch(optimizer_lib.Optimizer, "apply_gradients", _guarded_tf_keras_apply_gradients)
+        for wrapper in (module.LossScaleOptimizer, module.LossScaleOptimizerV3):
+            _patch(wrapper, "get_scaled_loss", _marking_scale_loss)
+            _patch(wrapper, "__init__", _marking_wrapper_init)
+    logger.debug("patched tf_keras optimizers")
+
+
+# --- the state ---------------------------------------------------------------
+
+
+def has_state() -> bool:
+    """Whether a tape or an optimizer has scaled anything since the runtime started."""
+    return _PATCHES.state is not None
+
+
+def state() -> LossScaleState:
+    """The loss-scale state, created on first use (in a replica context, through merge_call)."""
+    from tensorflow.python.distribute import distribute_lib
+
+    with _PATCHES.lock:
+        if _PATCHES.state is not None:
+            return _PATCHES.state
+    if distribute_lib.has_strategy() and not distribute_lib.in_cross_replica_context():
+        return distribute_lib.get_replica_context().merge_call(lambda _strategy: _create_state())
+    return _create_state()
+
+
+def _create_state() -> LossScaleState:
+    import tensorflow as tf
+    from tensorflow.python.framework import ops
+
+    with _PATCHES.lock:
+        if _PATCHES.state is not None:
+            return _PATCHES.state
+        scaling = _loss_scale_settings()
+        with ops.init_scope(), tf.name_scope(SCOPE):
+            module = tf.Module(name=SCOPE)
+
+            def variable(value, name, dtype):
+                return tf.Variable(value, name=name, dtype=dtype, trainable=False,
+                                   synchronization=tf.VariableSynchronization.ON_WRITE,
+                                   aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+
+            module.scale = variable(float(scaling.initial_scale), "scale", tf.float32)
+            module.good_steps = variable(0, "good_steps", tf.int64)
+            module.skipped_steps = variable(0, "skipped_steps", tf.int64)
+        _PATCHES.state = LossScaleState(module)
+        logger.debug("created the TF2 loss-scale state, initial scale %s", scaling.initial_scale)
+        return _PATCHES.state
+
+
+def _loss_scale_settings() -> LossScaleSettings:
+    return _PATCHES.settings.loss_scale if _PATCHES.settings is not None else LossScaleSettings()
+
+
+def _track(optimizer, loss_scale: LossScaleState) -> None:
+    """Makes the state a checkpoint dependency of ``optimizer`` (deferred restores apply now)."""
+    if getattr(optimizer, "_amp_rewrite_tracks_state", None) is loss_scale.module:
+        return
+    optimizer._track_trackable(loss_scale.module, name=CHECKPOINT_NAME, overwrite=True)  # pylint: disable=protected-access
+    object.__setattr__(optimizer, "_amp_rewrite_tracks_state", loss_scale.module)
+
+
+# --- the tape ----------------------------------------------------------------
+
+
+def _unscaled_inside(original, tape, *args, **kwargs):
+    """Jacobians call ``gradient`` per row; they are not a loss and are never scaled."""
+    local = _PATCHES.local
+    local.unscaled = getattr(local, "unscaled", 0) + 1
+    try:
+        return original(tape, *args, **kwargs)
+    finally:
+        local.unscaled -= 1
+
+
+def _scaled_gradient(original, tape, target, sources, output_gradients=None, *args, **kwargs):
+    """``GradientTape.gradient`` of ``target * scale``, returned divided by the scale."""
+    if not _is_scalable(target, sources):
+        return original(tape, target, sources, output_gradients, *args, **kwargs)
+    import tensorflow as tf
+
+    loss_scale = state()
+    with _not_recorded(tape):
+        scale = tf.identity(loss_scale.scale)
+        seed = tf.cast(scale, target.dtype)
+        if output_gradients is None:
+            output_gradients = tf.fill(tf.shape(target), seed)
+        else:
+            output_gradients = tf.math.multiply_no_nan(tf.convert_to_tensor(output_gradients), seed)
+    grads = original(tape, target, sources, output_gradients, *args, **kwargs)
+    with _not_recorded(tape):
+        inverse = tf.math.divide_no_nan(tf.ones_like(scale), scale)
+        grads = tf.nest.map_structure(lambda g: _unscale(g, inverse), grads)
+    _note_scaled_gradient()
+    return grads
+
+
+def _not_recorded(tape):
+    """The tape must not record the scaling: it is not part of the user's function."""
+    return tape.stop_recording() if tape._recording else contextlib.nullcontext()  # pylint: disable=protected-access
+
+
+def _is_scalable(target, sources) -> bool:
+    """A training step's gradient: of one float loss, with respect to trainable variables only.
+
+    Gradients with respect to tensors (saliency, gradient penalties, an outer
+    tape's analysis) are left unscaled: nothing would skip a step whose
+    scaled gradient overflowed.
+    """
+    import tensorflow as tf
+
+    if not loss_scaling_wanted() or getattr(_PATCHES.local, "unscaled", 0):
+        return False
+    if not isinstance(target, (tf.Tensor, tf.Variable)) or not target.dtype.is_floating:
+        return False
+    flat = tf.nest.flatten(sources)
+    if not flat or not all(getattr(s, "trainable", False) and hasattr(s, "assign") for s in flat):
+        return False
+    return _PATCHES.scaled_losses.get(id(target)) is not target
+
+
+def _unscale(grad, inverse):
+    """``grad / scale`` with an op on no op list, so the division stays in the gradient's dtype."""
+    import tensorflow as tf
+
+    if grad is None:
+        return None
+    if isinstance(grad, tf.IndexedSlices):
+        values = tf.math.multiply_no_nan(grad.values, tf.cast(inverse, grad.values.dtype))
+        return tf.IndexedSlices(values, grad.indices, grad.dense_shape)
+    return tf.math.multiply_no_nan(grad, tf.cast(inverse, grad.dtype))
+
+
+def _marking_scale_loss(original, optimizer, loss, *args, **kwargs):
+    """``scale_loss``/``get_scaled_loss``: a loss Keras scaled is differentiated as it is."""
+    scaled = original(optimizer, loss, *args, **kwargs)
+    if scaled is not loss and scaled is not None:
+        _PATCHES.scaled_losses[id(scaled)] = scaled
+    return scaled
+
+
+def _marking_wrapper_init(original, wrapper, *args, **kwargs):
+    """A LossScaleOptimizer's inner optimizer is left to the wrapper."""
+    inner = args[0] if args else kwargs.get("inner_optimizer", kwargs.get("optimizer"))
+    if inner is not None:
+        object.__setattr__(inner, SCALED_ELSEWHERE_ATTR, True)
+    return original(wrapper, *args, **kwargs)
+
+
+# --- step contexts: did scaled gradients reach a guarded apply? ---------------
+
+
+def _graph_being_built():
+    from tensorflow.python.framework import ops
+
+    graph = ops.get_default_graph()
+    return graph if getattr(graph, "building_function", False) else None
+
+
+def _outer_function_graph(graph):
+    """The graph of the tf.function being traced (replica functions and branches are inner)."""
+    while getattr(graph, "outer_graph", None) is not None and getattr(
+            graph.outer_graph, "building_function", False):
+        graph = graph.outer_graph
+    return graph
+
+
+def _note_scaled_gradient() -> None:
+    graph = _graph_being_built()
+    pending = _PATCHES.pending
+    with _PATCHES.lock:
+        if graph is not None:
+            key = _outer_function_graph(graph)
+            gradients, applies = pending.graphs.get(key, (0, 0))
+            pending.graphs[key] = (gradients + 1, applies)
+            return
+        pending.eager_gradients += 1
+        is_unguarded = pending.eager_gradients >= 3 and pending.eager_applies == 0
+    if is_unguarded:
+        _warn_unguarded("eager GradientTape gradients")
+
+
+def _note_guarded_apply() -> None:
+    graph = _graph_being_built()
+    pending = _PATCHES.pending
+    with _PATCHES.lock:
+        if graph is None:
+            pending.eager_applies += 1
+            return
+        key = _outer_function_graph(graph)
+        gradients, applies = pending.graphs.get(key, (0, 0))
+        pending.graphs[key] = (gradients, applies + 1)
+
+
+def check_traced(graph, name: str) -> None:
+    """Called once a tf.function is traced: warns if its scaled gradients reach no guarded apply."""
+    with _PATCHES.lock:
+        gradients, applies = _PATCHES.pending.graphs.get(graph, (0, 0))
+    if gradients and not applies:
+        _warn_unguarded(f"gradients taken in tf.function {name}")
+
+
+def _warn_unguarded(what: str) -> None:
+    with _PATCHES.lock:
+        if "unguarded" in _PATCHES.warned:
+            return
+        _PATCHES.warned.add("unguarded")
+    logger.warning("amp-rewrite: %s are loss-scaled, but no Keras optimizer applies them there: "
+                   "unless one does later, a step whose gradients overflow in float16 is not "
+                   "skipped (the gradients returned are true ones either way)", what)
+
+
+# --- the guarded apply ---------------------------------------------------------
+
+
+def _is_exempt(optimizer) -> bool:
+    """Optimizers Keras' own loss scaling looks after, or that scale with a fixed factor."""
+    if getattr(optimizer, SCALED_ELSEWHERE_ATTR, False):
+        return True
+    if getattr(optimizer, "loss_scale_factor", None) is not None:
+        return True
+    kind = type(optimizer)
+    return any(cls.__name__.startswith(("LossScaleOptimizer", "BaseLossScaleOptimizer"))
+               for cls in kind.__mro__)
+
+
+def _guarded_keras3_apply(original, optimizer, grads, trainable_variables=None):
+    """Keras 3 ``BaseOptimizer.apply`` that skips a step whose gradients are not finite."""
+    if not loss_scaling_wanted() or _is_exempt(optimizer):
+        return original(optimizer, grads, trainable_variables)
+    grads = list(grads)
+    if not grads:
+        return original(optimizer, grads, trainable_variables)
+    if trainable_variables is None:
+        variables = list(optimizer._trainable_variables)  # pylint: disable=protected-access
+    else:
+        variables = list(trainable_variables)
+        if not optimizer.built:
+            # Outside the guard's branch: the slots exist whatever the first step does.
+            from keras.src import backend
+
+            with backend.name_scope(optimizer.name, caller=optimizer):
+                optimizer.build(variables)
+            optimizer.built = True
+
+    def apply(grads_, variables_):
+        original(optimizer, list(grads_), list(variables_))
+
+    if not _guard_or_warn(optimizer, apply, grads, variables):
+        return original(optimizer, grads, trainable_variables)
+
+
+def _guarded_tf_keras_apply_gradients(original, optimizer, grads_and_vars, *args, **kwargs):
+    """tf_keras ``Optimizer.apply_gradients`` that skips a step whose gradients are not finite."""
+    import tensorflow as tf
+
+    if not loss_scaling_wanted() or _is_exempt(optimizer):
+        return original(optimizer, grads_and_vars, *args, **kwargs)
+    grads_and_vars = list(grads_and_vars)
+    if not grads_and_vars:
+        return original(optimizer, grads_and_vars, *args, **kwargs)
+    grads = [g for g, _ in grads_and_vars]
+    variables = [v for _, v in grads_and_vars]
+    with tf.init_scope():
+        optimizer.build(variables)  # slots outside the guard's branch
+
+    def apply(grads_, variables_):
+        original(optimizer, list(zip(grads_, variables_)), *args, **kwargs)
+
+    if not _guard_or_warn(optimizer, apply, grads, variables):
+        return original(optimizer, grads_and_vars, *args, **kwargs)
+    return optimizer.iterations
+
+
+def _guard_or_warn(optimizer, apply, grads, variables) -> bool:
+    """:func:`_guard`; if building it fails, a warning and False (the caller applies unguarded).
+
+    Once the optimizer's own apply has been called, its errors (and any
+    later one) propagate: applying again could update twice.
+    ``AMP_REWRITE_STRICT=1`` raises instead.
+    """
+    called = []
+
+    def tracked_apply(grads_, variables_):
+        called.append(True)
+        apply(grads_, variables_)
+
+    try:
+        _guard(optimizer, tracked_apply, grads, variables)
+        return True
+    except Exception as exc:  # the guard must never be what stops training
+        if called or (_PATCHES.settings is not None and _PATCHES.settings.is_strict):
+            raise
+        reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        logger.warning("amp-rewrite: %s applies without skipping non-finite steps: the loss-scale "
+                       "guard failed: %s", type(optimizer).__name__, reason)
+        return False
+
+
+def _guard(optimizer, apply, grads, variables) -> None:
+    """Runs ``apply(grads, variables)`` if every gradient is finite; updates the scale either way."""
+    import tensorflow as tf
+    from tensorflow.python.distribute import distribute_lib
+
+    loss_scale = state()
+    _track(optimizer, loss_scale)
+    _note_guarded_apply()
+    flags = _nonfinite_flags(grads)
+    names = [_variable_name(v) for v in variables]
+    guarded = _GuardedStep(apply, loss_scale, names, _loss_scale_settings())
+    if distribute_lib.has_strategy() and not distribute_lib.in_cross_replica_context():
+        context = distribute_lib.get_replica_context()
+        flags = context.all_reduce(tf.distribute.ReduceOp.SUM, flags)
+        # Through merge_call, so that the apply runs for every replica inside one cond.
+        context.merge_call(guarded.build, args=(grads, variables, flags))
+        return
+    guarded.build(None, grads, variables, flags)
+
+
+def _nonfinite_flags(grads):
+    """A float32 vector: 1 where a gradient holds an inf or NaN."""
+    import tensorflow as tf
+
+    flags = []
+    for grad in grads:
+        if grad is None:
+            flags.append(tf.constant(False))
+            continue
+        values = grad.values if isinstance(grad, tf.IndexedSlices) else grad
+        flags.append(tf.logical_not(tf.reduce_all(tf.math.is_finite(values))))
+    return tf.cast(tf.stack(flags), tf.float32)
+
+
+def _variable_name(variable) -> str:
+    name = getattr(variable, "path", None) or getattr(variable, "name", None) or "?"
+    return name[:-2] if name.endswith(":0") else name
+
+
+class _GuardedStep:
+    """``cond(finite, apply, skip)`` and the scale update, built in cross-replica context."""
+
+    def __init__(self, apply, loss_scale, names, scaling: LossScaleSettings):
+        self.apply = apply
+        self.state = loss_scale
+        self.names = names
+        self.settings = scaling
+
+    def build(self, distribution, grads, variables, flags):
+        import tensorflow as tf
+
+        if distribution is not None:
+            flags = distribution.experimental_local_results(flags)[0]
+        is_finite = tf.equal(tf.reduce_sum(flags), 0.0)
+        if tf.executing_eagerly() and distribution is None:
+            if bool(is_finite):
+                self.apply(grads, variables)
+            else:
+                self._skip(flags)
+            self._update(is_finite)
+            return
+
+        def apply_branch():
+            if distribution is None:
+                self.apply(grads, variables)
+            else:
+                distribution.extended.call_for_each_replica(self.apply, args=(grads, variables))
+            return tf.constant(True)
+
+        is_compiled = self._is_compiled()
+
+        def skip_branch():
+            if not is_compiled:
+                self._skip(flags)
+            return tf.constant(False)
+
+        with tf.name_scope(SCOPE + "_apply"):
+            applied = tf.cond(is_finite, apply_branch, skip_branch)
+            with tf.control_dependencies([applied]):
+                self._update(is_finite)
+
+    def _update(self, is_finite):
+        update_state(self.state, is_finite, self.settings)
+
+    def _skip(self, flags):
+        """The skipped step's line: the scale it used and the first variables with bad gradients."""
+        import tensorflow as tf
+
+        names = tf.constant(self.names)
+        bad = tf.boolean_mask(names, flags > 0)
+        shown = tf.strings.reduce_join(bad[:NAMES_IN_SKIP_LINE], separator=", ")
+        more = tf.size(bad) - tf.minimum(tf.size(bad), NAMES_IN_SKIP_LINE)
+        hint = "" if is_finding_overflow() else " " + OVERFLOW_HINT
+        message = tf.strings.join([
+            tf.strings.format("amp-rewrite: loss scale {}: step skipped, gradients not finite for "
+                              "{} of {} variables: ",
+                              (tf.identity(self.state.scale), tf.size(bad), len(self.names))),
+            shown, tf.where(more > 0, tf.strings.format(" and {} more", more), ""), "." + hint])
+        if tf.executing_eagerly():
+            logger.warning("%s", message.numpy().decode())
+        else:
+            tf.print(message, output_stream=_stderr())
+
+    def _is_compiled(self) -> bool:
+        """Inside an XLA-compiled function, which cannot print or handle strings."""
+        from tensorflow.python.framework import ops
+        from tensorflow.python.ops import control_flow_util
+
+        return control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph())
+
+
+def _stderr():
+    import sys
+
+    return sys.stderr
+
+
+def update_state(loss_scale: LossScaleState, is_finite, scaling: LossScaleSettings) -> None:
+    """One step of the scale: ×2 after ``growth_interval`` finite steps, ÷2 (floor 1) on a skip."""
+    import tensorflow as tf
+
+    finite = tf.cast(is_finite, tf.float32)
+    finite_int = tf.cast(is_finite, tf.int64)
+    scale = tf.convert_to_tensor(loss_scale.scale)
+    good = (tf.convert_to_tensor(loss_scale.good_steps) + 1) * finite_int
+    if scaling.is_dynamic:
+        grow_int = tf.cast(good >= scaling.growth_interval, tf.int64)
+        grow = tf.cast(grow_int, tf.float32)
+        grown = tf.minimum(scale * 2.0, MAX_SCALE)
+        shrunk = tf.maximum(scale * 0.5, 1.0)
+        new_scale = finite * (grow * grown + (1.0 - grow) * scale) + (1.0 - finite) * shrunk
+        good = good * (1 - grow_int)
+    else:
+        new_scale = scale
+    skipped = tf.convert_to_tensor(loss_scale.skipped_steps) + (1 - finite_int)
+    loss_scale.scale.assign(new_scale)
+    loss_scale.good_steps.assign(good)
+    loss_scale.skipped_steps.assign(skipped)
