@@ -72,7 +72,8 @@ def test_patches_apply_when_the_script_imports_tensorflow():
         "print(hasattr(session.BaseSession.run, '__wrapped__'),"
         " hasattr(optimizer.Optimizer.apply_gradients, '__wrapped__'))\n"
     )
-    assert python(code, TF_ENABLE_AUTO_MIXED_PRECISION="1").stdout.split() == ["True", "True"]
+    assert python(code, TF_ENABLE_AUTO_MIXED_PRECISION="1",
+                  AMP_REWRITE_TARGET="float16").stdout.split() == ["True", "True"]
 
 
 def test_post_import_hook_fires_once_after_the_module_ran(tmp_path, monkeypatch):
@@ -99,8 +100,8 @@ def test_enable_and_disable_are_idempotent():
 
     originals = (session.BaseSession.run, optimizer.Optimizer.compute_gradients, saver.Saver.restore)
     try:
-        amp_rewrite.enable()
-        amp_rewrite.enable()
+        amp_rewrite.enable(target="float16")
+        amp_rewrite.enable(target="float16")
         assert runtime.is_enabled()
         assert session.BaseSession.run.__wrapped__ is originals[0]
         assert optimizer.Optimizer.compute_gradients.__wrapped__ is originals[1]
