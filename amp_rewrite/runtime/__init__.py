@@ -137,7 +137,7 @@ def _apply_patches(_module=None) -> None:
         except Exception:
             disable()
             raise
-    logger.info("amp-rewrite: rewriting to %s: %s", choice.target, choice.reason)
+    logger.debug("amp-rewrite: rewriting to %s: %s", choice.target, choice.reason)
     logger.debug("patched TensorFlow %s", getattr(sys.modules.get("tensorflow"), "__version__", "?"))
 
 
@@ -245,5 +245,8 @@ def _show_runtime_logs() -> None:
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     handler.addFilter(_RuntimeRecords())
     package.addHandler(handler)
+    # A root handler installed later (absl's, which app.run adds) would print
+    # every line a second time.
+    package.propagate = False
     if package.level == logging.NOTSET:
         package.setLevel(logging.INFO)
