@@ -785,6 +785,18 @@ def _tensor_name(ref: str) -> str:
     return ref if ":" in ref else ref + ":0"
 
 
+# Lines of TensorFlow's error messages that say nothing about the error itself.
+_BOILERPLATE = ("Graph execution error", "Detected at node", "Node:", "defined at",
+                "Original stack trace")
+
+
 def _first_line(exc: BaseException) -> str:
+    """The line of an error message that says what went wrong, and at which node."""
     text = str(exc).strip()
-    return text.splitlines()[0] if text else repr(exc)
+    if not text:
+        return repr(exc)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    message = next((line for line in lines if not line.startswith(_BOILERPLATE)), lines[0])
+    node = next((line[len("Node:"):].strip().strip("'") for line in lines
+                 if line.startswith("Node:")), None)
+    return message if node is None or node in message else f"{message} (node {node})"
