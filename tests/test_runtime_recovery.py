@@ -170,3 +170,31 @@ def test_ops_that_convert_rewrite_again_and_others_are_imported(amp_runtime):
         shadow = runner(sess).shadow_graph
         np.testing.assert_array_equal(sess.run(parts["w1"]), w1)
     assert shadow.get_operation_by_name("late_mm").get_attr("T") == tf.float16
+
+
+def test_a_scaffold_that_initialises_only_the_model_is_ready(amp_runtime, tmp_path):
+    amp_runtime(RuntimeSettings(target="float16"))
+    graph, parts = model()
+    with graph.as_default():
+        step = tf1.train.get_or_create_global_step()
+        increment = tf1.assign_add(step, 1)
+        model_variables = [parts["w1"], parts["w2"], step]
+        scaffold = tf1.train.Scaffold(init_op=tf1.variables_initializer(model_variables))
+        with tf1.train.MonitoredTrainingSession(scaffold=scaffold, checkpoint_dir=None) as sess:
+            losses = [sess.run([parts["loss"], parts["train"], increment], feed(parts))[0]
+                      for _ in range(3)]
+    assert losses[-1] < losses[0]
+
+
+def test_a_checkpoint_of_the_model_alone_restores_and_trains(amp_runtime, tmp_path):
+    graph, parts = model()
+    with graph.as_default(), tf1.Session(graph=graph) as sess:
+        sess.run(tf1.global_variables_initializer())
+        path = tf1.train.Saver().save(sess, str(tmp_path / "fp32"))
+    amp_runtime(RuntimeSettings(target="float16"))
+    graph, parts = model()
+    with graph.as_default(), tf1.Session(graph=graph) as sess:
+        tf1.train.Saver(var_list=[parts["w1"], parts["w2"]]).restore(sess, path)
+        losses = [sess.run([parts["loss"], parts["train"]], feed(parts))[0] for _ in range(3)]
+        scale = sess.run(graph.get_collection(loss_scale.STATE_COLLECTION)[0])
+    assert losses[-1] < losses[0] and scale == 2.0 ** 15
