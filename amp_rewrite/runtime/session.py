@@ -382,84 +382,21 @@ class ShadowRunner:
 
     def _initialise_loss_scale_state(self) -> None:
         """Initialises loss-scale variables that no initialiser the script ran covered."""
-        state = self.graph.get_collection(loss_scale.STATE_COLLECTION)
-        if not state or all(v.op.name in self._initialised_state for v in state):
+        state = _state_components(self.graph.get_collection(loss_scale.STATE_COLLECTION))
+        if all(name in self._initialised_state for name, _ in state):
             return
         import tensorflow as tf
 
-        with self.shadow_graph.as_default(), tf.compat.v1.name_scope(COPY_SCOPE + "/"):
-            handles = [self.shadow_graph.get_operation_by_name(v.op.name).outputs[0] for v in state]
-            checks = [_is_initialized(h) for h in handles]
+        shadow = self.shadow_graph
+        with shadow.as_default(), tf.compat.v1.name_scope(COPY_SCOPE + "/"):
+            checks = [_is_initialized(shadow.get_operation_by_name(name).outputs[0])
+                      for name, _ in state]
             flags = self.shadow_session.run(checks)
-            missing = [v for v, is_set in zip(state, flags) if not is_set]
+            missing = [init for (_, init), is_set in zip(state, flags) if not is_set]
             if missing:
-                inits = [self.shadow_graph.get_operation_by_name(v.initializer.name)
-                         for v in missing]
-                self.shadow_session.run(inits)
+                self.shadow_session.run([shadow.get_operation_by_name(init) for init in missing])
                 logger.debug("initialised %d loss-scale variables", len(missing))
-        self._initialised_state.update(v.op.name for v in state)
-
-    def _extend(self) -> None:
-        """Imports the ops added to the script's graph since the last import, as they are."""
-        import tensorflow as tf
-        from tensorflow.core.framework import graph_pb2
-
-        version = self.graph.version
-        full = self.graph.as_graph_def()
-        new_nodes = [node for node in full.node if node.name not in self.imported]
-        if new_nodes:
-            delta = graph_pb2.GraphDef()
-            delta.versions.CopyFrom(full.versions)
-            delta.library.CopyFrom(_new_functions(full.library, self.shadow_graph))
-            delta.node.extend(new_nodes)
-            new_names = {node.name for node in new_nodes}
-            input_map = self._input_map(new_nodes, new_names)
-            with self.shadow_graph.as_default():
-                tf.compat.v1.import_graph_def(delta, input_map=input_map, name="")
-            self.imported |= new_names
-            logger.debug("imported %d ops added after the rewrite, unchanged", len(new_nodes))
-        self.version = version
-
-    def _input_map(self, new_nodes, new_names) -> dict:
-        """Existing shadow tensors for the delta's references to already imported nodes."""
-        input_map = {}
-        for node in new_nodes:
-            for ref in node.input:
-                if ref in input_map or _node_name(ref) in new_names:
-                    continue
-                if ref.startswith("^"):
-                    input_map[ref] = self._control_proxy(ref[1:])
-                else:
-                    input_map[ref] = self._tensor_as_built(_tensor_name(ref))
-        return input_map
-
-    def _tensor_as_built(self, name: str):
-        """The shadow tensor ``name``, cast back to the script's dtype if it became half."""
-        import tensorflow as tf
-
-        shadow_tensor = self.shadow_graph.get_tensor_by_name(name)
-        want = self.graph.get_tensor_by_name(name).dtype.base_dtype
-        if shadow_tensor.dtype.base_dtype == want:
-            return shadow_tensor
-        if name not in self._cast_back:
-            op_name, port = name.rsplit(":", 1)
-            with self.shadow_graph.as_default(), tf.compat.v1.name_scope(None):
-                self._cast_back[name] = tf.cast(shadow_tensor, want,
-                                                name=f"{op_name}-{port}-{CAST_BACK_SUFFIX}")
-        return self._cast_back[name]
-
-    def _control_proxy(self, op_name: str):
-        """A tensor whose op runs after ``op_name``: import maps control inputs to ops with outputs."""
-        import tensorflow as tf
-
-        op = self.shadow_graph.get_operation_by_name(op_name)
-        if op.outputs:
-            return op.outputs[0]
-        if op_name not in self._control_proxies:
-            with self.shadow_graph.as_default(), tf.compat.v1.name_scope(None), \
-                    tf.control_dependencies([op]):
-                self._control_proxies[op_name] = tf.constant(0, name=f"{op_name}-Done-AmpRewrite")
-        return self._control_proxies[op_name]
+        self._initialised_state.update(name for name, _ in state)
 
     # --- reporting -------------------------------------------------------
 
@@ -723,6 +660,15 @@ def copy_variables(source_session, source_graph, target_session, target_graph) -
             assigns.append(_assign(other, holder))
     target_session.run(assigns, feeds)
     return len(pairs)
+
+
+def _state_components(variables) -> list:
+    """(variable op name, initializer op name) of each variable, per replica when mirrored."""
+    out = []
+    for variable in variables:
+        for component in getattr(variable, "_values", None) or (variable,):
+            out.append((component.op.name, component.initializer.name))
+    return out
 
 
 def _is_initialized(handle):
