@@ -163,10 +163,10 @@ def test_ops_that_convert_rewrite_again_and_others_are_imported(amp_runtime):
         tf1.summary.scalar("loss", parts["loss"])
         summaries = tf1.summary.merge_all()
         sess.run(summaries, feed(parts))
-        assert runner(sess).rewrites == 1
+        assert runner(sess).rewrites == 1 and runner(sess).fallback_reason is None
         head = tf.matmul(parts["loss"] * tf.ones([1, 3]), tf.ones([3, 2]), name="late_mm")
         sess.run(tf.nn.relu(head), feed(parts))
-        assert runner(sess).rewrites == 2
+        assert runner(sess).rewrites == 2 and runner(sess).fallback_reason is None
         shadow = runner(sess).shadow_graph
         np.testing.assert_array_equal(sess.run(parts["w1"]), w1)
     assert shadow.get_operation_by_name("late_mm").get_attr("T") == tf.float16

@@ -65,6 +65,7 @@ def test_model_built_after_the_first_run_computes_in_half(runs, order, target):
     assert set(types.values()) == {HALF[target]}, types
     stderr = scripts[(order, target)].stderr
     assert "rewrote again" in stderr and f"to {target}" in stderr
+    assert "running the float32 graph" not in stderr
 
 
 @pytest.mark.parametrize("order, target", [

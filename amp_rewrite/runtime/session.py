@@ -398,6 +398,68 @@ class ShadowRunner:
                 logger.debug("initialised %d loss-scale variables", len(missing))
         self._initialised_state.update(name for name, _ in state)
 
+    def _extend(self) -> None:
+        """Imports the ops added to the script's graph since the last import, as they are."""
+        import tensorflow as tf
+        from tensorflow.core.framework import graph_pb2
+
+        version = self.graph.version
+        full = self.graph.as_graph_def()
+        new_nodes = [node for node in full.node if node.name not in self.imported]
+        if new_nodes:
+            delta = graph_pb2.GraphDef()
+            delta.versions.CopyFrom(full.versions)
+            delta.library.CopyFrom(_new_functions(full.library, self.shadow_graph))
+            delta.node.extend(new_nodes)
+            new_names = {node.name for node in new_nodes}
+            input_map = self._input_map(new_nodes, new_names)
+            with self.shadow_graph.as_default():
+                tf.compat.v1.import_graph_def(delta, input_map=input_map, name="")
+            self.imported |= new_names
+            logger.debug("imported %d ops added after the rewrite, unchanged", len(new_nodes))
+        self.version = version
+
+    def _input_map(self, new_nodes, new_names) -> dict:
+        """Existing shadow tensors for the delta's references to already imported nodes."""
+        input_map = {}
+        for node in new_nodes:
+            for ref in node.input:
+                if ref in input_map or _node_name(ref) in new_names:
+                    continue
+                if ref.startswith("^"):
+                    input_map[ref] = self._control_proxy(ref[1:])
+                else:
+                    input_map[ref] = self._tensor_as_built(_tensor_name(ref))
+        return input_map
+
+    def _tensor_as_built(self, name: str):
+        """The shadow tensor ``name``, cast back to the script's dtype if it became half."""
+        import tensorflow as tf
+
+        shadow_tensor = self.shadow_graph.get_tensor_by_name(name)
+        want = self.graph.get_tensor_by_name(name).dtype.base_dtype
+        if shadow_tensor.dtype.base_dtype == want:
+            return shadow_tensor
+        if name not in self._cast_back:
+            op_name, port = name.rsplit(":", 1)
+            with self.shadow_graph.as_default(), tf.compat.v1.name_scope(None):
+                self._cast_back[name] = tf.cast(shadow_tensor, want,
+                                                name=f"{op_name}-{port}-{CAST_BACK_SUFFIX}")
+        return self._cast_back[name]
+
+    def _control_proxy(self, op_name: str):
+        """A tensor whose op runs after ``op_name``: import maps control inputs to ops with outputs."""
+        import tensorflow as tf
+
+        op = self.shadow_graph.get_operation_by_name(op_name)
+        if op.outputs:
+            return op.outputs[0]
+        if op_name not in self._control_proxies:
+            with self.shadow_graph.as_default(), tf.compat.v1.name_scope(None), \
+                    tf.control_dependencies([op]):
+                self._control_proxies[op_name] = tf.constant(0, name=f"{op_name}-Done-AmpRewrite")
+        return self._control_proxies[op_name]
+
     # --- reporting -------------------------------------------------------
 
     def _fall_back(self, reason: str, *, keep_shadow: bool = False) -> None:
