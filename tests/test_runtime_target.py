@@ -169,3 +169,17 @@ def test_float16_keeps_dynamic_loss_scaling(amp_runtime):
     graph, *_ = train_graph()
     assert len(graph.get_collection(loss_scale.STATE_COLLECTION)) == 3
     assert loss_scale.reports_of(graph)
+
+
+@pytest.mark.parametrize("setting, wraps", [("bfloat16", False), ("float16", True)])
+def test_keras_compile_adds_loss_scaling_only_for_float16(amp_runtime, setting, wraps):
+    import keras
+
+    from amp_rewrite.runtime import keras_patch, tf_function
+
+    amp_runtime(RuntimeSettings(target=setting))
+    assert keras_patch.is_patched() is wraps
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse")
+    assert (type(model.optimizer).__name__ == "LossScaleOptimizer") is wraps
+    assert tf_function.default_config().target == setting
