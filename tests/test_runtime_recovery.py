@@ -198,3 +198,21 @@ def test_a_checkpoint_of_the_model_alone_restores_and_trains(amp_runtime, tmp_pa
         losses = [sess.run([parts["loss"], parts["train"]], feed(parts))[0] for _ in range(3)]
         scale = sess.run(graph.get_collection(loss_scale.STATE_COLLECTION)[0])
     assert losses[-1] < losses[0] and scale == 2.0 ** 15
+
+
+def test_a_graph_that_keeps_growing_stops_being_rewritten(amp_runtime, monkeypatch, caplog):
+    from amp_rewrite.runtime import session
+
+    monkeypatch.setattr(session, "MAX_REWRITES", 2)
+    amp_runtime(RuntimeSettings(target="float16"))
+    graph, parts = model(with_optimizer=False)
+    with graph.as_default(), tf1.Session(graph=graph) as sess, \
+            caplog.at_level(logging.INFO, "amp_rewrite"):
+        sess.run(tf1.global_variables_initializer())
+        results = [sess.run(tf.nn.relu(tf.matmul(parts["x"], parts["w1"], name=f"loop_mm{i}")),
+                            feed(parts)) for i in range(4)]
+        shadow = runner(sess).shadow_graph
+    assert shadow.get_operation_by_name("loop_mm0").get_attr("T") == tf.float16
+    assert shadow.get_operation_by_name("loop_mm3").get_attr("T") == tf.float32
+    assert sum("keeps growing" in r.getMessage() for r in caplog.records) == 1
+    np.testing.assert_allclose(results[3], results[0], rtol=1e-2, atol=1e-2)

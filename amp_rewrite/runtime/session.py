@@ -50,6 +50,8 @@ SESSION_ARGS_ATTR = "_amp_rewrite_session_args"
 SHADOW_ATTR = "_amp_rewrite_is_shadow"
 CAST_BACK_SUFFIX = "CastBack-AmpRewrite"
 COPY_SCOPE = "Copy-AmpRewrite"
+# Rewrites of one session's graph (the first included) before later ops run as added.
+MAX_REWRITES = 8
 VARIABLE_OPS = ("VarHandleOp", "VariableV2", "Variable")
 # Errors a script meets in float32 as well: never blamed on the rewrite.
 SCRIPT_ERRORS = ("OutOfRangeError", "CancelledError", "AbortedError", "UnavailableError",
@@ -370,11 +372,20 @@ class ShadowRunner:
         return f"{target} was requested"
 
     def _grow(self) -> None:
-        """Takes in the ops added since the last import: a new rewrite when they convert."""
+        """Takes in the ops added since the last import: a new rewrite when they convert.
+
+        A script that builds ops inside its training loop would pay a whole
+        rewrite every step: after :data:`MAX_REWRITES`, new ops run as added.
+        """
         if self.fallback_reason is None and self._new_ops_convert():
-            self._build()
-        else:
-            self._extend()
+            if self.rewrites < MAX_REWRITES:
+                self._build()
+                return
+            if self.rewrites == MAX_REWRITES:
+                self.rewrites += 1
+                logger.info("amp-rewrite: the graph keeps growing after %d rewrites; "
+                            "ops added from now on run in float32", MAX_REWRITES)
+        self._extend()
 
     def _new_ops_convert(self) -> bool:
         return any(op.type in self.allow for op in self.graph.get_operations()
