@@ -111,3 +111,17 @@ def test_enable_and_disable_are_idempotent():
     assert not runtime.is_enabled()
     assert (session.BaseSession.run, optimizer.Optimizer.compute_gradients,
             saver.Saver.restore) == originals
+
+
+def test_runtime_lines_print_once_after_absl_installs_its_handler():
+    code = (
+        "import tensorflow as tf\n"
+        "from absl import logging as absl_logging\n"
+        "absl_logging.use_absl_handler()  # what app.run does\n"
+        "tf.compat.v1.disable_eager_execution()\n"
+        "with tf.compat.v1.Session() as sess:\n"
+        "    sess.run(tf.matmul(tf.ones([2, 2]), tf.ones([2, 2])) + 1.0)\n"
+    )
+    stderr = python(code, ENABLE_AUTO_MP="1", AMP_REWRITE_TARGET="float16").stderr
+    ours = [line for line in stderr.splitlines() if "amp-rewrite" in line or "converted" in line]
+    assert len(ours) == 1 and "to float16" in ours[0] and "float16 was requested" in ours[0], ours
