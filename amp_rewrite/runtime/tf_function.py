@@ -313,7 +313,10 @@ def _set_state(concrete_function, state: dict) -> None:
 
 
 def default_config() -> Config:
-    """The environment's configuration, for the device type functions will run on."""
+    """The environment's configuration, for the device type functions will run on.
+
+    The target is the runtime's (float16 when the runtime is off).
+    """
     import tensorflow as tf
 
     from amp_rewrite import runtime
