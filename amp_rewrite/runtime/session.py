@@ -293,7 +293,7 @@ class ShadowRunner:
     # --- building and extending the shadow -------------------------------
 
     def _build(self) -> None:
-        """Rewrites the script's whole graph into a new shadow; copies the old shadow's variables."""
+        """Rewrites the whole graph into a new shadow, copying the old shadow's variables."""
         from amp_rewrite import Config, rewrite
         from amp_rewrite.op_lists import load_lists
 
