@@ -22,7 +22,7 @@ def amp_runtime():
     from amp_rewrite.runtime.settings import RuntimeSettings
 
     def start(settings=None):
-        runtime.enable(settings=settings or RuntimeSettings())
+        runtime.enable(settings=settings or RuntimeSettings(target="float16"))
 
     runtime.disable()
     yield start

@@ -72,7 +72,8 @@ def test_patches_apply_when_the_script_imports_tensorflow():
         "print(hasattr(session.BaseSession.run, '__wrapped__'),"
         " hasattr(optimizer.Optimizer.apply_gradients, '__wrapped__'))\n"
     )
-    assert python(code, TF_ENABLE_AUTO_MIXED_PRECISION="1").stdout.split() == ["True", "True"]
+    assert python(code, TF_ENABLE_AUTO_MIXED_PRECISION="1",
+                  AMP_REWRITE_TARGET="float16").stdout.split() == ["True", "True"]
 
 
 def test_post_import_hook_fires_once_after_the_module_ran(tmp_path, monkeypatch):
@@ -99,8 +100,8 @@ def test_enable_and_disable_are_idempotent():
 
     originals = (session.BaseSession.run, optimizer.Optimizer.compute_gradients, saver.Saver.restore)
     try:
-        amp_rewrite.enable()
-        amp_rewrite.enable()
+        amp_rewrite.enable(target="float16")
+        amp_rewrite.enable(target="float16")
         assert runtime.is_enabled()
         assert session.BaseSession.run.__wrapped__ is originals[0]
         assert optimizer.Optimizer.compute_gradients.__wrapped__ is originals[1]
@@ -110,3 +111,17 @@ def test_enable_and_disable_are_idempotent():
     assert not runtime.is_enabled()
     assert (session.BaseSession.run, optimizer.Optimizer.compute_gradients,
             saver.Saver.restore) == originals
+
+
+def test_runtime_lines_print_once_after_absl_installs_its_handler():
+    code = (
+        "import tensorflow as tf\n"
+        "from absl import logging as absl_logging\n"
+        "absl_logging.use_absl_handler()  # what app.run does\n"
+        "tf.compat.v1.disable_eager_execution()\n"
+        "with tf.compat.v1.Session() as sess:\n"
+        "    sess.run(tf.matmul(tf.ones([2, 2]), tf.ones([2, 2])) + 1.0)\n"
+    )
+    stderr = python(code, ENABLE_AUTO_MP="1", AMP_REWRITE_TARGET="float16").stderr
+    ours = [line for line in stderr.splitlines() if "amp-rewrite" in line or "converted" in line]
+    assert len(ours) == 1 and "to float16" in ours[0] and "float16 was requested" in ours[0], ours

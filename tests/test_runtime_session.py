@@ -132,7 +132,7 @@ def test_failed_rewrite_warns_and_runs_float32(amp_runtime, monkeypatch, caplog)
 
 def test_strict_mode_raises_instead(amp_runtime, monkeypatch):
     monkeypatch.setenv("TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_ALLOWLIST_ADD", "Exp")
-    amp_runtime(RuntimeSettings(is_strict=True))
+    amp_runtime(RuntimeSettings(is_strict=True, target="float16"))
     graph = mlp_graph()
     with tf1.Session(graph=graph) as sess, pytest.raises(RuntimeRewriteError, match="ListError"):
         sess.run("init")

@@ -199,7 +199,7 @@ def test_failed_rewrite_warns_and_runs_float32(amp_runtime, monkeypatch, caplog)
         "amp-rewrite: tf.function __call__ runs in float32: rewrite failed: "
         "GraphError: node 'x' is broken"]
     runtime.disable()
-    amp_runtime(RuntimeSettings(is_strict=True))
+    amp_runtime(RuntimeSettings(is_strict=True, target="float16"))
     with pytest.raises(RuntimeRewriteError, match="node 'x' is broken"):
         tf.function(net.__call__)(X)
 

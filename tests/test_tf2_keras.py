@@ -35,7 +35,7 @@ def fits(tmp_path_factory):
     base = {k: v for k, v in os.environ.items() if not k.startswith(OWN_PREFIXES)}
     base.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONHASHSEED="0")
     runs = {}
-    for name, extra in (("fp32", {}), ("amp", {"ENABLE_AUTO_MP": "1"})):
+    for name, extra in (("fp32", {}), ("amp", {"ENABLE_AUTO_MP": "1", "AMP_REWRITE_TARGET": "float16"})):
         out = root / f"{name}.json"
         command = [sys.executable, str(FIT_TOOL), "--out", str(out), "--epochs", str(EPOCHS)]
         runs[name] = (out, subprocess.Popen(command, env={**base, **extra}, stdout=subprocess.DEVNULL,
@@ -79,7 +79,7 @@ def test_fit_runs_the_rewritten_train_step(fits, model, half_ops):
 @pytest.fixture
 def amp_runtime():
     runtime.disable()
-    runtime.enable(settings=RuntimeSettings())
+    runtime.enable(settings=RuntimeSettings(target="float16"))
     yield
     runtime.disable()
 

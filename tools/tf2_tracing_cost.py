@@ -75,7 +75,7 @@ def main(argv=None):
         step, specs = build()
         tf.function(step).get_concrete_function(*specs)  # warm-up: creates no more variables
         plain = trace_seconds(step, specs, args.n)
-        amp_rewrite.enable()
+        amp_rewrite.enable(target="float16")  # hooked on every machine
         try:
             hooked = trace_seconds(step, specs, args.n)
         finally:

@@ -2,11 +2,14 @@
 
 :func:`enable` patches, once TensorFlow is imported (at once if it already is):
 
+- nothing at all when the target chosen for the machine is float32
+  (:mod:`amp_rewrite.runtime.target`): one INFO line says why;
 - ``Session`` (every ``BaseSession``: plain, interactive, and those that
   ``MonitoredTrainingSession`` creates) to run the rewritten graph
   (:mod:`amp_rewrite.runtime.session`);
 - ``tf.compat.v1.train.Optimizer.compute_gradients``/``apply_gradients`` for
-  dynamic loss scaling (:mod:`amp_rewrite.runtime.loss_scale`);
+  dynamic loss scaling (:mod:`amp_rewrite.runtime.loss_scale`), for float16
+  only unless ``AMP_LOSS_SCALE`` (or non-default loss-scale settings) asks;
 - ``Saver.restore`` so float32 checkpoints restore (:mod:`amp_rewrite.runtime.checkpoint`);
 - ``MixedPrecisionLossScaleOptimizer`` so an optimizer it wraps is not scaled twice;
 - ``tf.function`` tracing, so each new ConcreteFunction runs its rewritten body
@@ -23,14 +26,17 @@ from __future__ import annotations
 import functools
 import logging
 import sys
+import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from amp_rewrite.runtime.settings import RuntimeSettings
+from amp_rewrite.runtime.settings import LOSS_SCALE_ENV, LossScaleSettings, RuntimeSettings
+from amp_rewrite.runtime.target import TargetChoice, choose_target
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RuntimeSettings", "disable", "enable", "is_enabled"]
+__all__ = ["RuntimeSettings", "TargetChoice", "current_target", "disable", "enable",
+           "is_enabled", "target_choice"]
 
 
 @dataclass(frozen=True)
@@ -48,18 +54,21 @@ class _Runtime:
         self.is_requested = False
         self.patches: list[_Patch] = []
         self.settings: RuntimeSettings | None = None
+        self.choice: TargetChoice | None = None
 
 
 _RUNTIME = _Runtime()
 
 
-def enable(*, settings: RuntimeSettings | None = None, from_env: bool = False) -> None:
+def enable(*, settings: RuntimeSettings | None = None, from_env: bool = False,
+           target: str | None = None) -> None:
     """Turns the runtime on; patches apply when TensorFlow is imported.
 
     Args:
         settings: the runtime settings; by default read from the ``AMP_*`` variables.
         from_env: called by the start-up hook; also makes the runtime's log
             lines visible on stderr when the script configured no logging.
+        target: ``auto``, ``float16`` or ``bfloat16``; overrides the settings' target.
 
     Calling it again changes nothing (new settings apply to the next enable
     after :func:`disable`).
@@ -69,7 +78,8 @@ def enable(*, settings: RuntimeSettings | None = None, from_env: bool = False) -
     with _RUNTIME.lock:
         if _RUNTIME.is_requested:
             return
-        _RUNTIME.settings = settings if settings is not None else RuntimeSettings.from_env()
+        settings = settings if settings is not None else RuntimeSettings.from_env()
+        _RUNTIME.settings = settings if target is None else replace(settings, target=target)
         _RUNTIME.is_requested = True
         if from_env:
             _show_runtime_logs()
@@ -89,6 +99,7 @@ def disable() -> None:
             setattr(patch.owner, patch.name, patch.original)
         _RUNTIME.patches.clear()
         _RUNTIME.is_requested = False
+        _RUNTIME.choice = None
         _uninstall_tf2_patches()
 
 
@@ -97,11 +108,27 @@ def is_enabled() -> bool:
     return bool(_RUNTIME.patches)
 
 
+def target_choice() -> TargetChoice | None:
+    """The target chosen for this process and why; None until TensorFlow is patched."""
+    return _RUNTIME.choice
+
+
+def current_target() -> str | None:
+    """``"float16"`` or ``"bfloat16"`` while the runtime rewrites; None when scripts run float32."""
+    choice = _RUNTIME.choice
+    return choice.target if choice is not None and _RUNTIME.patches else None
+
+
 def _apply_patches(_module=None) -> None:
     with _RUNTIME.lock:
-        if _RUNTIME.patches or not _RUNTIME.is_requested:
+        if _RUNTIME.choice is not None or not _RUNTIME.is_requested:
             return
-        settings = _RUNTIME.settings
+        choice = choose_target(_RUNTIME.settings.target)
+        _RUNTIME.choice = choice
+        if choice.target is None:
+            logger.info("amp-rewrite: scripts run in float32: %s", choice.reason)
+            return
+        settings = replace(_RUNTIME.settings, target=choice.target)
         try:
             for owner, name, replacement in _patch_table(settings):
                 _install(owner, name, replacement)
@@ -109,7 +136,21 @@ def _apply_patches(_module=None) -> None:
         except Exception:
             disable()
             raise
+    logger.debug("amp-rewrite: rewriting to %s: %s", choice.target, choice.reason)
     logger.debug("patched TensorFlow %s", getattr(sys.modules.get("tensorflow"), "__version__", "?"))
+
+
+def scales_loss(settings: RuntimeSettings) -> bool:
+    """Whether optimizers get loss scaling: float16 always; bfloat16 only when asked.
+
+    bfloat16 has float32's exponent range, so gradients need no scaling; an
+    ``AMP_LOSS_SCALE`` in the environment, or loss-scale settings other than
+    the defaults, ask for it anyway.
+    """
+    if settings.target == "float16":
+        return True
+    return bool(os.environ.get(LOSS_SCALE_ENV, "").strip()) or \
+        settings.loss_scale != LossScaleSettings()
 
 
 def _patch_table(settings: RuntimeSettings):
@@ -121,7 +162,7 @@ def _patch_table(settings: RuntimeSettings):
 
     base = session_lib.BaseSession
     scaling = settings.loss_scale
-    return [
+    table = [
         (base, "__init__", session.patched_init),
         (base, "run", _bound(session.patched_run, settings)),
         (base, "make_callable", _bound(session.patched_make_callable, settings)),
@@ -130,13 +171,17 @@ def _patch_table(settings: RuntimeSettings):
         (base, "partial_run_setup", _bound(session.patched_partial_run_setup, settings)),
         (base, "partial_run", _bound(session.patched_partial_run, settings)),
         (base, "close", session.patched_close),
-        (optimizer.Optimizer, "compute_gradients",
-         _bound(loss_scale.scaled_compute_gradients, scaling)),
-        (optimizer.Optimizer, "apply_gradients",
-         _bound(loss_scale.guarded_apply_gradients, scaling)),
-        (saver.Saver, "restore", checkpoint.tolerant_restore),
-        (loss_scale_optimizer.MixedPrecisionLossScaleOptimizer, "__init__", _init_wrapper),
     ]
+    if scales_loss(settings):
+        table += [
+            (optimizer.Optimizer, "compute_gradients",
+             _bound(loss_scale.scaled_compute_gradients, scaling)),
+            (optimizer.Optimizer, "apply_gradients",
+             _bound(loss_scale.guarded_apply_gradients, scaling)),
+            (saver.Saver, "restore", checkpoint.tolerant_restore),
+            (loss_scale_optimizer.MixedPrecisionLossScaleOptimizer, "__init__", _init_wrapper),
+        ]
+    return table
 
 
 def _install_tf2_patches(settings: RuntimeSettings) -> None:
@@ -144,7 +189,8 @@ def _install_tf2_patches(settings: RuntimeSettings) -> None:
     from amp_rewrite.runtime import keras_patch, tf_function
 
     tf_function.install(is_strict=settings.is_strict)
-    keras_patch.install(settings)
+    if scales_loss(settings):
+        keras_patch.install(settings)
 
 
 def _uninstall_tf2_patches() -> None:
@@ -198,5 +244,8 @@ def _show_runtime_logs() -> None:
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     handler.addFilter(_RuntimeRecords())
     package.addHandler(handler)
+    # A root handler installed later (absl's, which app.run adds) would print
+    # every line a second time.
+    package.propagate = False
     if package.level == logging.NOTSET:
         package.setLevel(logging.INFO)

@@ -1,22 +1,33 @@
 """Sessions that run the rewritten graph while the script keeps its own.
 
 Each patched ``Session`` gets a :class:`ShadowRunner` on its first ``run``.
-The runner rewrites the session's graph once (preserving that run's fetches
-and feeds and every node without consumers), imports the result into a
+The runner rewrites the session's graph (preserving the fetches and feeds
+seen so far and every node without consumers), imports the result into a
 shadow ``tf.Graph`` (node names are preserved), and runs everything in a
 shadow ``Session`` from then on, so variables live there. Guarantees:
 
 - ``sess.graph`` is the script's graph; fetched values come back in the dtype
   the script built (half values are cast back on the host); any tensor the
   script could feed can be fed (the value is cast to the shadow's dtype).
-- Ops the script adds later are imported as they are (float32), with a Cast
-  back to the script's dtype wherever they read a tensor that became half.
+- Ops the script adds later that the target's allow list converts (a model
+  built, or grown, after the first ``run``) make the runner rewrite the whole
+  graph again into a new shadow; every initialised variable is copied into
+  it by name, other state (iterators, queues, tables) starts afresh.
+- Other ops added later (summaries, a Saver) are imported as they are
+  (float32), with a Cast back to the script's dtype wherever they read a
+  tensor that became half.
+- Loss-scale variables the script's initialiser did not cover (it ran before
+  the optimizer existed, or initialised an explicit list) are initialised
+  when a plan first needs them.
 - Each (graph version, fetches, feeds) gets one :class:`RunPlan`, built once.
 - ``make_callable``, the raw callables Keras uses, and partial runs go to the
   shadow graph too.
-- If the rewrite, or the first run of the rewritten graph, fails, a warning
-  names the reason and the session runs the script's float32 graph from then
-  on; with ``AMP_REWRITE_STRICT=1`` a :class:`RuntimeRewriteError` is raised.
+- If the rewrite, or any run of the rewritten graph, fails, a warning names
+  the reason and the session runs the script's float32 graph from then on,
+  with the variable values the shadow held; with ``AMP_REWRITE_STRICT=1`` a
+  :class:`RuntimeRewriteError` is raised. An error that the float32 graph
+  raises too (a bad feed, say), or that is how scripts stop (the end of the
+  input), reaches the script unchanged and keeps the rewrite.
 """
 
 from __future__ import annotations
@@ -38,6 +49,13 @@ RUNNER_ATTR = "_amp_rewrite_runner"
 SESSION_ARGS_ATTR = "_amp_rewrite_session_args"
 SHADOW_ATTR = "_amp_rewrite_is_shadow"
 CAST_BACK_SUFFIX = "CastBack-AmpRewrite"
+COPY_SCOPE = "Copy-AmpRewrite"
+# Rewrites of one session's graph (the first included) before later ops run as added.
+MAX_REWRITES = 8
+VARIABLE_OPS = ("VarHandleOp", "VariableV2", "Variable")
+# Errors a script meets in float32 as well: never blamed on the rewrite.
+SCRIPT_ERRORS = ("OutOfRangeError", "CancelledError", "AbortedError", "UnavailableError",
+                 "DeadlineExceededError")
 
 
 class RuntimeRewriteError(AmpRewriteError):
@@ -82,6 +100,11 @@ class ShadowRunner:
         self.plans: dict = {}
         self.fallback_reason: str | None = None
         self.has_run = False
+        self.fetched: set[str] = set()
+        self._initialised_state: set[str] = set()
+        self.fed: set[str] = set()
+        self.allow: frozenset = frozenset()
+        self.rewrites = 0
         self.result = None
         self.partial_handles: dict = {}
         self._cast_back: dict = {}
@@ -92,7 +115,7 @@ class ShadowRunner:
 
     def run(self, original_run, session, fetches, feed_dict=None, options=None, run_metadata=None):
         """``Session.run`` on the shadow graph; the float32 graph after a fallback."""
-        if self.fallback_reason is not None:
+        if self.fallback_reason is not None and self.shadow_session is None:
             return original_run(session, fetches, feed_dict, options, run_metadata)
         flat = _flat_fetch_names(self.graph, fetches)
         mapper = None if flat is not None else _fetch_mapper(self.graph, fetches)
@@ -107,11 +130,14 @@ class ShadowRunner:
         try:
             values = self.shadow_session.run(plan.fetches, shadow_feeds, options, run_metadata)
         except Exception as exc:
-            if self.has_run:
+            if self.fallback_reason is not None or type(exc).__name__ in SCRIPT_ERRORS:
                 raise
-            return self._first_run_failed(exc, original_run, session, fetches, feed_dict,
-                                          options, run_metadata)
+            return self._run_failed(exc, original_run, session, fetches, feed_dict, options,
+                                    run_metadata)
         self.has_run = True
+        return self._results(plan, mapper, fetches, values)
+
+    def _results(self, plan, mapper, fetches, values):
         n_script = len(plan.fetch_dtypes)
         self._log_reports(values[n_script:])
         results = [_to_script(v, d) for v, d in zip(values[:n_script], plan.fetch_dtypes)]
@@ -119,24 +145,51 @@ class ShadowRunner:
             return mapper.build_results(results)
         return _flat_results(fetches, results)
 
-    def _first_run_failed(self, exc, original_run, session, fetches, feed_dict, options,
-                          run_metadata):
-        """The rewritten graph failed before it ever ran: try the float32 graph instead."""
+    def _run_failed(self, exc, original_run, session, fetches, feed_dict, options,
+                    run_metadata):
+        """The rewritten graph failed to run: try the same call in float32.
+
+        It runs in a float32 copy of the script's graph holding the shadow's
+        variable values. If that fails too, the error is the script's (a bad
+        feed, say): it is raised as it was and the rewrite stays. Otherwise the
+        session runs the float32 copy from now on (strict mode raises instead
+        and keeps the rewritten shadow as it was).
+        """
         reason = f"the rewritten graph failed to run: {type(exc).__name__}: {_first_line(exc)}"
-        # The script's own error (a bad feed, say) fails the float32 graph too:
-        # then the rewrite is kept and the script sees the error it caused.
-        try:
-            values = original_run(session, fetches, feed_dict, options, run_metadata)
-        except Exception:
-            raise exc from None
-        if self.settings.is_strict:
-            raise RuntimeRewriteError(reason) from exc
-        self._fall_back(reason)
-        return values
+        with self.lock:
+            try:
+                float32 = self._float32_copy()
+            except Exception:
+                raise exc from None
+            saved = self._shadow_state()
+            self._use_shadow(*float32)
+            self.fallback_reason = reason  # a failure now is the script's, not the rewrite's
+            try:
+                result = self.run(original_run, session, fetches, feed_dict, options,
+                                  run_metadata)
+            except Exception:
+                self._discard_float32(float32, saved)
+                raise exc from None
+            if self.settings.is_strict:
+                self._discard_float32(float32, saved)
+                raise RuntimeRewriteError(reason) from exc
+            if saved[1] is not None:
+                saved[1].close()
+            self._fall_back(reason, keep_shadow=True)
+            return result
+
+    def _shadow_state(self) -> tuple:
+        return (self.shadow_graph, self.shadow_session, self.imported, self.version,
+                self.plans, self._cast_back, self._control_proxies)
+
+    def _discard_float32(self, float32, saved) -> None:
+        float32[1].close()
+        self._use_shadow(*saved)
+        self.fallback_reason = None
 
     def partial_run_setup(self, original_setup, session, fetches, feeds):
         """``Session.partial_run_setup`` on the shadow graph; remembers the handle's plan."""
-        if self.fallback_reason is None:
+        if self.fallback_reason is None or self.shadow_session is not None:
             fetch_names = _element_names(self.graph, fetches)
             feed_names = _element_names(self.graph, feeds or [])
             plan = self._plan((self.graph.version, fetch_names, feed_names), fetch_names, feed_names)
@@ -174,22 +227,40 @@ class ShadowRunner:
 
     def _plan(self, key, fetch_names, feed_names):
         with self.lock:
-            if self.fallback_reason is not None:
+            if self.fallback_reason is not None and self.shadow_session is None:
                 return None
-            if self.shadow_graph is None:
-                try:
-                    self._build(fetch_names, feed_names)
-                except Exception as exc:
-                    reason = f"{type(exc).__name__}: {_first_line(exc)}"
-                    if self.settings.is_strict:
-                        raise RuntimeRewriteError(f"rewrite failed: {reason}") from exc
-                    self._fall_back(f"rewrite failed: {reason}")
-                    return None
-            elif self.graph.version != self.version:
-                self._extend()
-            plan = self._make_plan(fetch_names, feed_names)
+            self.fetched.update(_node_name(n) for n in fetch_names)
+            self.fed.update(_node_name(n) for n in feed_names)
+            try:
+                if self.shadow_graph is None:
+                    self._build()
+                elif self.graph.version != self.version:
+                    self._grow()
+                plan = self._make_plan(fetch_names, feed_names)
+                self._initialise_loss_scale_state()
+            except Exception as exc:
+                reason = f"rewrite failed: {type(exc).__name__}: {_first_line(exc)}"
+                if self.settings.is_strict:
+                    raise RuntimeRewriteError(reason) from exc
+                if self.fallback_reason is not None:
+                    raise
+                self._fall_back_keeping_values(reason)
+                return self._plan(key, fetch_names, feed_names)
             self.plans[key] = plan
             return plan
+
+    def _fall_back_keeping_values(self, reason: str) -> None:
+        """Falls back to a float32 copy of the script's graph holding the shadow's values."""
+        try:
+            float32 = self._float32_copy()
+        except Exception as exc:
+            logger.debug("no float32 copy: %s", exc)
+            self._fall_back(reason)
+            return
+        if self.shadow_session is not None:
+            self.shadow_session.close()
+        self._use_shadow(*float32)
+        self._fall_back(reason, keep_shadow=True)
 
     def _make_plan(self, fetch_names, feed_names) -> RunPlan:
         shadow = self.shadow_graph
@@ -221,29 +292,122 @@ class ShadowRunner:
 
     # --- building and extending the shadow -------------------------------
 
-    def _build(self, fetch_names, feed_names) -> None:
-        import tensorflow as tf
-        from tensorflow.python.client import session as session_lib
-
+    def _build(self) -> None:
+        """Rewrites the whole graph into a new shadow, copying the old shadow's variables."""
         from amp_rewrite import Config, rewrite
+        from amp_rewrite.op_lists import load_lists
 
         version = self.graph.version  # before the snapshot: later ops trigger an extension
         graph_def = self.graph.as_graph_def(add_shapes=True)
-        names = {node.name for node in graph_def.node}
-        fetched = {_node_name(n) for n in fetch_names} | _sinks(graph_def)
-        preserve = tuple(sorted({_node_name(n) for n in feed_names}))
-        config = Config.from_env(preserve=preserve, device_type=_device_type())
+        fetched = self.fetched | _sinks(graph_def)
+        config = Config.from_env(preserve=tuple(sorted(self.fed)), device_type=_device_type(),
+                                 target=self._target())
         result = rewrite(graph_def, fetches=sorted(fetched), config=config)
         self._dump(config, graph_def, result.graph_def)
+        shadow, shadow_session = self._import(result.graph_def)
+        old_session = self.shadow_session
+        if old_session is not None:
+            copied = copy_variables(old_session, self.shadow_graph, shadow_session, shadow)
+            logger.debug("copied %d variables into the new rewritten graph", copied)
+        self._use_shadow(shadow, shadow_session, {node.name for node in graph_def.node}, version)
+        if old_session is not None:
+            old_session.close()
+        self.result = result
+        self.allow = load_lists(config.target, lists_dir=config.lists_dir,
+                                edits=config.list_edits, level=config.level).allow
+        self.rewrites += 1
+        logger.info("amp-rewrite: %s%s (%s)", "rewrote again: " if self.rewrites > 1 else "",
+                    result.summary(), self._target_reason(config.target))
+
+    def _import(self, graph_def):
+        """A new graph holding ``graph_def``, and a session on it."""
+        import tensorflow as tf
+        from tensorflow.python.client import session as session_lib
+
         shadow = tf.Graph()
         with shadow.as_default():
-            tf.compat.v1.import_graph_def(result.graph_def, name="")
+            tf.compat.v1.import_graph_def(graph_def, name="")
         shadow_session = session_lib.Session(self.target, graph=shadow, config=self.config)
         setattr(shadow_session, SHADOW_ATTR, True)
-        self.shadow_graph, self.shadow_session, self.result = shadow, shadow_session, result
-        self.imported = names
-        self.version = version
-        logger.info("amp-rewrite: %s", result.summary())
+        return shadow, shadow_session
+
+    def _use_shadow(self, shadow, shadow_session, imported, version, plans=None,
+                    cast_back=None, control_proxies=None) -> None:
+        self.shadow_graph, self.shadow_session = shadow, shadow_session
+        self.imported, self.version = imported, version
+        self.plans = {} if plans is None else plans
+        self._cast_back = {} if cast_back is None else cast_back
+        self._control_proxies = {} if control_proxies is None else control_proxies
+        self.partial_handles.clear()
+
+    def _float32_copy(self):
+        """The script's graph as it is, in a new shadow holding the current shadow's variables."""
+        version = self.graph.version
+        graph_def = self.graph.as_graph_def()
+        shadow, shadow_session = self._import(graph_def)
+        try:
+            if self.shadow_session is not None:
+                copy_variables(self.shadow_session, self.shadow_graph, shadow_session, shadow)
+        except Exception:
+            if self.has_run:  # the shadow holds trained values that cannot be read
+                shadow_session.close()
+                raise
+            logger.debug("the rewritten graph never ran; its variables are not copied")
+        return shadow, shadow_session, {node.name for node in graph_def.node}, version
+
+    def _target(self) -> str:
+        if self.settings.target != "auto":
+            return self.settings.target
+        from amp_rewrite.runtime.target import choose_target
+
+        return choose_target().target or "float16"
+
+    @staticmethod
+    def _target_reason(target: str) -> str:
+        from amp_rewrite import runtime
+
+        choice = runtime.target_choice()
+        if choice is not None and choice.target == target:
+            return choice.reason
+        return f"{target} was requested"
+
+    def _grow(self) -> None:
+        """Takes in the ops added since the last import: a new rewrite when they convert.
+
+        A script that builds ops inside its training loop would pay a whole
+        rewrite every step: after :data:`MAX_REWRITES`, new ops run as added.
+        """
+        if self.fallback_reason is None and self._new_ops_convert():
+            if self.rewrites < MAX_REWRITES:
+                self._build()
+                return
+            if self.rewrites == MAX_REWRITES:
+                self.rewrites += 1
+                logger.info("amp-rewrite: the graph keeps growing after %d rewrites; "
+                            "ops added from now on run in float32", MAX_REWRITES)
+        self._extend()
+
+    def _new_ops_convert(self) -> bool:
+        return any(op.type in self.allow for op in self.graph.get_operations()
+                   if op.name not in self.imported)
+
+    def _initialise_loss_scale_state(self) -> None:
+        """Initialises loss-scale variables that no initialiser the script ran covered."""
+        state = _state_components(self.graph.get_collection(loss_scale.STATE_COLLECTION))
+        if all(name in self._initialised_state for name, _ in state):
+            return
+        import tensorflow as tf
+
+        shadow = self.shadow_graph
+        with shadow.as_default(), tf.compat.v1.name_scope(COPY_SCOPE + "/"):
+            checks = [_is_initialized(shadow.get_operation_by_name(name).outputs[0])
+                      for name, _ in state]
+            flags = self.shadow_session.run(checks)
+            missing = [init for (_, init), is_set in zip(state, flags) if not is_set]
+            if missing:
+                self.shadow_session.run([shadow.get_operation_by_name(init) for init in missing])
+                logger.debug("initialised %d loss-scale variables", len(missing))
+        self._initialised_state.update(name for name, _ in state)
 
     def _extend(self) -> None:
         """Imports the ops added to the script's graph since the last import, as they are."""
@@ -309,13 +473,15 @@ class ShadowRunner:
 
     # --- reporting -------------------------------------------------------
 
-    def _fall_back(self, reason: str) -> None:
+    def _fall_back(self, reason: str, *, keep_shadow: bool = False) -> None:
+        """Runs float32 from now on: the script's session, or (``keep_shadow``) a float32 shadow."""
         self.fallback_reason = reason
         logger.warning("amp-rewrite: running the float32 graph: %s", reason)
-        if self.shadow_session is not None:
-            self.shadow_session.close()
-        self.shadow_graph = self.shadow_session = None
-        self.plans.clear()
+        if not keep_shadow:
+            if self.shadow_session is not None:
+                self.shadow_session.close()
+            self.shadow_graph = self.shadow_session = None
+            self.plans.clear()
 
     def _dump(self, config, before, after) -> None:
         directory = self.settings.dump_dir
@@ -532,6 +698,78 @@ def _ancestors(elements):
     return seen.values()
 
 
+def copy_variables(source_session, source_graph, target_session, target_graph) -> int:
+    """Copies every initialised variable of ``source_graph`` to its namesake in ``target_graph``.
+
+    Returns how many were copied. Variables the source never initialised stay
+    as they are in the target; values are cast when the two dtypes differ.
+    """
+    import tensorflow as tf
+
+    pairs = []
+    for op in source_graph.get_operations():
+        if op.type not in VARIABLE_OPS:
+            continue
+        try:
+            other = target_graph.get_operation_by_name(op.name)
+        except KeyError:
+            continue
+        if other.type == op.type:
+            pairs.append((op, other))
+    if not pairs:
+        return 0
+    with source_graph.as_default(), tf.compat.v1.name_scope(COPY_SCOPE + "/"):
+        flags = source_session.run([_is_initialized(op.outputs[0]) for op, _ in pairs])
+        pairs = [pair for pair, is_set in zip(pairs, flags) if is_set]
+        values = source_session.run([_read(op) for op, _ in pairs])
+    if not pairs:
+        return 0
+    feeds, assigns = {}, []
+    with target_graph.as_default(), tf.compat.v1.name_scope(COPY_SCOPE + "/"):
+        for (_, other), value in zip(pairs, values):
+            dtype = other.get_attr("dtype")
+            holder = tf.compat.v1.placeholder(dtype.base_dtype)
+            feeds[holder] = np.asarray(value).astype(dtype.base_dtype.as_numpy_dtype, copy=False)
+            assigns.append(_assign(other, holder))
+    target_session.run(assigns, feeds)
+    return len(pairs)
+
+
+def _state_components(variables) -> list:
+    """(variable op name, initializer op name) of each variable, per replica when mirrored."""
+    out = []
+    for variable in variables:
+        for component in getattr(variable, "_values", None) or (variable,):
+            out.append((component.op.name, component.initializer.name))
+    return out
+
+
+def _is_initialized(handle):
+    import tensorflow as tf
+    from tensorflow.python.ops import gen_resource_variable_ops
+
+    if handle.op.type == "VarHandleOp":
+        return gen_resource_variable_ops.var_is_initialized_op(handle)
+    return tf.compat.v1.is_variable_initialized(handle)
+
+
+def _read(op):
+    from tensorflow.python.ops import gen_resource_variable_ops
+
+    if op.type == "VarHandleOp":
+        return gen_resource_variable_ops.read_variable_op(op.outputs[0], op.get_attr("dtype"))
+    return op.outputs[0]
+
+
+def _assign(op, value):
+    import tensorflow as tf
+    from tensorflow.python.ops import gen_resource_variable_ops
+
+    if op.type == "VarHandleOp":
+        return gen_resource_variable_ops.assign_variable_op(op.outputs[0], value)
+    return tf.compat.v1.assign(op.outputs[0], value, validate_shape=False).op
+
+
 def _sinks(graph_def) -> set[str]:
     consumed = {_node_name(ref) for node in graph_def.node for ref in node.input}
     return {node.name for node in graph_def.node} - consumed
@@ -566,6 +804,18 @@ def _tensor_name(ref: str) -> str:
     return ref if ":" in ref else ref + ":0"
 
 
+# Lines of TensorFlow's error messages that say nothing about the error itself.
+_BOILERPLATE = ("Graph execution error", "Detected at node", "Node:", "defined at",
+                "Original stack trace")
+
+
 def _first_line(exc: BaseException) -> str:
+    """The line of an error message that says what went wrong, and at which node."""
     text = str(exc).strip()
-    return text.splitlines()[0] if text else repr(exc)
+    if not text:
+        return repr(exc)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    message = next((line for line in lines if not line.startswith(_BOILERPLATE)), lines[0])
+    node = next((line[len("Node:"):].strip().strip("'") for line in lines
+                 if line.startswith("Node:")), None)
+    return message if node is None or node in message else f"{message} (node {node})"

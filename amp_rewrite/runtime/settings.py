@@ -21,6 +21,8 @@ TRUE_VALUES = ("1", "true", "yes", "on")
 DUMP_DIR_ENV = "AMP_REWRITE_DUMP_DIR"
 TF_LOG_PATH_ENV = "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LOG_PATH"
 STRICT_ENV = "AMP_REWRITE_STRICT"
+TARGET_ENV = "AMP_REWRITE_TARGET"
+TARGETS = ("auto", "float16", "bfloat16")
 LOSS_SCALE_ENV = "AMP_LOSS_SCALE"
 LOSS_SCALE_INIT_ENV = "AMP_LOSS_SCALE_INIT"
 GROWTH_INTERVAL_ENV = "AMP_LOSS_SCALE_GROWTH_INTERVAL"
@@ -80,12 +82,18 @@ class RuntimeSettings:
         loss_scale: the loss-scaling settings.
         is_finding_overflow: probe rewritten tf.functions for the first op whose
             half output is not finite.
+        target: ``auto`` (chosen for the machine), ``float16`` or ``bfloat16``.
     """
 
     dump_dir: str | None = None
     is_strict: bool = False
     loss_scale: LossScaleSettings = LossScaleSettings()
     is_finding_overflow: bool = False
+    target: str = "auto"
+
+    def __post_init__(self):
+        if self.target not in TARGETS:
+            raise UsageError(f"unknown target {self.target!r}; choose one of {', '.join(TARGETS)}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "RuntimeSettings":
@@ -93,12 +101,20 @@ class RuntimeSettings:
         environ = os.environ if environ is None else environ
         dump_dir = environ.get(DUMP_DIR_ENV) or environ.get(TF_LOG_PATH_ENV) or None
         return cls(dump_dir=dump_dir, is_strict=is_true(environ.get(STRICT_ENV)),
-                   loss_scale=_loss_scale_from_env(environ),
+                   loss_scale=_loss_scale_from_env(environ), target=_target_from_env(environ),
                    is_finding_overflow=is_true(environ.get(FIND_OVERFLOW_ENV)))
 
 
 def is_true(value: str | None) -> bool:
     return (value or "").strip().lower() in TRUE_VALUES
+
+
+def _target_from_env(environ: Mapping[str, str]) -> str:
+    text = environ.get(TARGET_ENV, "").strip()
+    target = text.lower() or "auto"
+    if target not in TARGETS:
+        raise UsageError(f"{TARGET_ENV}={text!r}: choose one of {', '.join(TARGETS)}")
+    return target
 
 
 def _loss_scale_from_env(environ: Mapping[str, str]) -> LossScaleSettings:

@@ -109,16 +109,13 @@ TF_KERAS_MODULE = "tf_keras.src.mixed_precision.loss_scale_optimizer"
 
 
 def loss_scaling_wanted() -> bool:
-    """The one switch of everything here: the runtime is on and its target is float16.
+    """The one switch of everything here: these patches are installed.
 
-    The runtime rewrites to float16 only, so today this is "installed"; a
-    bfloat16 target needs no loss scaling (its range is float32's).
+    The runtime installs them only when its target wants loss scaling
+    (:func:`amp_rewrite.runtime.scales_loss`): always for float16; for
+    bfloat16, whose range is float32's, only when loss-scale settings ask.
     """
-    return _PATCHES.settings is not None and _runtime_target() == "float16"
-
-
-def _runtime_target() -> str:
-    return "float16"
+    return _PATCHES.settings is not None
 
 
 def settings() -> RuntimeSettings | None:

@@ -317,10 +317,16 @@ def _set_state(concrete_function, state: dict) -> None:
 
 
 def default_config() -> Config:
-    """The environment's configuration, for the device type functions will run on."""
+    """The environment's configuration, for the device type functions will run on.
+
+    The target is the runtime's (float16 when the runtime is off).
+    """
     import tensorflow as tf
 
-    return Config.from_env(device_type="GPU" if tf.config.list_physical_devices("GPU") else "CPU")
+    from amp_rewrite import runtime
+
+    return Config.from_env(device_type="GPU" if tf.config.list_physical_devices("GPU") else "CPU",
+                           target=runtime.current_target() or "float16")
 
 
 def _is_strict() -> bool:
