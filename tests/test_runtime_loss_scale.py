@@ -1,5 +1,7 @@
 """Dynamic loss scaling: the update rule, unscaled gradients, skipped steps, settings."""
 
+import logging
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -134,3 +136,21 @@ def test_settings_from_env():
 def test_bad_settings_name_the_variable(environ, message):
     with pytest.raises(UsageError, match=message):
         RuntimeSettings.from_env(environ)
+
+
+def test_a_loss_that_is_never_finite_is_named_once_not_every_step(amp_runtime, caplog):
+    amp_runtime(RuntimeSettings(loss_scale=LossScaleSettings(initial_scale=4.0), target="float16"))
+    graph, _, _, train, init = training_graph("momentum")
+    x = np.ones((2, 4), np.float32)
+    with tf1.Session(graph=graph) as sess, caplog.at_level(logging.DEBUG, logger="amp_rewrite"):
+        sess.run(init)
+        for _ in range(8):
+            sess.run(train, {"x:0": x, "multiplier:0": np.nan})
+        scale = sess.run(graph.get_collection(loss_scale.STATE_COLLECTION)[0])
+        step = sess.run(tf1.train.get_global_step(graph))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    halving = [m for m in warnings if "loss scale now" in m]
+    floor = [m for m in warnings if "floor of 1" in m]
+    assert scale == 1.0 and step == 0
+    assert len(halving) == 2  # 4 -> 2 -> 1
+    assert len(floor) == 1 and "not finite even unscaled" in floor[0], warnings

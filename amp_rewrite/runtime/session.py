@@ -83,6 +83,8 @@ class RunPlan:
 class _LossScaleLog:
     steps: int = 0
     skipped: dict = field(default_factory=dict)
+    scales: dict = field(default_factory=dict)
+    at_floor: set = field(default_factory=set)  # reports already warned about at scale 1
 
 
 class ShadowRunner:
@@ -503,7 +505,20 @@ class ShadowRunner:
         for index, (scale, skipped, _good) in enumerate(reports):
             before = log.skipped.get(index, 0.0)
             log.skipped[index] = skipped
-            if skipped > before:
+            was_at_floor = log.scales.get(index, 2.0) <= 1.0
+            log.scales[index] = scale
+            if skipped > before and was_at_floor and index in log.at_floor:
+                # Said once below; a NaN loss would otherwise warn on every step.
+                logger.debug("amp-rewrite: step skipped at loss scale 1, %d steps skipped so far", skipped)
+            elif skipped > before and was_at_floor:
+                log.at_floor.add(index)
+                logger.warning("amp-rewrite: step skipped with the loss scale at its floor of 1: the gradients "
+                               "are not finite even unscaled, so the loss or the math before it is not finite "
+                               "(check the loss and the inputs; run without ENABLE_AUTO_MP to compare); every "
+                               "such step is skipped and global_step does not advance; said once, "
+                               "%d steps skipped so far", skipped)
+            elif skipped > before:
+                log.at_floor.discard(index)
                 logger.warning("amp-rewrite: step skipped, gradients not finite; "
                                "loss scale now %g, %d steps skipped so far", scale, skipped)
             elif every and log.steps % every == 0:
