@@ -178,7 +178,9 @@ def insert_casts(ctx: PaintContext, painting: Painting, was_float32: list[bool],
         source = graph.nodes[src]
         body_id = graph.body_of[src]
         body = graph.bodies[body_id]
-        taken = names.setdefault(body_id, set(body.index))
+        taken = names.get(body_id)
+        if taken is None:  # not setdefault: its argument would copy the body's names once per Cast
+            taken = names[body_id] = set(body.index)
         name = unique_name(f"{source.name}-{port}-{_CAST_WORD[dst_type]}-{CAST_SUFFIX}", taken)
         cast = _cast_node(name, graph.tensor_ref(src, port), src_type, dst_type, source.device)
         new_nodes.append((body_id, cast, src))

@@ -1,0 +1,174 @@
+"""Scale benchmark: rewrite time, peak memory and time per node from 10k to 1M nodes, beside Grappler's.
+
+Two families of graphs (see ``scale_graphs.py``):
+- ``synthetic``: towers of dense blocks written directly as NodeDefs;
+- ``inception``: K renamed copies of the tf-slim Inception v3 training graph
+  (15,770 nodes each) in one GraphDef.
+
+Each graph is written to a temporary file by one subprocess and measured by
+a fresh one, so peak memory is the rewrite's own: the peak resident size
+during the rewrite minus the resident size with the parsed GraphDef loaded.
+Grappler's ``auto_mixed_precision_cpu`` pass runs in the same process right
+after ours, on graphs up to ``--grappler-max`` nodes.
+
+Usage: python tools/benchmark_scale.py [--family synthetic,inception] [--nodes 20000,200000,1000000]
+       [--grappler-max 250000] [--json FILE] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+INCEPTION_NODES = 15770
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _maxrss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def make(family: str, nodes: int, path: str) -> None:
+    """Writes the graph (``path``) and its fetches (``path.json``)."""
+    import scale_graphs
+
+    if family == "synthetic":
+        graph_def, fetches = scale_graphs.synthetic_graph(nodes)
+    else:
+        cache = Path(tempfile.gettempdir()) / "amp_scale_inception_v3.pb"
+        if not cache.exists():
+            import models
+
+            model = models.tf1_inception_v3_training()
+            cache.write_bytes(model.graph_def.SerializeToString())
+            Path(str(cache) + ".json").write_text(json.dumps(list(model.fetches)))
+        from tensorflow.core.framework import graph_pb2
+
+        base = graph_pb2.GraphDef.FromString(cache.read_bytes())
+        copies = max(1, round(nodes / len(base.node)))
+        graph_def, fetches = scale_graphs.replicate(base, copies, json.loads(Path(str(cache) + ".json").read_text()))
+    Path(path).write_bytes(graph_def.SerializeToString())
+    Path(path + ".json").write_text(json.dumps(fetches))
+
+
+def measure(path: str, grappler: bool, profile: bool) -> dict:
+    """Rewrites the graph at ``path`` once with ours, then with Grappler's pass; prints a JSON row."""
+    import scale_graphs
+    from tensorflow.core.framework import graph_pb2
+
+    from amp_rewrite import Config, rewrite
+    from amp_rewrite.oracle import grappler_rewrite
+
+    config = Config(device_type="CPU")
+    warm, warm_fetches = scale_graphs.synthetic_graph(500)
+    rewrite(warm, fetches=warm_fetches, config=config)  # load TensorFlow and the op registry first
+    fetches = json.loads(Path(path + ".json").read_text())
+    rss_before = _rss_mb()
+    data = Path(path).read_bytes()
+    graph_def = graph_pb2.GraphDef.FromString(data)
+    size_mb = len(data) / 2**20
+    del data
+    rss_loaded = _rss_mb()
+    peak_before = _maxrss_mb()
+    if profile:
+        import cProfile
+        import pstats
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+    start = time.perf_counter()
+    result = rewrite(graph_def, fetches=fetches, config=config)
+    seconds = time.perf_counter() - start
+    if profile:
+        profiler.disable()
+        pstats.Stats(profiler, stream=sys.stderr).sort_stats("cumulative").print_stats(40)
+    peak = _maxrss_mb()
+    row = {
+        "nodes": len(graph_def.node),
+        "graphdef_mb": size_mb,
+        "graphdef_in_memory_mb": rss_loaded - rss_before,
+        "seconds": seconds,
+        "peak_extra_mb": peak - rss_loaded if peak > peak_before else None,
+        "casts": len(result.casts),
+        "converted": len(result.converted),
+    }
+    del result
+    if grappler:
+        _, row["grappler_seconds"] = grappler_rewrite(graph_def, fetches)
+    print(json.dumps(row))
+    return row
+
+
+def _child(*args: str) -> str:
+    done = subprocess.run([sys.executable, __file__, *args], check=True, stdout=subprocess.PIPE, text=True)
+    return done.stdout
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = [
+        "| graph | nodes | ours (s) | µs per node | Grappler (s) | ratio | peak extra memory (MB) | GraphDef (MB, serialized / in memory) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        grappler = r.get("grappler_seconds")
+        peak = "n/a" if r["peak_extra_mb"] is None else f"{r['peak_extra_mb']:.0f}"
+        theirs = "—" if grappler is None else f"{grappler:.2f}"
+        ratio = "—" if grappler is None else f"{r['seconds'] / grappler:.2f}"
+        lines.append(
+            f"| {r['family']} | {r['nodes']:,} | {r['seconds']:.2f} | {r['seconds'] / r['nodes'] * 1e6:.1f} "
+            f"| {theirs} | {ratio} | {peak} | {r['graphdef_mb']:.0f} / {r['graphdef_in_memory_mb']:.0f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--family", default="synthetic,inception")
+    parser.add_argument("--nodes", default="20000,50000,200000,1000000")
+    parser.add_argument("--grappler-max", type=int, default=250000)
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--profile", action="store_true", help="print a cProfile of our pass to stderr")
+    parser.add_argument("--make", nargs=3, metavar=("FAMILY", "NODES", "PATH"), help=argparse.SUPPRESS)
+    parser.add_argument("--measure", metavar="PATH", help=argparse.SUPPRESS)
+    parser.add_argument("--grappler", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.make:
+        make(args.make[0], int(args.make[1]), args.make[2])
+        return 0
+    if args.measure:
+        measure(args.measure, args.grappler, args.profile)
+        return 0
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for family in args.family.split(","):
+            for nodes in (int(n) for n in args.nodes.split(",")):
+                path = os.path.join(tmp, f"{family}_{nodes}.pb")
+                _child("--make", family, str(nodes), path)
+                extra = ["--grappler"] if nodes <= args.grappler_max else []
+                extra += ["--profile"] if args.profile else []
+                row = json.loads(_child("--measure", path, *extra).strip().splitlines()[-1])
+                row["family"] = family
+                rows.append(row)
+                print(f"measured {family} {row['nodes']} nodes: {row['seconds']:.2f} s", file=sys.stderr)
+                os.unlink(path)
+    print(markdown(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
