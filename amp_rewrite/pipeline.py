@@ -210,7 +210,7 @@ def _rewrite(graph_def, *, fetches, target, config) -> RewriteResult:
                        force_all=config.level == "UNSAFE_FORCE_ALL", keep_float32=dict(config.keep_float32),
                        release=frozenset(config.release))
     painting = paint(ctx)
-    was_float32 = [graph.dtype(v) == DT_FLOAT for v in range(len(graph.vertices))]
+    was_float32 = [dtype == DT_FLOAT for dtype in ctx.dtypes]
     applied = apply_painting(ctx, painting, was_float32)
     library = finalize_functions(graph)
     applied.converted = library.qualify(applied.converted_by_body)

@@ -309,7 +309,13 @@ class TypedGraph:
                     self.control_consumers[src] = True
                     continue
                 if body.is_main:
-                    src, port = self._main_source(index, ref, node)
+                    colon = ref.rfind(":")
+                    if colon > 0 and ref[colon + 1:].isdigit():
+                        src, port = index.get(ref[:colon]), int(ref[colon + 1:])
+                    else:
+                        src, port = index.get(ref), 0
+                    if src is None:
+                        self._missing_input(body, node, ref)
                 else:
                     src, port = self._function_source(body, ref, node)
                 if seen_control:
@@ -368,16 +374,6 @@ class TypedGraph:
         path = " -> ".join(f"{self.nodes[u].name} ({self.nodes[u].op})" for u in cycle + cycle[:1])
         raise GraphError(f"data cycle that is not a while loop{where}: {path}")
 
-    def _main_source(self, index, ref: str, node) -> tuple[int, int]:
-        name, port = ref, 0
-        colon = ref.rfind(":")
-        if colon > 0 and ref[colon + 1:].isdigit():
-            name, port = ref[:colon], int(ref[colon + 1:])
-        src = index.get(name)
-        if src is None:
-            self._missing_input(self.bodies[0], node, ref)
-        return src, port
-
     def _function_source(self, body: Body, ref: str, node) -> tuple[int, int]:
         """Resolves a FunctionDef input: ``arg`` or ``node:output_arg:k``."""
         parts = ref.split(":")
@@ -400,39 +396,67 @@ class TypedGraph:
         return f"node {node.name} (op {node.op}){where}"
 
     def _build_vertices(self) -> None:
+        """Numbers the vertices node by node, and records the vertex of each input and output port.
+
+        Nodes of one op whose ports expand the same way share a layout
+        (their attrs, and each port's position among them), computed once.
+        """
         self.vertices: list[tuple[int, TypeAttr]] = []
-        self.vertex_index: dict[tuple[int, TypeAttr], int] = {}
         self.node_vertices: list[list[int]] = []
+        self.in_vids: list[list[int] | None] = []
+        self.out_vids: list[list[int] | None] = []
+        layouts: dict[str, tuple] = {}
+        vertices = self.vertices
         for i, (node, op_def) in enumerate(zip(self.nodes, self.op_defs)):
-            ids = []
-            if op_def is not None:
-                attrs = dict.fromkeys(self.in_attrs[i] + self.out_attrs[i])
-                # Type attrs tied to no port (TensorList element_dtype, StackV2
-                # elem_type) are vertices too: data-structure rules paint them.
-                facts = self.op_facts(i)
-                for name in facts.singles:
-                    attrs.setdefault(TypeAttr(name))
-                for name in facts.lists:
-                    if name in node.attr:
-                        for k in range(len(node.attr[name].list.type)):
-                            attrs.setdefault(TypeAttr(name, k))
-                for attr in attrs:
-                    vid = len(self.vertices)
-                    self.vertices.append((i, attr))
-                    self.vertex_index[(i, attr)] = vid
-                    ids.append(vid)
-            self.node_vertices.append(ids)
+            if op_def is None:
+                self.node_vertices.append([])
+                self.in_vids.append(None)
+                self.out_vids.append(None)
+                continue
+            ins, outs = self.in_attrs[i], self.out_attrs[i]
+            layout = layouts.get(node.op)
+            if layout is None or not (layout[0] is ins or layout[0] == ins) or not (layout[1] is outs or layout[1] == outs):
+                layout = self._layout(i, ins, outs)
+                if not self.op_facts(i).lists:
+                    layouts[node.op] = layout
+            attrs, in_pos, out_pos = layout[2:]
+            base = len(vertices)
+            vertices.extend((i, attr) for attr in attrs)
+            self.node_vertices.append(list(range(base, base + len(attrs))))
+            self.in_vids.append([base + k for k in in_pos])
+            self.out_vids.append([base + k for k in out_pos])
+
+    def _layout(self, i: int, ins: list[TypeAttr], outs: list[TypeAttr]) -> tuple:
+        """(ins, outs, the node's type attrs in vertex order, each input's and output's position)."""
+        attrs = dict.fromkeys(ins + outs)
+        # Type attrs tied to no port (TensorList element_dtype, StackV2
+        # elem_type) are vertices too: data-structure rules paint them.
+        facts = self.op_facts(i)
+        node = self.nodes[i]
+        for name in facts.singles:
+            attrs.setdefault(TypeAttr(name))
+        for name in facts.lists:
+            if name in node.attr:
+                for k in range(len(node.attr[name].list.type)):
+                    attrs.setdefault(TypeAttr(name, k))
+        position = {attr: k for k, attr in enumerate(attrs)}
+        return ins, outs, list(attrs), [position[a] for a in ins], [position[a] for a in outs]
 
     def _build_edges(self) -> None:
         n = len(self.vertices)
         self.fanin: list[list[int]] = [[] for _ in range(n)]
         self.fanout: list[list[int]] = [[] for _ in range(n)]
-        for dst in range(len(self.nodes)):
-            for ordinal in range(len(self.inputs[dst])):
-                u = self.input_source_vertex(dst, ordinal)
-                v = self.input_vertex(dst, ordinal)
-                if u is not None and v is not None:
-                    self.add_edge(u, v)
+        fanin, fanout, out_vids = self.fanin, self.fanout, self.out_vids
+        for dst, data in enumerate(self.inputs):
+            in_vids = self.in_vids[dst]
+            if in_vids is None:
+                continue
+            for v, (src, port) in zip(in_vids, data):
+                src_vids = out_vids[src]
+                if src_vids is not None:
+                    u = src_vids[port]
+                    fanout[u].append(v)
+                    fanin[v].append(u)
 
     def add_edge(self, u: int, v: int) -> None:
         """Joins vertex ``u`` to ``v`` (paint may flow both ways; ``u`` is the producer)."""
@@ -483,13 +507,13 @@ class TypedGraph:
 
     def output_vertex(self, node: int, port: int) -> int | None:
         """The vertex typing output ``port`` of ``node`` (None for unknown ops)."""
-        attrs = self.out_attrs[node]
-        return None if attrs is None else self.vertex_index[(node, attrs[port])]
+        vids = self.out_vids[node]
+        return None if vids is None else vids[port]
 
     def input_vertex(self, node: int, ordinal: int) -> int | None:
         """The vertex typing data input ``ordinal`` of ``node`` (None for unknown ops)."""
-        attrs = self.in_attrs[node]
-        return None if attrs is None else self.vertex_index[(node, attrs[ordinal])]
+        vids = self.in_vids[node]
+        return None if vids is None else vids[ordinal]
 
     def input_source_vertex(self, node: int, ordinal: int) -> int | None:
         """The producer-side vertex of data input ``ordinal`` of ``node``."""
@@ -501,12 +525,12 @@ class TypedGraph:
         if isinstance(attr, str):
             attr = TypeAttr(attr)
         i = self.bodies[body].index.get(node_name)
-        return None if i is None else self.vertex_index.get((i, attr))
+        return None if i is None else self.vertex_of(i, attr)
 
     def vertex_of(self, node: int, attr: TypeAttr | str) -> int | None:
         if isinstance(attr, str):
             attr = TypeAttr(attr)
-        return self.vertex_index.get((node, attr))
+        return next((v for v in self.node_vertices[node] if self.vertices[v][1] == attr), None)
 
     def op(self, vid: int) -> str:
         return self.nodes[self.vertices[vid][0]].op
@@ -529,15 +553,18 @@ class TypedGraph:
     def dtype(self, vid: int) -> int:
         """The DataType the vertex currently holds (the OpDef default if the attr is unset)."""
         node_idx, attr = self.vertices[vid]
-        if not attr.name:
+        name = attr.name
+        if not name:
             return attr.fixed
-        node = self.nodes[node_idx]
-        if attr.name in node.attr:
-            value = node.attr[attr.name]
-            if attr.index < 0:
-                return value.type
-            return value.list.type[attr.index]
-        return _default_type(self.op_defs[node_idx], attr.name)
+        node_attrs = self.nodes[node_idx].attr
+        if name in node_attrs:
+            value = node_attrs[name]
+            return value.type if attr.index < 0 else value.list.type[attr.index]
+        return _default_type(self.op_defs[node_idx], name)
+
+    def dtypes(self) -> list[int]:
+        """The DataType every vertex holds now, by vertex id."""
+        return [self.dtype(v) for v in range(len(self.vertices))]
 
     def set_dtype(self, vid: int, dtype: int) -> None:
         """Retypes the vertex's attr on its NodeDef."""

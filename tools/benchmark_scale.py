@@ -70,8 +70,11 @@ def measure(path: str, grappler: bool, profile: bool) -> dict:
     import scale_graphs
     from tensorflow.core.framework import graph_pb2
 
+    import amp_rewrite
     from amp_rewrite import Config, rewrite
     from amp_rewrite.oracle import grappler_rewrite
+
+    print(f"amp_rewrite from {Path(amp_rewrite.__file__).parent}", file=sys.stderr)
 
     config = Config(device_type="CPU")
     warm, warm_fetches = scale_graphs.synthetic_graph(500)
@@ -113,8 +116,12 @@ def measure(path: str, grappler: bool, profile: bool) -> dict:
     return row
 
 
-def _child(*args: str) -> str:
-    done = subprocess.run([sys.executable, __file__, *args], check=True, stdout=subprocess.PIPE, text=True)
+def _child(*args: str, baseline: str | None = None) -> str:
+    env = dict(os.environ)
+    if baseline:
+        env["PYTHONPATH"] = baseline + os.pathsep + env.get("PYTHONPATH", "")
+    done = subprocess.run([sys.executable, __file__, *args], check=True, stdout=subprocess.PIPE, text=True,
+                          env=env)
     return done.stdout
 
 
@@ -141,6 +148,9 @@ def main(argv=None) -> int:
     parser.add_argument("--grappler-max", type=int, default=250000)
     parser.add_argument("--json", default=None)
     parser.add_argument("--profile", action="store_true", help="print a cProfile of our pass to stderr")
+    parser.add_argument("--baseline", default=None,
+                        help="a directory holding another amp_rewrite package (e.g. from git archive) "
+                             "to time on the same graphs, right after ours")
     parser.add_argument("--make", nargs=3, metavar=("FAMILY", "NODES", "PATH"), help=argparse.SUPPRESS)
     parser.add_argument("--measure", metavar="PATH", help=argparse.SUPPRESS)
     parser.add_argument("--grappler", action="store_true", help=argparse.SUPPRESS)
@@ -161,6 +171,10 @@ def main(argv=None) -> int:
                 extra += ["--profile"] if args.profile else []
                 row = json.loads(_child("--measure", path, *extra).strip().splitlines()[-1])
                 row["family"] = family
+                if args.baseline:
+                    base = json.loads(_child("--measure", path, baseline=args.baseline).strip().splitlines()[-1])
+                    row["baseline_seconds"] = base["seconds"]
+                    print(f"baseline: {base['seconds']:.2f} s", file=sys.stderr)
                 rows.append(row)
                 print(f"measured {family} {row['nodes']} nodes: {row['seconds']:.2f} s", file=sys.stderr)
                 os.unlink(path)
