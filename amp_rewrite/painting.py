@@ -98,11 +98,27 @@ class PaintContext:
         self.node_list = [
             "clear" if i in self.boundary else lists.colour_of(node.op) for i, node in enumerate(graph.nodes)
         ]
-        self.skip_reason: list[str | None] = [self._skip_reason(i) for i in range(len(graph.nodes))]
+        self.skip_reason: list[str | None] = self._skip_reasons()
         # The rules never retype, so the dtypes read once hold while painting.
         self.dtypes = graph.dtypes()
         self.vertex_list = [self.node_list[i] for i, _ in graph.vertices]
         self._kernel_checks: dict[tuple, bool] = {}
+
+    def _skip_reasons(self) -> list[str | None]:
+        graph = self.graph
+        reasons: list[str | None] = []
+        append = reasons.append
+        special = set(self.preserved).union(self.keep_float32)
+        opaque = graph.opaque_calls
+        main_nodes = len(graph.bodies[0].index)
+        for i, node in enumerate(graph.nodes):
+            if (i < main_nodes and node.name in special) or i in opaque:
+                append(self._skip_reason(i))
+                continue
+            device = node.device
+            dev = device_type_of(device) if device else None
+            append(None if dev is None or dev == self.device_type else f"placed on {dev}")
+        return reasons
 
     def _skip_reason(self, i: int) -> str | None:
         graph = self.graph

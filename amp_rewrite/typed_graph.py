@@ -294,10 +294,20 @@ class TypedGraph:
         self.inputs: list[list[tuple[int, int]]] = []
         self.consumers: dict[tuple[int, int], list[tuple[int, int]]] = {}
         self.control_consumers = [False] * len(self.nodes)
-        consumers = self.consumers
-        for dst, node in enumerate(self.nodes):
-            body = self.bodies[self.body_of[dst]]
-            index = body.index
+        first = 0
+        for body in self.bodies:  # each body's nodes are contiguous, in body order
+            last = first + len(body.index)
+            self._read_body_inputs(body, first, last)
+            first = last
+
+    def _read_body_inputs(self, body: Body, first: int, last: int) -> None:
+        consumers, inputs, nodes, out_attrs, in_attrs = (
+            self.consumers, self.inputs, self.nodes, self.out_attrs, self.in_attrs)
+        control_consumers = self.control_consumers
+        index = body.index
+        is_main = body.is_main
+        for dst in range(first, last):
+            node = nodes[dst]
             data = []
             seen_control = False
             for ref in node.input:
@@ -306,9 +316,9 @@ class TypedGraph:
                     if src is None:
                         self._missing_input(body, node, ref)
                     seen_control = True
-                    self.control_consumers[src] = True
+                    control_consumers[src] = True
                     continue
-                if body.is_main:
+                if is_main:
                     colon = ref.rfind(":")
                     if colon > 0 and ref[colon + 1:].isdigit():
                         src, port = index.get(ref[:colon]), int(ref[colon + 1:])
@@ -320,11 +330,11 @@ class TypedGraph:
                     src, port = self._function_source(body, ref, node)
                 if seen_control:
                     raise GraphError(f"{self._where(body, node)}: data input {ref!r} follows a control input")
-                outs = self.out_attrs[src]
+                outs = out_attrs[src]
                 if outs is not None and port >= len(outs):
                     raise GraphError(
                         f"{self._where(body, node)}: input {ref!r} asks for output {port} "
-                        f"of {self.nodes[src].op} node {self.nodes[src].name}, which has {len(outs)}"
+                        f"of {nodes[src].op} node {nodes[src].name}, which has {len(outs)}"
                     )
                 key = (src, port)
                 entry = consumers.get(key)
@@ -333,10 +343,10 @@ class TypedGraph:
                 else:
                     entry.append((dst, len(data)))
                 data.append(key)
-            expected = self.in_attrs[dst]
+            expected = in_attrs[dst]
             if expected is not None and len(expected) != len(data):
                 raise GraphError(f"{self._where(body, node)}: expected {len(expected)} data inputs, got {len(data)}")
-            self.inputs.append(data)
+            inputs.append(data)
 
     def _check_acyclic(self) -> None:
         """Refuses a data cycle that is not a v1 loop (whose only back edges end in a Merge).
