@@ -235,8 +235,8 @@ class PaintContext:
                 return src_op in ("Variable", "VariableV2")
             return reads(src, depth + 1)
 
-        for i in range(len(graph.nodes)):
-            if reads(i):
+        for i, node in enumerate(graph.nodes):
+            if node.op in ("Identity", "Enter") and reads(i):
                 result.add(i)
         return result
 

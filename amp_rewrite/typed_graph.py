@@ -305,6 +305,8 @@ class TypedGraph:
             self.consumers, self.inputs, self.nodes, self.out_attrs, self.in_attrs)
         control_consumers = self.control_consumers
         index = body.index
+        find = index.get
+        find_consumers = consumers.get
         is_main = body.is_main
         for dst in range(first, last):
             node = nodes[dst]
@@ -312,7 +314,7 @@ class TypedGraph:
             seen_control = False
             for ref in node.input:
                 if ref[:1] == "^":
-                    src = index.get(ref[1:])
+                    src = find(ref[1:])
                     if src is None:
                         self._missing_input(body, node, ref)
                     seen_control = True
@@ -320,10 +322,12 @@ class TypedGraph:
                     continue
                 if is_main:
                     colon = ref.rfind(":")
-                    if colon > 0 and ref[colon + 1:].isdigit():
-                        src, port = index.get(ref[:colon]), int(ref[colon + 1:])
+                    if colon < 0:
+                        src, port = find(ref), 0
+                    elif colon > 0 and ref[colon + 1:].isdigit():
+                        src, port = find(ref[:colon]), int(ref[colon + 1:])
                     else:
-                        src, port = index.get(ref), 0
+                        src, port = find(ref), 0
                     if src is None:
                         self._missing_input(body, node, ref)
                 else:
@@ -337,7 +341,7 @@ class TypedGraph:
                         f"of {nodes[src].op} node {nodes[src].name}, which has {len(outs)}"
                     )
                 key = (src, port)
-                entry = consumers.get(key)
+                entry = find_consumers(key)
                 if entry is None:
                     consumers[key] = [(dst, len(data))]
                 else:
@@ -573,8 +577,22 @@ class TypedGraph:
         return _default_type(self.op_defs[node_idx], name)
 
     def dtypes(self) -> list[int]:
-        """The DataType every vertex holds now, by vertex id."""
-        return [self.dtype(v) for v in range(len(self.vertices))]
+        """The DataType every vertex holds now, by vertex id (what :meth:`dtype` gives, in one pass)."""
+        result = []
+        append = result.append
+        nodes = self.nodes
+        for node_idx, attr in self.vertices:
+            name = attr.name
+            if not name:
+                append(attr.fixed)
+                continue
+            node_attrs = nodes[node_idx].attr
+            if name in node_attrs:
+                value = node_attrs[name]
+                append(value.type if attr.index < 0 else value.list.type[attr.index])
+            else:
+                append(_default_type(self.op_defs[node_idx], name))
+        return result
 
     def set_dtype(self, vid: int, dtype: int) -> None:
         """Retypes the vertex's attr on its NodeDef."""
