@@ -65,7 +65,7 @@ def make(family: str, nodes: int, path: str) -> None:
     Path(path + ".json").write_text(json.dumps(fetches))
 
 
-def measure(path: str, grappler: bool, profile: bool) -> dict:
+def measure(path: str, grappler: bool, profile: bool, flops: bool) -> dict:
     """Rewrites the graph at ``path`` once with ours, then with Grappler's pass; prints a JSON row."""
     import scale_graphs
     from tensorflow.core.framework import graph_pb2
@@ -100,6 +100,14 @@ def measure(path: str, grappler: bool, profile: bool) -> dict:
         profiler.disable()
         pstats.Stats(profiler, stream=sys.stderr).sort_stats("cumulative").print_stats(40)
     peak = _maxrss_mb()
+    steps = dict(result.step_seconds)
+    start = time.perf_counter()
+    result.node_outcomes
+    steps["report"] = time.perf_counter() - start
+    if flops:
+        start = time.perf_counter()
+        result.half_flop_share
+        steps["FLOP share"] = time.perf_counter() - start
     row = {
         "nodes": len(graph_def.node),
         "graphdef_mb": size_mb,
@@ -108,6 +116,7 @@ def measure(path: str, grappler: bool, profile: bool) -> dict:
         "peak_extra_mb": peak - rss_loaded if peak > peak_before else None,
         "casts": len(result.casts),
         "converted": len(result.converted),
+        "steps": steps,
     }
     del result
     if grappler:
@@ -141,6 +150,16 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def step_table(rows: list[dict]) -> str:
+    """Microseconds per node of each step of our pass (and of the report), per graph."""
+    steps = list(dict.fromkeys(step for r in rows for step in r["steps"]))
+    lines = ["| graph | nodes | " + " | ".join(steps) + " |", "|---|---:|" + "---:|" * len(steps)]
+    for r in rows:
+        cells = [f"{r['steps'][s] / r['nodes'] * 1e6:.1f}" if s in r["steps"] else "—" for s in steps]
+        lines.append(f"| {r['family']} | {r['nodes']:,} | " + " | ".join(cells) + " |")
+    return "µs per node of each step:\n\n" + "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", default="synthetic,inception")
@@ -154,12 +173,13 @@ def main(argv=None) -> int:
     parser.add_argument("--make", nargs=3, metavar=("FAMILY", "NODES", "PATH"), help=argparse.SUPPRESS)
     parser.add_argument("--measure", metavar="PATH", help=argparse.SUPPRESS)
     parser.add_argument("--grappler", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--flops", action="store_true", help="also time the FLOP share (imports the graph into TensorFlow)")
     args = parser.parse_args(argv)
     if args.make:
         make(args.make[0], int(args.make[1]), args.make[2])
         return 0
     if args.measure:
-        measure(args.measure, args.grappler, args.profile)
+        measure(args.measure, args.grappler, args.profile, args.flops)
         return 0
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -169,6 +189,7 @@ def main(argv=None) -> int:
                 _child("--make", family, str(nodes), path)
                 extra = ["--grappler"] if nodes <= args.grappler_max else []
                 extra += ["--profile"] if args.profile else []
+                extra += ["--flops"] if args.flops else []
                 row = json.loads(_child("--measure", path, *extra).strip().splitlines()[-1])
                 row["family"] = family
                 if args.baseline:
@@ -179,6 +200,8 @@ def main(argv=None) -> int:
                 print(f"measured {family} {row['nodes']} nodes: {row['seconds']:.2f} s", file=sys.stderr)
                 os.unlink(path)
     print(markdown(rows))
+    print()
+    print(step_table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
     return 0
