@@ -13,9 +13,9 @@ graphs start from the same initial values (the initializers' seeds are in
 the GraphDef), and the loss of each step is kept to show that the bfloat16
 runs track float32.
 
-Grappler's oneDNN pass does nothing on a CPU without AVX512F (TensorFlow's
-``IsBF16SupportedByOneDNNOnThisCPU``); the tool says so, and its "Casts
-added by Grappler" column is then 0.
+Grappler's oneDNN pass does nothing on a CPU where oneDNN has no bfloat16
+support (no AVX512F; TensorFlow's ``IsDataTypeSupportedByOneDNNOnThisCPU``);
+the tool says so, and its "Casts added by Grappler" column is then 0.
 
 ``--stats`` also traces one step of each with ``RunMetadata`` and prints
 the Cast ops executed, their total time, and the ops taking the most time.
@@ -171,11 +171,11 @@ def main(argv=None) -> int:
     rows = []
     for name, build in chosen.items():
         rows.append(measure(name, build, args.rounds, args.warmup, args.stats))
-        print(f"measured {name}", file=sys.stderr)
+        print(f"measured {name}: {markdown(rows[-1:]).splitlines()[-1]}", file=sys.stderr)
     from tensorflow.python.util import _pywrap_utils
 
-    supported = _pywrap_utils.IsBF16SupportedByOneDNNOnThisCPU()
-    print(f"oneDNN bfloat16 supported on this CPU (AVX512F): {supported}\n")
+    supported = _pywrap_utils.IsDataTypeSupportedByOneDNNOnThisCPU(tf.bfloat16.as_datatype_enum)
+    print(f"oneDNN supports bfloat16 on this CPU: {supported}\n")
     print(markdown(rows))
     print()
     print(loss_lines(rows))
