@@ -91,7 +91,8 @@ class RewriteResult:
     @cached_property
     def node_outcomes(self) -> dict[str, dict]:
         """Per node: its colour, the rule that decided it, and the neighbour that caused it."""
-        return self.explain()
+        with _collector_paused():
+            return self.explain()
 
     @property
     def converted(self) -> list[str]:
@@ -106,7 +107,8 @@ class RewriteResult:
         """Share of MatMul/Conv FLOPs computed in the target type; None when no shapes are known."""
         from amp_rewrite.flops import half_flop_share
 
-        return half_flop_share(self.graph_def)
+        with _collector_paused():
+            return half_flop_share(self.graph_def)
 
     def summary(self, *, with_flops: bool = True) -> str:
         """One line: converted nodes, casts, and (unless ``with_flops`` is false) the FLOP share.
