@@ -134,11 +134,12 @@ def fold_half_consts(ctx: PaintContext, painting: Painting, applied: Applied) ->
         consumers = graph.consumers.get((i, 0), [])
         if not consumers or not all(graph.input_vertex(d, k) in painting.allow for d, k in consumers):
             continue
-        peak = tensors.max_abs(node.attr["value"].tensor)
+        value = tensors.const_value(node.attr["value"].tensor)
+        peak = tensors.max_abs_of(value)
         if peak > HALF_MAX[ctx.target_dtype]:
             applied.out_of_range_by_body.setdefault(graph.body_of[i], {})[node.name] = peak
             continue
-        tensors.convert_const(node, ctx.target_dtype)
+        tensors.convert_const(node, ctx.target_dtype, value=value)
         folded.add(i)
         applied.folded_by_body.setdefault(graph.body_of[i], []).append(node.name)
     return folded

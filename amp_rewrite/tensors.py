@@ -20,10 +20,17 @@ def const_value(tensor_proto) -> np.ndarray:
 
 def max_abs(tensor_proto) -> float:
     """The largest finite |value| in a float TensorProto (inf and NaN count as infinite)."""
-    value = const_value(tensor_proto)
+    return max_abs_of(const_value(tensor_proto))
+
+
+def max_abs_of(value: np.ndarray) -> float:
+    """:func:`max_abs` of an array already read (NaN if it holds a NaN)."""
     if value.size == 0:
         return 0.0
-    return float(np.max(np.abs(value.astype(np.float64))))
+    if value.dtype != np.float32:
+        value = value.astype(np.float64)
+    # max and -min are exact in float32 and need no |value| temporary.
+    return float(max(value.max(), -value.min()))
 
 
 def _numpy_type(dtype: int):
@@ -36,9 +43,14 @@ def _numpy_type(dtype: int):
     raise ValueError(f"not a half type: {dtype}")
 
 
-def convert_const(node, dtype: int) -> None:
-    """Retypes a float32 Const node to ``dtype`` (float16 or bfloat16), converting its value."""
-    value = const_value(node.attr["value"].tensor).astype(_numpy_type(dtype))
+def convert_const(node, dtype: int, value: np.ndarray | None = None) -> None:
+    """Retypes a float32 Const node to ``dtype`` (float16 or bfloat16), converting its value.
+
+    ``value`` is the Const's value when the caller has already read it.
+    """
+    if value is None:
+        value = const_value(node.attr["value"].tensor)
+    value = value.astype(_numpy_type(dtype))
     proto = _tensor_util().make_tensor_proto(value, shape=value.shape)
     node.attr["value"].tensor.CopyFrom(proto)
     node.attr["dtype"].type = dtype
