@@ -62,6 +62,8 @@ def make(family: str, nodes: int, path: str) -> None:
 
         base = graph_pb2.GraphDef.FromString(cache.read_bytes())
         copies = max(1, round(nodes / len(base.node)))
+        # A GraphDef must serialize to under 2 GB: about 900k nodes of this graph.
+        copies = min(copies, (2**31 - 2**26) // base.ByteSize())
         graph_def, fetches = scale_graphs.replicate(base, copies, json.loads(Path(str(cache) + ".json").read_text()))
     Path(path).write_bytes(graph_def.SerializeToString())
     Path(path + ".json").write_text(json.dumps(fetches))
@@ -206,7 +208,7 @@ def main(argv=None) -> int:
                     row["baseline_seconds"] = base["seconds"]
                     print(f"baseline: {base['seconds']:.2f} s", file=sys.stderr)
                 rows.append(row)
-                print(f"measured {family} {row['nodes']} nodes: {row['seconds']:.2f} s", file=sys.stderr)
+                print(f"measured {json.dumps(row)}", file=sys.stderr)
                 os.unlink(path)
     print(markdown(rows))
     print()
