@@ -155,19 +155,21 @@ def insert_casts(ctx: PaintContext, painting: Painting, was_float32: list[bool],
     names: dict[int, set[str]] = {}
     new_nodes = []
     widening = {}
+    allow, in_vids = painting.allow, graph.in_vids
     for (src, port), consumers in sorted(graph.consumers.items()):
         if src in folded:
             continue
         src_vid = graph.output_vertex(src, port)
         if src_vid is not None and not was_float32[src_vid]:
             continue
-        src_allow = src_vid in painting.allow
+        src_allow = src_vid in allow
         needing = []
         for dst, k in consumers:
-            dst_vid = graph.input_vertex(dst, k)
+            dst_vids = in_vids[dst]
+            dst_vid = None if dst_vids is None else dst_vids[k]
             if src_vid is None and (dst_vid is None or not was_float32[dst_vid]):
                 continue  # unknown producer, and nothing says this edge is float32
-            if (dst_vid in painting.allow) != src_allow:
+            if (dst_vid in allow) != src_allow:
                 needing.append((dst, k))
         if not needing:
             continue
@@ -178,7 +180,9 @@ def insert_casts(ctx: PaintContext, painting: Painting, was_float32: list[bool],
         source = graph.nodes[src]
         body_id = graph.body_of[src]
         body = graph.bodies[body_id]
-        taken = names.setdefault(body_id, set(body.index))
+        taken = names.get(body_id)
+        if taken is None:  # not setdefault: its argument would copy the body's names once per Cast
+            taken = names[body_id] = set(body.index)
         name = unique_name(f"{source.name}-{port}-{_CAST_WORD[dst_type]}-{CAST_SUFFIX}", taken)
         cast = _cast_node(name, graph.tensor_ref(src, port), src_type, dst_type, source.device)
         new_nodes.append((body_id, cast, src))

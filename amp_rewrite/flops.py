@@ -5,6 +5,9 @@ scratch ``tf.Graph``; each library function is built from its FunctionDef).
 TensorFlow's importer crashes the process on a function that calls itself,
 so :func:`import_blocker` checks the library's call graph first and a graph
 TensorFlow cannot import has no FLOP share.
+The import goes through TensorFlow's C API and wraps only the MatMul/Conv ops
+and their producers as Python ``Operation`` objects: building the Python view
+of every node would cost ten times the rewrite itself on a large graph.
 Unknown dimensions, typically the batch, count as 1: the share is a ratio,
 and a batch dimension scales every op alike. An op inside a function counts
 once, whatever the number of calls or loop iterations, which no static view
@@ -92,21 +95,17 @@ def half_flop_share(graph_def) -> float | None:
     Returns None when the graph holds no such op with a known shape, or when
     TensorFlow cannot import it (an unregistered op, for instance).
     """
-    import tensorflow as tf
-
     blocker = import_blocker(graph_def)
     if blocker:
         logger.debug("FLOP share unknown: %s", blocker)
         return None
-    graph = tf.Graph()
     try:
-        with graph.as_default():
-            tf.compat.v1.import_graph_def(graph_def, name="")
+        main_ops = _imported_flop_ops(graph_def)
     except Exception as exc:  # noqa: BLE001 - any import failure means "unknown"
         logger.debug("FLOP share unknown: graph does not import: %s", exc)
         return None
     total = half = 0
-    for op in graph.get_operations() + _function_ops(graph_def):
+    for op in main_ops + _function_ops(graph_def):
         if op.type not in FLOP_OPS:
             continue
         flops = op_flops(op)
@@ -116,6 +115,44 @@ def half_flop_share(graph_def) -> float | None:
         if op.outputs and op.outputs[0].dtype.as_datatype_enum in (DT_HALF, DT_BFLOAT16):
             half += flops
     return half / total if total else None
+
+
+def _imported_flop_ops(graph_def) -> list:
+    """The graph's MatMul/Conv ops, imported with shapes; only they and their producers become Python ops."""
+    import tensorflow as tf
+    from tensorflow.python.client import pywrap_tf_session as c_api
+    from tensorflow.python.framework import c_api_util
+
+    wanted = [node.name for node in graph_def.node if node.op in FLOP_OPS]
+    graph = tf.Graph()
+    if not wanted:
+        return []
+    scoped = c_api_util.ScopedTFImportGraphDefOptions()
+    c_api.TF_ImportGraphDefOptionsSetPrefix(scoped.options, "")
+    for name in wanted:
+        c_api.TF_ImportGraphDefOptionsAddReturnOperation(scoped.options, name)
+    buffer = c_api.TF_NewBufferFromString(graph_def.SerializeToString())
+    try:
+        with graph._c_graph.get() as c_graph:  # noqa: SLF001 - the importer's own path, minus the Python view
+            results = c_api_util.ScopedTFImportGraphDefResults(
+                c_api.TF_GraphImportGraphDefWithResults(c_graph, buffer, scoped.options))
+    finally:
+        c_api.TF_DeleteBuffer(buffer)
+    wrapped: dict[str, object] = {}
+
+    def python_op(c_op):
+        name = c_api.TF_OperationName(c_op)
+        op = wrapped.get(name)
+        if op is None:
+            op = wrapped[name] = graph._create_op_from_tf_operation(c_op)  # noqa: SLF001
+        return op
+
+    ops = []
+    for c_op in c_api.TF_ImportGraphDefResultsReturnOperations(results.results):
+        for source in c_api.GetOperationInputs(c_op):
+            python_op(source.oper)
+        ops.append(python_op(c_op))
+    return ops
 
 
 def _function_ops(graph_def) -> list:

@@ -131,8 +131,9 @@ def _pinned_functions(graph: TypedGraph) -> set[str]:
             pinned.update(f.name for f in value.list.func)
         if node.op in graph.library and i not in linked:
             pinned.add(node.op)
+    instantiated = {b.function for b in graph.bodies[1:]}
     for fdef in graph.graph_def.library.function:
-        if not any(b.function == fdef.signature.name for b in graph.bodies[1:]):
+        if fdef.signature.name not in instantiated:
             for node in fdef.node_def:  # functions we do not instantiate keep their references
                 for value in node.attr.values():
                     if value.func.name:
@@ -187,18 +188,20 @@ def _rebuild_library(graph: TypedGraph, keys, names, result: LibraryResult) -> d
     for body_id in range(1, len(graph.bodies)):
         if keys[body_id] is not None:
             representative.setdefault(names[body_id], body_id)
+    variants: dict[str, list[tuple[str, int]]] = {}
+    for name, body_id in representative.items():
+        variants.setdefault(graph.bodies[body_id].function, []).append((name, body_id))
     library = graph.graph_def.library
     rebuilt = type(library)()
     for fdef in library.function:
         fname = fdef.signature.name
         if fname not in representative:
             rebuilt.function.add().CopyFrom(fdef)
-        for name, body_id in representative.items():
-            if graph.bodies[body_id].function == fname:
-                written = rebuilt.function.add()
-                written.CopyFrom(graph.bodies[body_id].fdef)
-                written.signature.name = name
-                result.rewritten.append(name)
+        for name, body_id in variants.get(fname, ()):
+            written = rebuilt.function.add()
+            written.CopyFrom(graph.bodies[body_id].fdef)
+            written.signature.name = name
+            result.rewritten.append(name)
     rebuilt.gradient.extend(library.gradient)
     rebuilt.registered_gradients.extend(library.registered_gradients)
     library.CopyFrom(rebuilt)

@@ -100,7 +100,27 @@ class PaintContext:
         self.node_list = [
             "clear" if i in self.boundary else lists.colour_of(node.op) for i, node in enumerate(graph.nodes)
         ]
-        self.skip_reason: list[str | None] = [self._skip_reason(i) for i in range(len(graph.nodes))]
+        self.skip_reason: list[str | None] = self._skip_reasons()
+        # The rules never retype, so the dtypes read once hold while painting.
+        self.dtypes = graph.dtypes()
+        self.vertex_list = [self.node_list[i] for i, _ in graph.vertices]
+        self._kernel_checks: dict[tuple, bool] = {}
+
+    def _skip_reasons(self) -> list[str | None]:
+        graph = self.graph
+        reasons: list[str | None] = []
+        append = reasons.append
+        special = set(self.preserved).union(self.keep_float32)
+        opaque = graph.opaque_calls
+        main_nodes = len(graph.bodies[0].index)
+        for i, node in enumerate(graph.nodes):
+            if (i < main_nodes and node.name in special) or i in opaque:
+                append(self._skip_reason(i))
+                continue
+            device = node.device
+            dev = device_type_of(device) if device else None
+            append(None if dev is None or dev == self.device_type else f"placed on {dev}")
+        return reasons
 
     def _skip_reason(self, i: int) -> str | None:
         graph = self.graph
@@ -139,11 +159,11 @@ class PaintContext:
         return self.skip_reason[self.graph.vertices[vid][0]] is None
 
     def is_float32(self, vid: int) -> bool:
-        return self.graph.dtype(vid) == DT_FLOAT
+        return self.dtypes[vid] == DT_FLOAT
 
     def on_list(self, vid: int, colour: str) -> bool:
         """Whether the vertex's op is on the ``colour`` list."""
-        return self.node_list[self.graph.vertices[vid][0]] == colour
+        return self.vertex_list[vid] == colour
 
     def supports_target(self, vid: int) -> bool:
         """Whether the OpDef admits the target type for this attr and a kernel exists for it."""
@@ -163,11 +183,22 @@ class PaintContext:
         if node_idx in self.boundary:
             return True  # args, results and calls pass any type through
         node = graph.nodes[node_idx]
+        siblings = graph.node_vertices[node_idx]
+        # Nodes of one op, device and dtypes share the answer (most of a graph's nodes).
+        key = (node.op, node.device, vid - siblings[0], tuple(self.dtypes[o] for o in siblings))
+        found = self._kernel_checks.get(key)
+        if found is None:
+            found = self._kernel_checks[key] = self._kernel_exists(vid, node_idx)
+        return found
+
+    def _kernel_exists(self, vid: int, node_idx: int) -> bool:
+        graph = self.graph
+        node = graph.nodes[node_idx]
         device_type = device_type_of(node.device) or self.device_type
         attrs = {}
         for other in graph.node_vertices[node_idx]:
             other_attr = graph.vertices[other][1]
-            dtype = self.target_dtype if other == vid else graph.dtype(other)
+            dtype = self.target_dtype if other == vid else self.dtypes[other]
             if other_attr.index < 0:
                 attrs[other_attr.name] = dtype
             else:
@@ -178,7 +209,10 @@ class PaintContext:
 
     def can_convert(self, vid: int) -> bool:
         """Processable, float32 now, and the target type is supported."""
-        return self.processable(vid) and self.is_float32(vid) and self.supports_target(vid)
+        if self.dtypes[vid] != DT_FLOAT or self.skip_reason[self.graph.vertices[vid][0]] is not None:
+            return False
+        cached = self._supports.get(vid)
+        return cached if cached is not None else self.supports_target(vid)
 
     def can_force(self, vid: int) -> bool:
         """Whether UNSAFE_FORCE_ALL may convert this vertex."""
@@ -205,8 +239,8 @@ class PaintContext:
                 return src_op in ("Variable", "VariableV2")
             return reads(src, depth + 1)
 
-        for i in range(len(graph.nodes)):
-            if reads(i):
+        for i, node in enumerate(graph.nodes):
+            if node.op in ("Identity", "Enter") and reads(i):
                 result.add(i)
         return result
 
@@ -220,10 +254,11 @@ def paint_allow_ops(ctx: PaintContext, painting: Painting) -> None:
     Under UNSAFE_FORCE_ALL every convertible vertex is painted, except those of
     stateful ops, ops with ref inputs or outputs, and Consts.
     """
+    listed = ctx.vertex_list
     for vid in range(len(ctx.graph.vertices)):
         if vid in painting.deny:
             continue
-        if ctx.on_list(vid, "allow"):
+        if listed[vid] == "allow":
             if ctx.can_convert(vid):
                 painting.mark_allow(vid, "allow-list op")
         elif ctx.force_all and ctx.can_convert(vid) and ctx.can_force(vid):
@@ -240,12 +275,13 @@ def paint_deny_forward(ctx: PaintContext, painting: Painting) -> None:
     if ctx.force_all:
         return
     graph = ctx.graph
-    deny_or_infer = [v for v in range(len(graph.vertices))
-                     if ctx.on_list(v, "deny") or ctx.on_list(v, "infer")]
+    listed = ctx.vertex_list
+    deny_or_infer = [v for v, colour in enumerate(listed) if colour == "deny" or colour == "infer"]
     upstream = set(graph.reach(deny_or_infer, forward=False, backward=True,
-                               enter=lambda v: ctx.on_list(v, "clear")))
-    upstream = {v for v in upstream if graph.vertices[v][0] not in ctx.released}
-    deny_roots = [v for v in deny_or_infer if ctx.on_list(v, "deny")]
+                               enter=lambda v: listed[v] == "clear"))
+    if ctx.released:
+        upstream = {v for v in upstream if graph.vertices[v][0] not in ctx.released}
+    deny_roots = [v for v in deny_or_infer if listed[v] == "deny"]
     for v in deny_roots:
         painting.mark_deny(v, "deny-list op")
     parents: dict[int, int] = {}
@@ -263,9 +299,11 @@ def paint_between_allow(ctx: PaintContext, painting: Painting) -> None:
     graph = ctx.graph
     roots = sorted(painting.allow)
 
+    listed = ctx.vertex_list
+
     def passable(v: int) -> bool:
         return (v not in painting.allow and v not in painting.deny
-                and (ctx.on_list(v, "clear") or ctx.on_list(v, "infer"))
+                and listed[v] in ("clear", "infer")
                 and ctx.can_convert(v))
 
     downstream = set(graph.reach(roots, forward=True, backward=False, enter=passable))
@@ -344,7 +382,8 @@ def find_tensor_list_clusters(ctx: PaintContext, painting: Painting) -> None:
     gets an element-type edge, so painting flows through the structure.
     """
     graph = ctx.graph
-    element = {i: _element_vertex(ctx, i) for i in range(len(graph.nodes))}
+    element = {i: _element_vertex(ctx, i) for i, node in enumerate(graph.nodes)
+               if node.op in _ELEMENT_ATTR or "TensorList" in node.op}
     element = {i: v for i, v in element.items() if v is not None}
     clustered: set[int] = set()
     for node_idx in sorted(element):

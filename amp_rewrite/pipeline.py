@@ -86,11 +86,13 @@ class RewriteResult:
     explain: Callable[[], dict] = field(repr=False)
     unknown_ops: tuple[str, ...] = ()
     validation: object = None
+    step_seconds: dict[str, float] = field(default_factory=dict, repr=False)
 
     @cached_property
     def node_outcomes(self) -> dict[str, dict]:
         """Per node: its colour, the rule that decided it, and the neighbour that caused it."""
-        return self.explain()
+        with _collector_paused():
+            return self.explain()
 
     @property
     def converted(self) -> list[str]:
@@ -105,7 +107,8 @@ class RewriteResult:
         """Share of MatMul/Conv FLOPs computed in the target type; None when no shapes are known."""
         from amp_rewrite.flops import half_flop_share
 
-        return half_flop_share(self.graph_def)
+        with _collector_paused():
+            return half_flop_share(self.graph_def)
 
     def summary(self, *, with_flops: bool = True) -> str:
         """One line: converted nodes, casts, and (unless ``with_flops`` is false) the FLOP share.
@@ -199,19 +202,24 @@ def _rewrite(graph_def, *, fetches, target, config) -> RewriteResult:
     lists = load_lists(config.target, lists_dir=config.lists_dir, edits=config.list_edits,
                        level=config.level)
 
+    lap = _Laps()
     work = graph_pb2().GraphDef()
     work.CopyFrom(graph_def)
     preserved = _preserved_nodes(work, config)
     promoted = promote_batch_norms(work, skip=preserved)
+    lap("copy")
     graph = TypedGraph(work, OpRegistry(work.library))
     graph.promoted_batch_norms = promoted
+    lap("typed view")
     ctx = PaintContext(graph, lists, target_dtype=TARGET_DTYPES[config.target],
                        device_type=config.device_type, preserved=preserved,
                        force_all=config.level == "UNSAFE_FORCE_ALL", keep_float32=dict(config.keep_float32),
                        release=frozenset(config.release), fixed_signatures=frozenset(config.fixed_signatures))
     painting = paint(ctx)
-    was_float32 = [graph.dtype(v) == DT_FLOAT for v in range(len(graph.vertices))]
+    lap("painting")
+    was_float32 = [dtype == DT_FLOAT for dtype in ctx.dtypes]
     applied = apply_painting(ctx, painting, was_float32)
+    lap("casts")
     library = finalize_functions(graph)
     applied.converted = library.qualify(applied.converted_by_body)
     applied.casts = library.qualify(applied.casts_by_body)
@@ -222,12 +230,14 @@ def _rewrite(graph_def, *, fetches, target, config) -> RewriteResult:
     applied.casts_in_loops = [c for c in applied.casts_by_body.get(0, [])
                               if applied.cast_sources[(0, c)] in in_v1_loops]
     applied.casts_in_loops += [c for c in applied.casts if c.split("::")[0] in library.loop_functions]
+    lap("functions")
     result = RewriteResult(
         graph_def=work, config=config, lists=lists, seconds=time.perf_counter() - start,
         nodes_total=len(graph_def.node) + sum(len(f.node_def) for f in graph_def.library.function),
         applied=applied,
         explain=lambda: node_outcomes(ctx, painting, applied, was_float32),
         unknown_ops=tuple(graph.unknown_ops),
+        step_seconds=lap.seconds,
     )
     if config.dump_dir:
         from amp_rewrite.graph_io import dump_rewrite
@@ -237,6 +247,19 @@ def _rewrite(graph_def, *, fetches, target, config) -> RewriteResult:
     logger.info("converted %d/%d nodes to %s, %d casts, in %.3f s", len(applied.converted),
                 result.nodes_total, config.target, len(applied.casts), result.seconds)
     return result
+
+
+class _Laps:
+    """Wall time of each named step of a rewrite, for benchmarks (``RewriteResult.step_seconds``)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def __call__(self, step: str) -> None:
+        now = time.perf_counter()
+        self.seconds[step] = now - self._last
+        self._last = now
 
 
 def _preserved_nodes(graph_def, config: Config) -> frozenset[str]:

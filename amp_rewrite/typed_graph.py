@@ -294,43 +294,63 @@ class TypedGraph:
         self.inputs: list[list[tuple[int, int]]] = []
         self.consumers: dict[tuple[int, int], list[tuple[int, int]]] = {}
         self.control_consumers = [False] * len(self.nodes)
-        consumers = self.consumers
-        for dst, node in enumerate(self.nodes):
-            body = self.bodies[self.body_of[dst]]
-            index = body.index
+        first = 0
+        for body in self.bodies:  # each body's nodes are contiguous, in body order
+            last = first + len(body.index)
+            self._read_body_inputs(body, first, last)
+            first = last
+
+    def _read_body_inputs(self, body: Body, first: int, last: int) -> None:
+        consumers, inputs, nodes, out_attrs, in_attrs = (
+            self.consumers, self.inputs, self.nodes, self.out_attrs, self.in_attrs)
+        control_consumers = self.control_consumers
+        index = body.index
+        find = index.get
+        find_consumers = consumers.get
+        is_main = body.is_main
+        for dst in range(first, last):
+            node = nodes[dst]
             data = []
             seen_control = False
             for ref in node.input:
                 if ref[:1] == "^":
-                    src = index.get(ref[1:])
+                    src = find(ref[1:])
                     if src is None:
                         self._missing_input(body, node, ref)
                     seen_control = True
-                    self.control_consumers[src] = True
+                    control_consumers[src] = True
                     continue
-                if body.is_main:
-                    src, port = self._main_source(index, ref, node)
+                if is_main:
+                    colon = ref.rfind(":")
+                    if colon < 0:
+                        src, port = find(ref), 0
+                    elif colon > 0 and ref[colon + 1:].isdigit():
+                        src, port = find(ref[:colon]), int(ref[colon + 1:])
+                    else:
+                        src, port = find(ref), 0
+                    if src is None:
+                        self._missing_input(body, node, ref)
                 else:
                     src, port = self._function_source(body, ref, node)
                 if seen_control:
                     raise GraphError(f"{self._where(body, node)}: data input {ref!r} follows a control input")
-                outs = self.out_attrs[src]
+                outs = out_attrs[src]
                 if outs is not None and port >= len(outs):
                     raise GraphError(
                         f"{self._where(body, node)}: input {ref!r} asks for output {port} "
-                        f"of {self.nodes[src].op} node {self.nodes[src].name}, which has {len(outs)}"
+                        f"of {nodes[src].op} node {nodes[src].name}, which has {len(outs)}"
                     )
                 key = (src, port)
-                entry = consumers.get(key)
+                entry = find_consumers(key)
                 if entry is None:
                     consumers[key] = [(dst, len(data))]
                 else:
                     entry.append((dst, len(data)))
                 data.append(key)
-            expected = self.in_attrs[dst]
+            expected = in_attrs[dst]
             if expected is not None and len(expected) != len(data):
                 raise GraphError(f"{self._where(body, node)}: expected {len(expected)} data inputs, got {len(data)}")
-            self.inputs.append(data)
+            inputs.append(data)
 
     def _check_acyclic(self) -> None:
         """Refuses a data cycle that is not a v1 loop (whose only back edges end in a Merge).
@@ -368,16 +388,6 @@ class TypedGraph:
         path = " -> ".join(f"{self.nodes[u].name} ({self.nodes[u].op})" for u in cycle + cycle[:1])
         raise GraphError(f"data cycle that is not a while loop{where}: {path}")
 
-    def _main_source(self, index, ref: str, node) -> tuple[int, int]:
-        name, port = ref, 0
-        colon = ref.rfind(":")
-        if colon > 0 and ref[colon + 1:].isdigit():
-            name, port = ref[:colon], int(ref[colon + 1:])
-        src = index.get(name)
-        if src is None:
-            self._missing_input(self.bodies[0], node, ref)
-        return src, port
-
     def _function_source(self, body: Body, ref: str, node) -> tuple[int, int]:
         """Resolves a FunctionDef input: ``arg`` or ``node:output_arg:k``."""
         parts = ref.split(":")
@@ -400,39 +410,67 @@ class TypedGraph:
         return f"node {node.name} (op {node.op}){where}"
 
     def _build_vertices(self) -> None:
+        """Numbers the vertices node by node, and records the vertex of each input and output port.
+
+        Nodes of one op whose ports expand the same way share a layout
+        (their attrs, and each port's position among them), computed once.
+        """
         self.vertices: list[tuple[int, TypeAttr]] = []
-        self.vertex_index: dict[tuple[int, TypeAttr], int] = {}
         self.node_vertices: list[list[int]] = []
+        self.in_vids: list[list[int] | None] = []
+        self.out_vids: list[list[int] | None] = []
+        layouts: dict[str, tuple] = {}
+        vertices = self.vertices
         for i, (node, op_def) in enumerate(zip(self.nodes, self.op_defs)):
-            ids = []
-            if op_def is not None:
-                attrs = dict.fromkeys(self.in_attrs[i] + self.out_attrs[i])
-                # Type attrs tied to no port (TensorList element_dtype, StackV2
-                # elem_type) are vertices too: data-structure rules paint them.
-                facts = self.op_facts(i)
-                for name in facts.singles:
-                    attrs.setdefault(TypeAttr(name))
-                for name in facts.lists:
-                    if name in node.attr:
-                        for k in range(len(node.attr[name].list.type)):
-                            attrs.setdefault(TypeAttr(name, k))
-                for attr in attrs:
-                    vid = len(self.vertices)
-                    self.vertices.append((i, attr))
-                    self.vertex_index[(i, attr)] = vid
-                    ids.append(vid)
-            self.node_vertices.append(ids)
+            if op_def is None:
+                self.node_vertices.append([])
+                self.in_vids.append(None)
+                self.out_vids.append(None)
+                continue
+            ins, outs = self.in_attrs[i], self.out_attrs[i]
+            layout = layouts.get(node.op)
+            if layout is None or not (layout[0] is ins or layout[0] == ins) or not (layout[1] is outs or layout[1] == outs):
+                layout = self._layout(i, ins, outs)
+                if not self.op_facts(i).lists:
+                    layouts[node.op] = layout
+            attrs, in_pos, out_pos = layout[2:]
+            base = len(vertices)
+            vertices.extend((i, attr) for attr in attrs)
+            self.node_vertices.append(list(range(base, base + len(attrs))))
+            self.in_vids.append([base + k for k in in_pos])
+            self.out_vids.append([base + k for k in out_pos])
+
+    def _layout(self, i: int, ins: list[TypeAttr], outs: list[TypeAttr]) -> tuple:
+        """(ins, outs, the node's type attrs in vertex order, each input's and output's position)."""
+        attrs = dict.fromkeys(ins + outs)
+        # Type attrs tied to no port (TensorList element_dtype, StackV2
+        # elem_type) are vertices too: data-structure rules paint them.
+        facts = self.op_facts(i)
+        node = self.nodes[i]
+        for name in facts.singles:
+            attrs.setdefault(TypeAttr(name))
+        for name in facts.lists:
+            if name in node.attr:
+                for k in range(len(node.attr[name].list.type)):
+                    attrs.setdefault(TypeAttr(name, k))
+        position = {attr: k for k, attr in enumerate(attrs)}
+        return ins, outs, list(attrs), [position[a] for a in ins], [position[a] for a in outs]
 
     def _build_edges(self) -> None:
         n = len(self.vertices)
         self.fanin: list[list[int]] = [[] for _ in range(n)]
         self.fanout: list[list[int]] = [[] for _ in range(n)]
-        for dst in range(len(self.nodes)):
-            for ordinal in range(len(self.inputs[dst])):
-                u = self.input_source_vertex(dst, ordinal)
-                v = self.input_vertex(dst, ordinal)
-                if u is not None and v is not None:
-                    self.add_edge(u, v)
+        fanin, fanout, out_vids = self.fanin, self.fanout, self.out_vids
+        for dst, data in enumerate(self.inputs):
+            in_vids = self.in_vids[dst]
+            if in_vids is None:
+                continue
+            for v, (src, port) in zip(in_vids, data):
+                src_vids = out_vids[src]
+                if src_vids is not None:
+                    u = src_vids[port]
+                    fanout[u].append(v)
+                    fanin[v].append(u)
 
     def add_edge(self, u: int, v: int) -> None:
         """Joins vertex ``u`` to ``v`` (paint may flow both ways; ``u`` is the producer)."""
@@ -483,13 +521,13 @@ class TypedGraph:
 
     def output_vertex(self, node: int, port: int) -> int | None:
         """The vertex typing output ``port`` of ``node`` (None for unknown ops)."""
-        attrs = self.out_attrs[node]
-        return None if attrs is None else self.vertex_index[(node, attrs[port])]
+        vids = self.out_vids[node]
+        return None if vids is None else vids[port]
 
     def input_vertex(self, node: int, ordinal: int) -> int | None:
         """The vertex typing data input ``ordinal`` of ``node`` (None for unknown ops)."""
-        attrs = self.in_attrs[node]
-        return None if attrs is None else self.vertex_index[(node, attrs[ordinal])]
+        vids = self.in_vids[node]
+        return None if vids is None else vids[ordinal]
 
     def input_source_vertex(self, node: int, ordinal: int) -> int | None:
         """The producer-side vertex of data input ``ordinal`` of ``node``."""
@@ -501,12 +539,12 @@ class TypedGraph:
         if isinstance(attr, str):
             attr = TypeAttr(attr)
         i = self.bodies[body].index.get(node_name)
-        return None if i is None else self.vertex_index.get((i, attr))
+        return None if i is None else self.vertex_of(i, attr)
 
     def vertex_of(self, node: int, attr: TypeAttr | str) -> int | None:
         if isinstance(attr, str):
             attr = TypeAttr(attr)
-        return self.vertex_index.get((node, attr))
+        return next((v for v in self.node_vertices[node] if self.vertices[v][1] == attr), None)
 
     def op(self, vid: int) -> str:
         return self.nodes[self.vertices[vid][0]].op
@@ -529,15 +567,32 @@ class TypedGraph:
     def dtype(self, vid: int) -> int:
         """The DataType the vertex currently holds (the OpDef default if the attr is unset)."""
         node_idx, attr = self.vertices[vid]
-        if not attr.name:
+        name = attr.name
+        if not name:
             return attr.fixed
-        node = self.nodes[node_idx]
-        if attr.name in node.attr:
-            value = node.attr[attr.name]
-            if attr.index < 0:
-                return value.type
-            return value.list.type[attr.index]
-        return _default_type(self.op_defs[node_idx], attr.name)
+        node_attrs = self.nodes[node_idx].attr
+        if name in node_attrs:
+            value = node_attrs[name]
+            return value.type if attr.index < 0 else value.list.type[attr.index]
+        return _default_type(self.op_defs[node_idx], name)
+
+    def dtypes(self) -> list[int]:
+        """The DataType every vertex holds now, by vertex id (what :meth:`dtype` gives, in one pass)."""
+        result = []
+        append = result.append
+        nodes = self.nodes
+        for node_idx, attr in self.vertices:
+            name = attr.name
+            if not name:
+                append(attr.fixed)
+                continue
+            node_attrs = nodes[node_idx].attr
+            if name in node_attrs:
+                value = node_attrs[name]
+                append(value.type if attr.index < 0 else value.list.type[attr.index])
+            else:
+                append(_default_type(self.op_defs[node_idx], name))
+        return result
 
     def set_dtype(self, vid: int, dtype: int) -> None:
         """Retypes the vertex's attr on its NodeDef."""

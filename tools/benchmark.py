@@ -2,7 +2,8 @@
 
 For each graph it runs both passes in this process (Grappler as
 ``auto_mixed_precision_cpu`` with real fp16, the same device type as ours)
-and prints a Markdown table: nodes, wall time (median of N runs), converted
+and prints a Markdown table: nodes, wall and CPU time (median of N runs,
+the two passes alternating), converted
 nodes, Casts added, and the share of MatMul/Conv FLOPs in half.
 
 "Converted" is counted the same way for both outputs: original nodes whose
@@ -63,18 +64,23 @@ def measure(name: str, build, runs: int) -> dict:
     config = Config(device_type="CPU")
     rewrite(graph_def, fetches=fetches, config=config)  # warm caches, as Grappler's are after one call
     grappler_rewrite(graph_def, fetches)
-    ours_times, theirs_times = [], []
+    ours_times, theirs_times, ours_cpu, theirs_cpu = [], [], [], []
     for _ in range(runs):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         ours = rewrite(graph_def, fetches=fetches, config=config)
         ours_times.append(time.perf_counter() - start)
+        ours_cpu.append(time.process_time() - cpu)
+        cpu = time.process_time()
         theirs, seconds = grappler_rewrite(graph_def, fetches)
+        theirs_cpu.append(time.process_time() - cpu)
         theirs_times.append(seconds)
     return {
         "graph": name,
         "nodes": len(graph_def.node),
         "ours_seconds": statistics.median(ours_times),
         "grappler_seconds": statistics.median(theirs_times),
+        "ours_cpu_seconds": statistics.median(ours_cpu),
+        "grappler_cpu_seconds": statistics.median(theirs_cpu),
         "ours_converted": converted_nodes(graph_def, ours.graph_def),
         "grappler_converted": converted_nodes(graph_def, theirs),
         "ours_casts": new_casts(graph_def, ours.graph_def),
@@ -90,14 +96,16 @@ def _pct(x) -> str:
 
 def markdown(rows: list[dict]) -> str:
     lines = [
-        "| graph | nodes | time ours / Grappler (ms) | ratio | converted ours / Grappler | "
-        "casts ours / Grappler | half MatMul/Conv FLOPs ours / Grappler |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| graph | nodes | wall ours / Grappler (ms) | CPU ours / Grappler (ms) | ratio wall / CPU "
+        "| converted ours / Grappler | casts ours / Grappler | half MatMul/Conv FLOPs ours / Grappler |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r['graph']} | {r['nodes']} | {r['ours_seconds'] * 1e3:.0f} / {r['grappler_seconds'] * 1e3:.0f} "
-            f"| {r['ours_seconds'] / r['grappler_seconds']:.2f} | {r['ours_converted']} / {r['grappler_converted']} "
+            f"| {r['ours_cpu_seconds'] * 1e3:.0f} / {r['grappler_cpu_seconds'] * 1e3:.0f} "
+            f"| {r['ours_seconds'] / r['grappler_seconds']:.2f} / {r['ours_cpu_seconds'] / r['grappler_cpu_seconds']:.2f} "
+            f"| {r['ours_converted']} / {r['grappler_converted']} "
             f"| {r['ours_casts']} / {r['grappler_casts']} "
             f"| {_pct(r['ours_half_flops'])} / {_pct(r['grappler_half_flops'])} |")
     return "\n".join(lines)

@@ -51,6 +51,7 @@ __all__ = [
     "run_model",
     "small_mlp_inference",
     "tf1_cnn_training",
+    "tf1_inception_v3_training",
     "tf1_resnet50_training",
     "tf1_transformer_block_training",
 ]
@@ -280,6 +281,53 @@ def tf1_resnet50_training(batch: int = 2) -> ModelGraph:
     }
     return ModelGraph(
         "tf1_resnet50_training", _finish_training_graph(graph), fetches, feeds, "training"
+    )
+
+
+def tf1_inception_v3_training(batch: int = 2) -> ModelGraph:
+    """Builds a tf-slim Inception v3 training graph at 299x299 (about 15.8k nodes).
+
+    ``tf_slim.nets.inception_v3.inception_v3`` (1000 classes, with its
+    auxiliary logits) under the same conv/batch-norm arg scope as
+    :func:`tf1_resnet50_training`, trained with momentum SGD. Replicated, it
+    is the scale benchmark's real graph.
+    """
+    import tf_slim as slim
+    from tf_slim.nets import inception_v3
+
+    graph = tf.Graph()
+    with graph.as_default():
+        _v1.set_random_seed(_SEED)
+        images = _v1.placeholder(tf.float32, [batch, 299, 299, 3], name="images")
+        labels = _v1.placeholder(tf.int32, [batch], name="labels")
+        bn_params = {"is_training": True, "decay": 0.997, "epsilon": 1e-5, "scale": True}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            with slim.arg_scope(
+                [slim.conv2d, slim.fully_connected],
+                weights_regularizer=slim.l2_regularizer(4e-5),
+            ), slim.arg_scope(
+                [slim.conv2d],
+                weights_initializer=slim.variance_scaling_initializer(seed=_SEED),
+                activation_fn=tf.nn.relu,
+                normalizer_fn=_slim_fused_batch_norm,
+                normalizer_params=bn_params,
+            ):
+                logits, _ = inception_v3.inception_v3(images, num_classes=1000, is_training=True)
+        xent = _v1.losses.sparse_softmax_cross_entropy(labels=labels, logits=logits)
+        loss = tf.identity(xent + _v1.losses.get_regularization_loss(), name="loss")
+        global_step = _v1.train.get_or_create_global_step()
+        optimizer = _v1.train.MomentumOptimizer(learning_rate=0.1, momentum=0.9)
+        with tf.control_dependencies(_v1.get_collection(_v1.GraphKeys.UPDATE_OPS)):
+            train_op = optimizer.minimize(loss, global_step=global_step, name="train_op")
+        fetches = (train_op.name, loss.op.name)
+    rng = _rng(5)
+    feeds = {
+        "images": rng.standard_normal((batch, 299, 299, 3), dtype=np.float32),
+        "labels": rng.integers(0, 1000, size=(batch,), dtype=np.int32),
+    }
+    return ModelGraph(
+        "tf1_inception_v3_training", _finish_training_graph(graph), fetches, feeds, "training"
     )
 
 
