@@ -112,9 +112,11 @@ class PaintContext:
         append = reasons.append
         special = set(self.preserved).union(self.keep_float32)
         opaque = graph.opaque_calls
+        fixed = {i for i in graph.virtual
+                 if graph.bodies[graph.body_of[i]].function in self.fixed_signatures} if self.fixed_signatures else ()
         main_nodes = len(graph.bodies[0].index)
         for i, node in enumerate(graph.nodes):
-            if (i < main_nodes and node.name in special) or i in opaque:
+            if (i < main_nodes and node.name in special) or i in opaque or i in fixed:
                 append(self._skip_reason(i))
                 continue
             device = node.device

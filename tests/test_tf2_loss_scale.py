@@ -321,7 +321,7 @@ def test_a_failing_guard_warns_and_applies_unguarded(amp_runtime, monkeypatch, c
     model, (x, y) = small_model(), batch()
     for is_strict in (False, True):
         runtime.disable()
-        amp_runtime(RuntimeSettings(is_strict=is_strict))
+        amp_runtime(RuntimeSettings(is_strict=is_strict, target="float16"))
         optimizer = keras.optimizers.SGD(0.1)
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(tf.square(model(x) - y))

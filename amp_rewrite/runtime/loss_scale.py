@@ -230,7 +230,21 @@ class _GuardedApply:
 
 
 def update_state(state: LossScaleState, is_finite, settings: LossScaleSettings):
-    """One step of the scale: ×2 after ``growth_interval`` finite steps, ÷2 (floor 1) on a skip."""
+    """The op that moves ``state`` one step along :func:`next_scale_state`."""
+    import tensorflow as tf
+
+    scale, good, skipped = next_scale_state(state, is_finite, settings)
+    return tf.group(state.scale.assign(scale), state.good_steps.assign(good),
+                    state.skipped_steps.assign(skipped), name="update_loss_scale")
+
+
+def next_scale_state(state, is_finite, settings: LossScaleSettings):
+    """One step of the schedule: ×2 after ``growth_interval`` finite steps, ÷2 (floor 1) on a skip.
+
+    ``state`` is anything with ``scale``, ``good_steps`` and ``skipped_steps``
+    variables (the TF1 graph's or the TF2 process-wide one). Returns the new
+    (scale, good_steps, skipped_steps) tensors; the caller assigns them.
+    """
     import tensorflow as tf
 
     finite = tf.cast(is_finite, tf.float32)
@@ -247,8 +261,7 @@ def update_state(state: LossScaleState, is_finite, settings: LossScaleSettings):
     else:
         new_scale = scale
     skipped = tf.convert_to_tensor(state.skipped_steps) + (1 - finite_int)
-    return tf.group(state.scale.assign(new_scale), state.good_steps.assign(good),
-                    state.skipped_steps.assign(skipped), name="update_loss_scale")
+    return new_scale, good, skipped
 
 
 def _add_report(state: LossScaleState, step) -> None:

@@ -52,7 +52,6 @@ logger = logging.getLogger(__name__)
 
 CHECKPOINT_NAME = "amp_loss_scale"
 SCOPE = "amp_loss_scale"
-MAX_SCALE = 2.0 ** 24
 NAMES_IN_SKIP_LINE = 3
 SCALED_ELSEWHERE_ATTR = "_amp_rewrite_loss_scaled_elsewhere"
 OVERFLOW_HINT = "AMP_REWRITE_FIND_OVERFLOW=1 names the first op whose output was not finite."
@@ -611,23 +610,10 @@ def _stderr():
 
 
 def update_state(loss_scale: LossScaleState, is_finite, scaling: LossScaleSettings) -> None:
-    """One step of the scale: ×2 after ``growth_interval`` finite steps, ÷2 (floor 1) on a skip."""
-    import tensorflow as tf
+    """Moves the process-wide state one step along the TF1 schedule."""
+    from amp_rewrite.runtime.loss_scale import next_scale_state
 
-    finite = tf.cast(is_finite, tf.float32)
-    finite_int = tf.cast(is_finite, tf.int64)
-    scale = tf.convert_to_tensor(loss_scale.scale)
-    good = (tf.convert_to_tensor(loss_scale.good_steps) + 1) * finite_int
-    if scaling.is_dynamic:
-        grow_int = tf.cast(good >= scaling.growth_interval, tf.int64)
-        grow = tf.cast(grow_int, tf.float32)
-        grown = tf.minimum(scale * 2.0, MAX_SCALE)
-        shrunk = tf.maximum(scale * 0.5, 1.0)
-        new_scale = finite * (grow * grown + (1.0 - grow) * scale) + (1.0 - finite) * shrunk
-        good = good * (1 - grow_int)
-    else:
-        new_scale = scale
-    skipped = tf.convert_to_tensor(loss_scale.skipped_steps) + (1 - finite_int)
-    loss_scale.scale.assign(new_scale)
+    scale, good, skipped = next_scale_state(loss_scale, is_finite, scaling)
+    loss_scale.scale.assign(scale)
     loss_scale.good_steps.assign(good)
     loss_scale.skipped_steps.assign(skipped)
