@@ -1,28 +1,43 @@
 """Per-step cost of the ENABLE_AUTO_MP session patch on a tiny graph.
 
 A graph this small makes TensorFlow's own per-run cost dominate, so the
-difference between the two timings is the patch's Python overhead per
-``Session.run`` (fetch mapping, plan lookup, feed casts). Usage:
-``python tools/step_overhead.py [-n 2000]``.
+difference between the timings is the patch's Python work per
+``Session.run`` (plan lookup, feed conversion, fetch mapping, casts back).
+Three loops run interleaved in one process, in blocks, several times:
+
+- ``plain``: the script's float32 graph in an unpatched session;
+- ``rewritten``: the rewritten shadow graph (with its loss-scale guard and
+  report) run directly by an unpatched ``Session.run``;
+- ``patched``: the script's session under the runtime, which runs the same
+  shadow graph through the patch.
+
+``patched - rewritten`` is the patch's own overhead; ``patched - plain`` also
+holds the cost of the loss-scale guard. Usage:
+``python tools/step_overhead.py [-n 1000] [-r 5]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from tensorflow.python.client import session as session_lib  # noqa: E402
 
 from amp_rewrite import runtime  # noqa: E402
+from amp_rewrite.runtime.session import RUNNER_ATTR  # noqa: E402
 
 tf1 = tf.compat.v1
+UNPATCHED_RUN = session_lib.BaseSession.run
 
 
-def seconds_per_run(steps: int) -> float:
+def tiny_training_session():
+    """A session on a one-matmul training graph, its fetches and its feed."""
     graph = tf.Graph()
     with graph.as_default():
         x = tf1.placeholder(tf.float32, [8, 16], name="x")
@@ -30,29 +45,54 @@ def seconds_per_run(steps: int) -> float:
         loss = tf.reduce_sum(tf.matmul(x, w))
         train = tf1.train.GradientDescentOptimizer(1e-6).minimize(loss)
         init = tf1.global_variables_initializer()
-    feed = {x: np.ones((8, 16), np.float32)}
-    with tf1.Session(graph=graph) as sess:
-        sess.run(init)
-        for _ in range(50):
-            sess.run([train, loss], feed)
-        start = time.perf_counter()
-        for _ in range(steps):
-            sess.run([train, loss], feed)
-        return (time.perf_counter() - start) / steps
+    sess = tf1.Session(graph=graph)
+    sess.run(init)
+    return sess, [train, loss], {x: np.ones((8, 16), np.float32)}
+
+
+def timed(run, steps: int) -> float:
+    start = time.perf_counter()
+    for _ in range(steps):
+        run()
+    return (time.perf_counter() - start) / steps
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-n", type=int, default=2000, help="timed steps")
-    steps = parser.parse_args().n
-    plain = seconds_per_run(steps)
+    parser.add_argument("-n", type=int, default=1000, help="timed steps per block")
+    parser.add_argument("-r", type=int, default=5, help="blocks per loop, interleaved")
+    args = parser.parse_args()
+
+    plain_sess, plain_fetches, plain_feed = tiny_training_session()
     runtime.enable(target="float16")  # patched on every machine: the patch is what is timed
     try:
-        patched = seconds_per_run(steps)
+        sess, fetches, feed = tiny_training_session()
+        sess.run(fetches, feed)
+        runner = getattr(sess, RUNNER_ATTR)
+        plan = list(runner.plans.values())[-1]  # the training step's, made last
+        shadow_feed = {plan.feeds[t.name][0]: v for t, v in feed.items()}
+        loops = {
+            "plain": lambda: UNPATCHED_RUN(plain_sess, plain_fetches, plain_feed),
+            "rewritten": lambda: UNPATCHED_RUN(runner.shadow_session, plan.fetches, shadow_feed),
+            "patched": lambda: sess.run(fetches, feed),
+        }
+        for run in loops.values():
+            timed(run, 100)  # warm-up
+        times = {name: [] for name in loops}
+        for _ in range(args.r):
+            for name, run in loops.items():
+                times[name].append(timed(run, args.n))
+        sess.close()
     finally:
         runtime.disable()
-    print(f"plain session {plain * 1e6:7.1f} us/step; with ENABLE_AUTO_MP {patched * 1e6:7.1f} us/step "
-          f"(+{(patched - plain) * 1e6:.1f} us; the patched graph also runs the loss-scale guard)")
+        plain_sess.close()
+    median = {name: statistics.median(values) * 1e6 for name, values in times.items()}
+    for name, values in times.items():
+        print(f"{name:10s} median {median[name]:7.1f} us/step  "
+              f"(blocks: {', '.join(f'{v * 1e6:.1f}' for v in values)})")
+    print(f"patch overhead (patched - rewritten): {median['patched'] - median['rewritten']:+.1f} us/step; "
+          f"patched / plain {median['patched'] / median['plain']:.2f}x, "
+          f"patched / rewritten {median['patched'] / median['rewritten']:.2f}x")
 
 
 if __name__ == "__main__":
