@@ -20,6 +20,10 @@ shadow ``Session`` from then on, so variables live there. Guarantees:
   the optimizer existed, or initialised an explicit list) are initialised
   when a plan first needs them.
 - Each (graph version, fetches, feeds) gets one :class:`RunPlan`, built once.
+  A call whose fetches are tensors/ops (alone, or a list or tuple of them)
+  and whose feeds are tensors of numpy values also gets a :class:`_FastCall`,
+  keyed by the identity of those objects: later such calls skip TensorFlow's
+  fetch mapping and feed parsing and run the shadow's compiled lists directly.
 - ``make_callable``, the raw callables Keras uses, and partial runs go to the
   shadow graph too.
 - If the rewrite, or any run of the rewritten graph, fails, a warning names
@@ -80,6 +84,42 @@ class RunPlan:
 
 
 @dataclass
+class _FastCall:
+    """One kind of plain ``run`` call, resolved once: what is left per call is the values.
+
+    Attributes:
+        keep: the script's fetch and feed objects; held, so that the ids in
+            this call's key stay theirs.
+        version: the script graph's version the plan was made for.
+        plan: the call's :class:`RunPlan`.
+        run: runs (feeds, fetches, targets) in the shadow session.
+        fetches: TF outputs of the unique shadow tensors fetched.
+        targets: C ops of the unique shadow ops run.
+        feeds: per fed tensor, in feed order: (TF output, numpy dtype, dims or None).
+        results: per script fetch: (index into the fetched values or -1 for an
+            op, numpy dtype to cast back to or None).
+        reports: indices of the loss-scale report values.
+        kind: ``list`` or ``tuple`` for a sequence of fetches, None for one.
+    """
+
+    keep: tuple
+    version: int
+    plan: RunPlan
+    run: object
+    fetches: list
+    targets: list
+    feeds: list
+    results: list
+    reports: list
+    kind: type | None
+
+
+# Fast calls kept per runner; the cache starts afresh beyond this (fetch or feed
+# objects made anew on every call would otherwise grow it without end).
+MAX_FAST_CALLS = 256
+
+
+@dataclass
 class _LossScaleLog:
     steps: int = 0
     skipped: dict = field(default_factory=dict)
@@ -111,6 +151,7 @@ class ShadowRunner:
         self.partial_handles: dict = {}
         self._cast_back: dict = {}
         self._control_proxies: dict = {}
+        self._calls: dict = {}
         self._log = _LossScaleLog()
 
     # --- running ---------------------------------------------------------
@@ -119,12 +160,20 @@ class ShadowRunner:
         """``Session.run`` on the shadow graph; the float32 graph after a fallback."""
         if self.fallback_reason is not None and self.shadow_session is None:
             return original_run(session, fetches, feed_dict, options, run_metadata)
+        if options is None and run_metadata is None:
+            call = self._calls.get(_call_key(fetches, feed_dict))
+            if call is not None and call.version == self.graph.version \
+                    and not self.shadow_session._closed:
+                feeds = _fast_feeds(call, feed_dict)
+                if feeds is not None:
+                    return self._run_fast(call, feeds, original_run, session, fetches, feed_dict)
         flat = _flat_fetch_names(self.graph, fetches)
         mapper = None if flat is not None else _fetch_mapper(self.graph, fetches)
         fetch_names = flat if flat is not None else tuple(e.name for e in mapper.unique_fetches())
         feeds = _flatten_feeds(self.graph, feed_dict)
-        key = (self.graph.version, fetch_names, tuple(name for name, _ in feeds))
-        plan = self.plans.get(key) or self._plan(key, fetch_names, [name for name, _ in feeds])
+        feed_names = tuple(name for name, _ in feeds)
+        key = (self.graph.version, fetch_names, feed_names)
+        plan = self.plans.get(key) or self._plan(key, fetch_names, list(feed_names))
         if plan is None:
             return original_run(session, fetches, feed_dict, options, run_metadata)
         shadow_feeds = {plan.feeds[name][0]: _to_shadow(value, plan.feeds[name][1])
@@ -137,7 +186,45 @@ class ShadowRunner:
             return self._run_failed(exc, original_run, session, fetches, feed_dict, options,
                                     run_metadata)
         self.has_run = True
+        if flat is not None and key[0] == self.graph.version:
+            self._remember_call(fetches, feed_dict, key, plan)
         return self._results(plan, mapper, fetches, values)
+
+    def _run_fast(self, call, feeds, original_run, session, fetches, feed_dict):
+        try:
+            values = self.shadow_session._do_call(call.run, feeds, call.fetches, call.targets,
+                                                  None, None)
+        except Exception as exc:
+            if self.fallback_reason is not None or type(exc).__name__ in SCRIPT_ERRORS:
+                raise
+            return self._run_failed(exc, original_run, session, fetches, feed_dict, None, None)
+        self.has_run = True
+        if call.reports:
+            self._log_reports([values[i] for i in call.reports])
+        results = [None if i < 0 else values[i] if dtype is None
+                   else np.asarray(values[i]).astype(dtype)
+                   for i, dtype in call.results]
+        if call.kind is None:
+            return results[0]
+        return results if call.kind is list else tuple(results)
+
+    def _remember_call(self, fetches, feed_dict, key, plan) -> None:
+        """Resolves a plain call once into a :class:`_FastCall`; leaves others to the general path."""
+        feed_keys = tuple(feed_dict) if feed_dict else ()
+        if set(key[1]) & set(key[2]) or not all(_is_plain_tensor(f, self.graph) for f in feed_keys):
+            return  # a fetch that is fed comes back from the feed, which only run() knows
+        shadow_session = self.shadow_session
+        if not all(hasattr(shadow_session, name) for name in
+                   ("_closed", "_do_call", "_extend_graph", "_call_tf_sessionrun")):
+            return
+        try:
+            call = _resolve_call(shadow_session, fetches, feed_keys, key, plan)
+        except Exception as exc:  # an unexpected TensorFlow: the general path still works
+            logger.debug("no fast path for this run: %s", exc)
+            return
+        if len(self._calls) >= MAX_FAST_CALLS:
+            self._calls.clear()
+        self._calls[_call_key(fetches, feed_dict)] = call
 
     def _results(self, plan, mapper, fetches, values):
         n_script = len(plan.fetch_dtypes)
@@ -340,6 +427,7 @@ class ShadowRunner:
         self.plans = {} if plans is None else plans
         self._cast_back = {} if cast_back is None else cast_back
         self._control_proxies = {} if control_proxies is None else control_proxies
+        self._calls = {}
         self.partial_handles.clear()
 
     def _float32_copy(self):
@@ -484,6 +572,7 @@ class ShadowRunner:
                 self.shadow_session.close()
             self.shadow_graph = self.shadow_session = None
             self.plans.clear()
+            self._calls = {}
 
     def _dump(self, config, before, after) -> None:
         directory = self.settings.dump_dir
@@ -608,6 +697,86 @@ def patched_close(original, session):
 
 
 # --- helpers ---------------------------------------------------------------
+
+def _call_key(fetches, feed_dict) -> tuple:
+    """The identity of a call's fetch elements and feed keys (not of a container the script may change)."""
+    kind = type(fetches)
+    if kind is list or kind is tuple:
+        fetch_key = (kind, *map(id, fetches))
+    else:
+        fetch_key = id(fetches)
+    return fetch_key, tuple(map(id, feed_dict)) if feed_dict else ()
+
+
+def _resolve_call(shadow_session, fetches, feed_keys, key, plan) -> _FastCall:
+    from tensorflow.python.framework import ops
+
+    kind = type(fetches) if type(fetches) in (list, tuple) else None
+    tensor_index, op_names, outputs, targets = {}, set(), [], []
+
+    def index_of(element):
+        if isinstance(element, ops.Operation):
+            if element.name not in op_names:
+                op_names.add(element.name)
+                targets.append(element._c_op)
+            return -1
+        if element.name not in tensor_index:
+            tensor_index[element.name] = len(outputs)
+            outputs.append(element._as_tf_output())
+        return tensor_index[element.name]
+
+    n_script = len(plan.fetch_dtypes)
+    results = [(index_of(element), None if change is None else change[0].as_numpy_dtype)
+               for element, change in zip(plan.fetches[:n_script], plan.fetch_dtypes)]
+    reports = [index_of(element) for element in plan.fetches[n_script:]]
+    feeds = []
+    for name in key[2]:
+        shadow_tensor, _ = plan.feeds[name]
+        if not shadow_tensor.graph.is_feedable(shadow_tensor):
+            raise ValueError(f"{name} may not be fed")
+        shape = shadow_tensor.shape
+        dims = None if shape.rank is None else tuple(shape.as_list())
+        feeds.append((shadow_tensor._as_tf_output(), shadow_tensor.dtype.as_numpy_dtype, dims))
+
+    def run(feeds, fetches, targets, options, run_metadata):
+        shadow_session._extend_graph()
+        return shadow_session._call_tf_sessionrun(options, feeds, fetches, targets, run_metadata)
+
+    keep = (tuple(fetches) if kind else (fetches,), feed_keys)
+    return _FastCall(keep, key[0], plan, run, outputs, targets, feeds, results, reports, kind)
+
+
+# Feed values the fast path converts as ``Session.run`` would; others (Python
+# ints, whose range run() checks, tensor handles, nested lists) take the general path.
+_FAST_FEED_TYPES = (np.ndarray, np.generic, float, bool)
+
+
+def _fast_feeds(call, feed_dict):
+    """The shadow feeds of a fast call, or None when a value needs ``Session.run``'s checks."""
+    if not feed_dict:
+        return {}
+    feeds = {}
+    for (output, dtype, dims), value in zip(call.feeds, feed_dict.values()):
+        if not isinstance(value, _FAST_FEED_TYPES):
+            return None
+        try:
+            value = np.asarray(value, dtype)
+        except (TypeError, ValueError, OverflowError):
+            return None  # run() raises its own error
+        if dims is not None and not _shape_fits(dims, value.shape):
+            return None  # run() raises its own error
+        feeds[output] = value
+    return feeds
+
+
+def _shape_fits(dims, shape) -> bool:
+    if len(dims) != len(shape):
+        return False
+    for want, have in zip(dims, shape):
+        if want is not None and want != have:
+            return False
+    return True
+
 
 def _fetch_mapper(graph, fetches):
     from tensorflow.python.client import session as session_lib
