@@ -59,6 +59,10 @@ def test_repeated_calls_keep_structure_dtypes_and_values(amp_runtime, monkeypatc
         first = sess.run([y, marker, relu1, y], {x: X})
         first_tuple = sess.run((relu1,), {x: X})
         first_single = sess.run(relu1, {x: X})
+        for _ in range(2):  # the second run of a call resolves it
+            sess.run([y, marker, relu1, y], {x: X})
+            sess.run((relu1,), {x: X})
+            sess.run(relu1, {x: X})
         assert getattr(sess, RUNNER_ATTR).shadow_graph.get_tensor_by_name("relu1:0").dtype == tf.float16
         shadow_run_forbidden(sess, monkeypatch)
         later = [sess.run([y, marker, relu1, y], {x: X}) for _ in range(2)]
@@ -87,7 +91,7 @@ def test_a_tensor_that_became_half_is_fed_in_its_new_dtype_on_every_call(amp_run
     with tf1.Session(graph=graph) as sess:
         sess.run("init")
         sess.run(y, {x: X})  # the rewrite: relu1 becomes half before anyone feeds it
-        got = [sess.run(y, {relu1: value})]
+        got = [sess.run(y, {relu1: value}) for _ in range(2)]
         shadow = getattr(sess, RUNNER_ATTR).shadow_graph
         shadow_run_forbidden(sess, monkeypatch)
         got += [sess.run(y, {relu1: value}), sess.run(y, {relu1: value.astype(np.float64)})]
@@ -152,3 +156,21 @@ def test_calls_resolved_before_the_graph_grew_see_the_new_shadow(amp_runtime):
         np.testing.assert_allclose(value, before[0], rtol=1e-2, atol=1e-2)
     np.testing.assert_allclose(z_value, before[0].sum(axis=1, keepdims=True) * np.ones((1, 2)),
                                rtol=2e-2, atol=2e-2)
+
+
+def test_values_that_need_the_general_path_do_not_resolve_the_call_again(amp_runtime, monkeypatch):
+    from amp_rewrite.runtime import session as session_module
+
+    resolved = []
+    resolve = session_module._resolve_call
+    monkeypatch.setattr(session_module, "_resolve_call",
+                        lambda *args: resolved.append(1) or resolve(*args))
+    amp_runtime()
+    graph = mlp_graph()
+    x, _, y, _ = parts(graph)
+    with tf1.Session(graph=graph) as sess:
+        sess.run("init")
+        values = [sess.run(y, {x: X.tolist()}) for _ in range(5)]
+    assert len(resolved) == 1
+    for value in values[1:]:
+        np.testing.assert_array_equal(value, values[0])

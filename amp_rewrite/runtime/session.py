@@ -21,9 +21,10 @@ shadow ``Session`` from then on, so variables live there. Guarantees:
   when a plan first needs them.
 - Each (graph version, fetches, feeds) gets one :class:`RunPlan`, built once.
   A call whose fetches are tensors/ops (alone, or a list or tuple of them)
-  and whose feeds are tensors of numpy values also gets a :class:`_FastCall`,
-  keyed by the identity of those objects: later such calls skip TensorFlow's
-  fetch mapping and feed parsing and run the shadow's compiled lists directly.
+  and whose feeds are tensors of numpy values also gets a :class:`_FastCall`
+  on its second run, keyed by the identity of those objects: later such calls
+  skip TensorFlow's fetch mapping and feed parsing and run a callable made
+  once in the shadow session.
 - ``make_callable``, the raw callables Keras uses, and partial runs go to the
   shadow graph too.
 - If the rewrite, or any run of the rewritten graph, fails, a warning names
@@ -75,12 +76,14 @@ class RunPlan:
         fetch_dtypes: per script fetch, the numpy dtype to cast back to, or None.
         feeds: per fed tensor name, the shadow tensor and the dtype to feed it in (or None).
         reports: how many loss-scale report tensors close ``fetches``.
+        runs: how many times the general path ran it (a call is resolved from the second).
     """
 
     fetches: list
     fetch_dtypes: list
     feeds: dict
     reports: int = 0
+    runs: int = 0
 
 
 @dataclass
@@ -92,10 +95,8 @@ class _FastCall:
             this call's key stay theirs.
         version: the script graph's version the plan was made for.
         plan: the call's :class:`RunPlan`.
-        run: runs (feeds, fetches, targets) in the shadow session.
-        fetches: TF outputs of the unique shadow tensors fetched.
-        targets: C ops of the unique shadow ops run.
-        feeds: per fed tensor, in feed order: (TF output, numpy dtype, dims or None).
+        run: the shadow session's callable for the step: feed values in, fetched values out.
+        feeds: per fed tensor, in feed order: (numpy dtype, dims or None).
         results: per script fetch: (index into the fetched values or -1 for an
             op, numpy dtype to cast back to or None).
         reports: indices of the loss-scale report values.
@@ -106,8 +107,6 @@ class _FastCall:
     version: int
     plan: RunPlan
     run: object
-    fetches: list
-    targets: list
     feeds: list
     results: list
     reports: list
@@ -186,14 +185,15 @@ class ShadowRunner:
             return self._run_failed(exc, original_run, session, fetches, feed_dict, options,
                                     run_metadata)
         self.has_run = True
-        if flat is not None and key[0] == self.graph.version:
+        plan.runs += 1
+        if flat is not None and plan.runs >= 2 and key[0] == self.graph.version:
             self._remember_call(fetches, feed_dict, key, plan)
         return self._results(plan, mapper, fetches, values)
 
     def _run_fast(self, call, feeds, original_run, session, fetches, feed_dict):
         try:
-            values = self.shadow_session._do_call(call.run, feeds, call.fetches, call.targets,
-                                                  None, None)
+            # _do_call names the failing node in the error, as run() does.
+            values = self.shadow_session._do_call(call.run, *feeds)
         except Exception as exc:
             if self.fallback_reason is not None or type(exc).__name__ in SCRIPT_ERRORS:
                 raise
@@ -210,12 +210,16 @@ class ShadowRunner:
 
     def _remember_call(self, fetches, feed_dict, key, plan) -> None:
         """Resolves a plain call once into a :class:`_FastCall`; leaves others to the general path."""
+        call_key = _call_key(fetches, feed_dict)
+        known = self._calls.get(call_key)
+        if known is not None and known.version == key[0]:
+            return  # resolved already: this call's values needed the general path
         feed_keys = tuple(feed_dict) if feed_dict else ()
         if set(key[1]) & set(key[2]) or not all(_is_plain_tensor(f, self.graph) for f in feed_keys):
             return  # a fetch that is fed comes back from the feed, which only run() knows
         shadow_session = self.shadow_session
         if not all(hasattr(shadow_session, name) for name in
-                   ("_closed", "_do_call", "_extend_graph", "_call_tf_sessionrun")):
+                   ("_closed", "_do_call", "_make_callable_from_options")):
             return
         try:
             call = _resolve_call(shadow_session, fetches, feed_keys, key, plan)
@@ -224,7 +228,7 @@ class ShadowRunner:
             return
         if len(self._calls) >= MAX_FAST_CALLS:
             self._calls.clear()
-        self._calls[_call_key(fetches, feed_dict)] = call
+        self._calls[call_key] = call
 
     def _results(self, plan, mapper, fetches, values):
         n_script = len(plan.fetch_dtypes)
@@ -709,20 +713,22 @@ def _call_key(fetches, feed_dict) -> tuple:
 
 
 def _resolve_call(shadow_session, fetches, feed_keys, key, plan) -> _FastCall:
+    from tensorflow.core.protobuf import config_pb2
     from tensorflow.python.framework import ops
 
     kind = type(fetches) if type(fetches) in (list, tuple) else None
-    tensor_index, op_names, outputs, targets = {}, set(), [], []
+    options = config_pb2.CallableOptions()
+    tensor_index, op_names = {}, set()
 
     def index_of(element):
         if isinstance(element, ops.Operation):
             if element.name not in op_names:
                 op_names.add(element.name)
-                targets.append(element._c_op)
+                options.target.append(element.name)
             return -1
         if element.name not in tensor_index:
-            tensor_index[element.name] = len(outputs)
-            outputs.append(element._as_tf_output())
+            tensor_index[element.name] = len(options.fetch)
+            options.fetch.append(element.name)
         return tensor_index[element.name]
 
     n_script = len(plan.fetch_dtypes)
@@ -736,14 +742,11 @@ def _resolve_call(shadow_session, fetches, feed_keys, key, plan) -> _FastCall:
             raise ValueError(f"{name} may not be fed")
         shape = shadow_tensor.shape
         dims = None if shape.rank is None else tuple(shape.as_list())
-        feeds.append((shadow_tensor._as_tf_output(), shadow_tensor.dtype.as_numpy_dtype, dims))
-
-    def run(feeds, fetches, targets, options, run_metadata):
-        shadow_session._extend_graph()
-        return shadow_session._call_tf_sessionrun(options, feeds, fetches, targets, run_metadata)
-
+        feeds.append((shadow_tensor.dtype.as_numpy_dtype, dims))
+        options.feed.append(name)
+    run = shadow_session._make_callable_from_options(options)
     keep = (tuple(fetches) if kind else (fetches,), feed_keys)
-    return _FastCall(keep, key[0], plan, run, outputs, targets, feeds, results, reports, kind)
+    return _FastCall(keep, key[0], plan, run, feeds, results, reports, kind)
 
 
 # Feed values the fast path converts as ``Session.run`` would; others (Python
@@ -752,11 +755,11 @@ _FAST_FEED_TYPES = (np.ndarray, np.generic, float, bool)
 
 
 def _fast_feeds(call, feed_dict):
-    """The shadow feeds of a fast call, or None when a value needs ``Session.run``'s checks."""
+    """The shadow feed values of a fast call, or None when a value needs ``Session.run``'s checks."""
     if not feed_dict:
-        return {}
-    feeds = {}
-    for (output, dtype, dims), value in zip(call.feeds, feed_dict.values()):
+        return ()
+    feeds = []
+    for (dtype, dims), value in zip(call.feeds, feed_dict.values()):
         if not isinstance(value, _FAST_FEED_TYPES):
             return None
         try:
@@ -765,7 +768,7 @@ def _fast_feeds(call, feed_dict):
             return None  # run() raises its own error
         if dims is not None and not _shape_fits(dims, value.shape):
             return None  # run() raises its own error
-        feeds[output] = value
+        feeds.append(value)
     return feeds
 
 
