@@ -16,7 +16,7 @@ Three loops run interleaved in one process, in blocks, several times:
 ``patched - callable`` is the patch's own overhead over the cheapest way to
 run the rewritten step from Python; ``patched - plain`` also holds the cost
 of the loss-scale guard. Usage:
-``python tools/step_overhead.py [-n 1000] [-r 5]``.
+``python tools/step_overhead.py [-n 200] [-r 15]``.
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ def timed(run, steps: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-n", type=int, default=1000, help="timed steps per block")
-    parser.add_argument("-r", type=int, default=5, help="blocks per loop, interleaved")
+    parser.add_argument("-n", type=int, default=200, help="timed steps per block")
+    parser.add_argument("-r", type=int, default=15, help="blocks per loop, interleaved")
     args = parser.parse_args()
 
     plain_sess, plain_fetches, plain_feed = tiny_training_session()
