@@ -90,9 +90,10 @@ def main() -> None:
         for run in loops.values():
             timed(run, 100)  # warm-up
         times = {name: [] for name in loops}
-        for _ in range(args.r):
-            for name, run in loops.items():
-                times[name].append(timed(run, args.n))
+        names = list(loops)
+        for block in range(args.r):  # the order rotates, so no loop always follows the same one
+            for name in names[block % len(names):] + names[:block % len(names)]:
+                times[name].append(timed(loops[name], args.n))
         sess.close()
     finally:
         runtime.disable()
