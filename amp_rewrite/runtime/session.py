@@ -606,10 +606,11 @@ class ShadowRunner:
             elif skipped > before and was_at_floor:
                 log.at_floor.add(index)
                 logger.warning("amp-rewrite: step skipped with the loss scale at its floor of 1: the gradients "
-                               "are not finite even unscaled, so the loss or the math before it is not finite "
-                               "(check the loss and the inputs; run without ENABLE_AUTO_MP to compare); every "
-                               "such step is skipped and global_step does not advance; said once, "
-                               "%d steps skipped so far", skipped)
+                               "are not finite even unscaled, so no scale helps: the loss itself is not finite, "
+                               "or an op overflows in half whatever the scale (compare a run without "
+                               "ENABLE_AUTO_MP; keep such an op float32 with "
+                               "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_DENYLIST_ADD); every such step is skipped "
+                               "and global_step does not advance; said once, %d steps skipped so far", skipped)
             elif skipped > before:
                 log.at_floor.discard(index)
                 logger.warning("amp-rewrite: step skipped, gradients not finite; "
