@@ -13,7 +13,7 @@ node had) against the node's type attrs in the rewritten graph.
 
 from __future__ import annotations
 
-from amp_rewrite.typed_graph import DT_BFLOAT16, DT_FLOAT, DT_HALF, DTYPE_NAMES
+from amp_rewrite.graph_facts import DT_BFLOAT16, DT_FLOAT, DT_HALF, DTYPE_NAMES
 
 _NOT_CONNECTED = "not connected to a half op"
 

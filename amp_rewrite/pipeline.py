@@ -38,7 +38,8 @@ from amp_rewrite.painting import PaintContext, Painting
 from amp_rewrite.errors import GraphError
 from amp_rewrite.explain import node_outcomes
 from amp_rewrite.functions import finalize_functions
-from amp_rewrite.typed_graph import DT_BFLOAT16, DT_FLOAT, DT_HALF, TypedGraph, parse_input
+from amp_rewrite.graph_facts import DT_BFLOAT16, DT_FLOAT, DT_HALF, node_name, sinks
+from amp_rewrite.typed_graph import TypedGraph
 
 logger = logging.getLogger(__name__)
 
@@ -267,17 +268,16 @@ def _preserved_nodes(graph_def, config: Config) -> frozenset[str]:
     if config.fetches:
         fetched = set()
         for fetch in config.fetches:
-            name = parse_input(fetch)[0]
+            name = node_name(fetch)
             if name not in names:
                 raise GraphError(f"fetch {fetch!r} names no node of the graph")
             fetched.add(name)
     else:
-        consumed = {parse_input(ref)[0] for node in graph_def.node for ref in node.input}
-        fetched = names - consumed
-    missing = [p for p in config.preserve if parse_input(p)[0] not in names]
+        fetched = sinks(graph_def)
+    missing = [p for p in config.preserve if node_name(p) not in names]
     if missing:
         raise GraphError(f"node to preserve {missing[0]!r} names no node of the graph")
-    return frozenset(fetched | {parse_input(p)[0] for p in config.preserve})
+    return frozenset(fetched | {node_name(p) for p in config.preserve})
 
 
 def v1_loop_nodes(graph: TypedGraph) -> set[int]:

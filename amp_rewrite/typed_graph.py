@@ -35,16 +35,12 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, NamedTuple
 
 from amp_rewrite.errors import GraphError
+from amp_rewrite.graph_facts import (  # noqa: F401 - DTYPE_NAMES, DT_* are read from here too
+    DT_BFLOAT16, DT_FLOAT, DT_HALF, DT_RESOURCE, DT_VARIANT, DTYPE_NAMES, parse_input)
 from amp_rewrite.op_registry import OpRegistry
 
 logger = logging.getLogger(__name__)
 
-DT_FLOAT = 1
-DT_HALF = 19
-DT_BFLOAT16 = 14
-DT_VARIANT = 21
-DT_RESOURCE = 20
-DTYPE_NAMES = {DT_FLOAT: "float32", DT_HALF: "float16", DT_BFLOAT16: "bfloat16", DT_VARIANT: "variant"}
 
 # Call-like ops, with the attrs naming the functions they run.
 CALL_FUNCTION_ATTRS = {
@@ -102,16 +98,6 @@ class Body:
     @property
     def is_main(self) -> bool:
         return self.fdef is None
-
-
-def parse_input(ref: str) -> tuple[str, int, bool]:
-    """Splits a GraphDef input string into (node name, output port, is_control)."""
-    if ref.startswith("^"):
-        return ref[1:], -1, True
-    name, sep, port = ref.rpartition(":")
-    if sep and port.isdigit():
-        return name, int(port), False
-    return ref, 0, False
 
 
 class TypedGraph:
