@@ -85,7 +85,7 @@ def retype_allow_vertices(graph: TypedGraph, painting: Painting, was_float32: li
     for vid in sorted(painting.allow):
         if was_float32[vid]:
             graph.set_dtype(vid, target)
-            changed.add(graph.vertices[vid][0])
+            changed.add(graph.vertices[vid].node)
     return changed
 
 

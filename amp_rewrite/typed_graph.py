@@ -72,6 +72,13 @@ class TypeAttr(NamedTuple):
         return self.name if self.index < 0 else f"{self.name}[{self.index}]"
 
 
+class Vertex(NamedTuple):
+    """One vertex of the typed view: a type attribute of a node."""
+
+    node: int
+    attr: TypeAttr
+
+
 @dataclass
 class Body:
     """The main graph (``function`` empty) or one instance of a library function.
@@ -401,7 +408,7 @@ class TypedGraph:
         Nodes of one op whose ports expand the same way share a layout
         (their attrs, and each port's position among them), computed once.
         """
-        self.vertices: list[tuple[int, TypeAttr]] = []
+        self.vertices: list[Vertex] = []
         self.node_vertices: list[list[int]] = []
         self.in_vids: list[list[int] | None] = []
         self.out_vids: list[list[int] | None] = []
@@ -421,7 +428,7 @@ class TypedGraph:
                     layouts[node.op] = layout
             attrs, in_pos, out_pos = layout[2:]
             base = len(vertices)
-            vertices.extend((i, attr) for attr in attrs)
+            vertices.extend(Vertex(i, attr) for attr in attrs)
             self.node_vertices.append(list(range(base, base + len(attrs))))
             self.in_vids.append([base + k for k in in_pos])
             self.out_vids.append([base + k for k in out_pos])
@@ -530,13 +537,13 @@ class TypedGraph:
     def vertex_of(self, node: int, attr: TypeAttr | str) -> int | None:
         if isinstance(attr, str):
             attr = TypeAttr(attr)
-        return next((v for v in self.node_vertices[node] if self.vertices[v][1] == attr), None)
+        return next((v for v in self.node_vertices[node] if self.vertices[v].attr == attr), None)
 
     def op(self, vid: int) -> str:
-        return self.nodes[self.vertices[vid][0]].op
+        return self.nodes[self.vertices[vid].node].op
 
     def node_of(self, vid: int):
-        return self.nodes[self.vertices[vid][0]]
+        return self.nodes[self.vertices[vid].node]
 
     def tensor_ref(self, node: int, port: int) -> str:
         """How the node's body names output ``port`` of ``node`` as an input string."""

@@ -29,7 +29,7 @@ import logging
 import math
 import sys
 from dataclasses import dataclass, field, replace
-from typing import Callable, Mapping
+from typing import Callable, Mapping, NamedTuple
 
 import numpy as np
 
@@ -45,6 +45,14 @@ HALF_MIN_NORMAL = 6.103515625e-05
 METRICS = ("allclose", "cosine", "top1")
 _ELEMENTWISE = frozenset({"Sub", "Mul", "Add", "AddV2", "RealDiv", "Neg", "BiasAdd"})
 _EPSILON_READERS = frozenset({"RealDiv", "Div", "Rsqrt", "Sqrt", "Reciprocal", "Inv", "Log", "Pow"})
+
+
+class Attempt(NamedTuple):
+    """One rewrite checked against the float32 outputs."""
+
+    result: RewriteResult
+    error: float  # the worst output's error, in tolerances (1.0 is the limit)
+    errors: dict
 
 
 class ValidationError(AmpRewriteError):
@@ -178,11 +186,11 @@ def validated_rewrite(
     base = replace(config, fetches=tuple(fetches), keep_float32=tuple(sorted(keep.items())),
                    release=tuple(sorted(release)))
 
-    def attempt(extra: dict[str, str]) -> tuple[RewriteResult, float, dict]:
+    def attempt(extra: dict[str, str]) -> Attempt:
         cfg = replace(base, keep_float32=tuple(sorted({**keep, **extra}.items())))
         result = rewrite(graph_def, config=cfg)
         errors = runner.compare(result.graph_def, reference, tolerance)
-        return result, max(errors.values(), default=0.0), errors
+        return Attempt(result, max(errors.values(), default=0.0), errors)
 
     result, error, errors = attempt({})
     report.errors = errors
@@ -218,7 +226,7 @@ def _return_regions(regions, attempt, result: RewriteResult, error: float, repor
         while lo < hi and not runner.exhausted():
             mid = (lo + hi) // 2
             outcome = attempt(reverted(remaining[:mid]))
-            if outcome[1] <= 1.0:
+            if outcome.error <= 1.0:
                 hi, passing = mid, outcome
             else:
                 lo = mid + 1
@@ -228,20 +236,20 @@ def _return_regions(regions, attempt, result: RewriteResult, error: float, repor
             return result, False
         if passing is None:
             passing = attempt(reverted(remaining[:hi]))
-            if passing[1] > 1.0:
+            if passing.error > 1.0:
                 report.message = ("outputs are off even with every half region in float32: "
                                   "the difference does not come from half precision")
-                return passing[0], False
+                return passing.result, False
         culprit = remaining.pop(lo - 1)
-        record(culprit, error, passing[1])
-        report.errors = passing[2]
+        record(culprit, error, passing.error)
+        report.errors = passing.errors
         if lo == 1:
-            return passing[0], True
+            return passing.result, True
         if runner.exhausted():  # keep the passing graph: it also returned the regions before the culprit
             for k in remaining[:lo - 1]:
-                record(k, error, passing[1])
+                record(k, error, passing.error)
             del remaining[:lo - 1]
-            return passing[0], True
+            return passing.result, True
         result, error, report.errors = attempt(reverted([]))
         report.regions_returned[-1]["error_after"] = error
         if error <= 1.0:
