@@ -17,9 +17,10 @@ import logging
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from amp_rewrite.graph_facts import DT_FLOAT, DT_RESOURCE, DT_VARIANT
 from amp_rewrite.op_lists import Colour, OpLists
 from amp_rewrite.op_registry import OpRegistry, device_type_of
-from amp_rewrite.typed_graph import DT_FLOAT, DT_RESOURCE, DT_VARIANT, TypedGraph
+from amp_rewrite.typed_graph import TypedGraph
 
 logger = logging.getLogger(__name__)
 

@@ -31,6 +31,7 @@ from typing import Callable
 
 from amp_rewrite import painting as rules
 from amp_rewrite.casts import Applied, apply_painting, promote_batch_norms
+from amp_rewrite.checks import checks_requested, ensure
 from amp_rewrite.config import Config
 from amp_rewrite.op_lists import OpLists, load_lists
 from amp_rewrite.op_registry import OpRegistry, default_device_type, graph_pb2
@@ -240,6 +241,9 @@ def _rewrite(graph_def, *, fetches, target, config) -> RewriteResult:
         unknown_ops=tuple(graph.unknown_ops),
         step_seconds=lap.seconds,
     )
+    if checks_requested():
+        left_alone = {graph.nodes[i].name for i in graph.bodies[0].index.values() if ctx.skip_reason[i] is not None}
+        ensure(graph_def, work, casts=applied.casts, fetches=config.fetches, left_alone=left_alone)
     if config.dump_dir:
         from amp_rewrite.graph_io import dump_rewrite
 

@@ -35,8 +35,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, NamedTuple
 
 from amp_rewrite.errors import GraphError
-from amp_rewrite.graph_facts import (  # noqa: F401 - DTYPE_NAMES, DT_* are read from here too
-    DT_BFLOAT16, DT_FLOAT, DT_HALF, DT_RESOURCE, DT_VARIANT, DTYPE_NAMES, parse_input)
+from amp_rewrite.graph_facts import DTYPE_NAMES
 from amp_rewrite.op_registry import OpRegistry
 
 logger = logging.getLogger(__name__)
