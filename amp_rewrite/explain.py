@@ -16,6 +16,8 @@ from __future__ import annotations
 from amp_rewrite.graph_facts import DT_BFLOAT16, DT_FLOAT, DT_HALF, DTYPE_NAMES
 from amp_rewrite.op_lists import Colour
 
+_ALLOW, _INFER, _DENY, _CLEAR = Colour  # plain names: per-node loops compare against them
+
 _NOT_CONNECTED = "not connected to a half op"
 
 
@@ -44,7 +46,7 @@ def node_outcomes(ctx, painting, applied, was_float32: list[bool]) -> dict[str, 
         outcomes[name] = entry
     for body_id, prefix in prefixes.items():
         for name in applied.folded_by_body.get(body_id, []):
-            outcomes[prefix + name].update(colour=Colour.ALLOW, rule="constant read only by half ops: stored in half",
+            outcomes[prefix + name].update(colour=_ALLOW, rule="constant read only by half ops: stored in half",
                                            precision=DTYPE_NAMES[ctx.target_dtype])
         for name, peak in applied.out_of_range_by_body.get(body_id, {}).items():
             outcomes[prefix + name].update(rule=f"constant read by half ops but |value| reaches {peak:g}: "
@@ -78,12 +80,12 @@ def _name_half_neighbours(graph, painting, qualified: dict[int, str], outcomes: 
         half_consumers = _names(graph, qualified, (w for v in float32 for w in graph.fanout[v]), target, i)
         deny_inputs = sorted({qualified[graph.vertices[u].node] for v in float32 for u in graph.fanin[v]
                               if u in painting.deny and graph.vertices[u].node in qualified})
-        if entry["colour"] == Colour.INFER and half_consumers and not half_inputs:
+        if entry["colour"] == _INFER and half_consumers and not half_inputs:
             entry.update(rule="infer op fed by no half op", cause=half_consumers[0])
-        elif entry["colour"] == Colour.INFER and half_inputs and deny_inputs:
+        elif entry["colour"] == _INFER and half_inputs and deny_inputs:
             entry.update(rule=f"infer op fed by a half op ({half_inputs[0]}) and by a deny-painted op",
                          cause=deny_inputs[0])
-        elif entry["colour"] == Colour.INFER and half_inputs:
+        elif entry["colour"] == _INFER and half_inputs:
             painted = any(u in painting.allow for v in float32 for u in graph.fanin[v])
             entry.update(rule="infer op whose half input was painted after infer ops were decided "
                               "(clear ops next to half ops are painted last)" if painted else
@@ -219,7 +221,7 @@ def _precision_before(graph, i: int, was_float32: list[bool]) -> str:
 def _sentence(ctx, name: str, entry: dict, inputs: dict, outcomes: dict, before: str) -> str:
     op, colour = entry["op"], entry["colour"]
     head = f"{name} ({op})"
-    if colour == Colour.ALLOW:
+    if colour == _ALLOW:
         verdict = f"{head} → {DTYPE_NAMES[ctx.target_dtype]}: {entry['rule']}"
     else:
         verdict = f"{head} stays {before if before != 'n/a' else 'as it is'}: {entry['rule']}"
@@ -248,13 +250,13 @@ def _node_colour(ctx, painting, i: int, was_float32: list[bool]):
     vids = graph.node_vertices[i]
     if ctx.skip_reason[i] is not None:
         return "preserved", ctx.skip_reason[i], None
-    for group, colour in ((painting.allow, Colour.ALLOW), (painting.deny, Colour.DENY)):
+    for group, colour in ((painting.allow, _ALLOW), (painting.deny, _DENY)):
         hits = [v for v in vids if v in group]
         if hits:
             rule, cause = painting.reasons.get(hits[0], ("", None))
             return colour, rule, cause
     if node_is_cast_past_widening(ctx, i, was_float32):
-        return Colour.ALLOW, "existing Cast now reads the half value its float32 input was widened from", None
+        return _ALLOW, "existing Cast now reads the half value its float32 input was widened from", None
     for v in vids:
         if v in painting.reasons:  # painted, then unpainted by a later rule
             rule, cause = painting.reasons[v]
@@ -270,6 +272,6 @@ def _node_colour(ctx, painting, i: int, was_float32: list[bool]):
         return "none", "op on no list", None
     if not any(ctx.supports_target(v) for v in floats):
         return listed, f"no {ctx.lists.target} kernel or OpDef type on {ctx.device_type}", None
-    if listed == Colour.ALLOW:
+    if listed == _ALLOW:
         return listed, "allow-list op", None
     return listed, _NOT_CONNECTED, None

@@ -24,6 +24,10 @@ from amp_rewrite.typed_graph import TypedGraph
 
 logger = logging.getLogger(__name__)
 
+# The list colours as plain names: per-vertex loops compare against them, and an
+# Enum member's lookup through its class costs several times a comparison.
+_ALLOW, _INFER, _DENY, _CLEAR = Colour
+
 # Ops the tensor-list rule cannot see past: a list handle that reaches one of
 # these may be read or written somewhere this graph does not show.
 _OPAQUE_HANDLE_OPS = frozenset({"OptionalFromValue", "OptionalGetValue", "Placeholder"})
@@ -99,7 +103,7 @@ class PaintContext:
         self._supports: dict[int, bool] = {}
         self.boundary = set(graph.virtual).union(*(b.children for b in graph.bodies))
         self.node_list = [
-            Colour.CLEAR if i in self.boundary else lists.colour_of(node.op) for i, node in enumerate(graph.nodes)
+            _CLEAR if i in self.boundary else lists.colour_of(node.op) for i, node in enumerate(graph.nodes)
         ]
         self.skip_reason: list[str | None] = self._skip_reasons()
         # The rules never retype, so the dtypes read once hold while painting.
@@ -261,7 +265,7 @@ def paint_allow_ops(ctx: PaintContext, painting: Painting) -> None:
     for vid in range(len(ctx.graph.vertices)):
         if vid in painting.deny:
             continue
-        if listed[vid] == Colour.ALLOW:
+        if listed[vid] == _ALLOW:
             if ctx.can_convert(vid):
                 painting.mark_allow(vid, "allow-list op")
         elif ctx.force_all and ctx.can_convert(vid) and ctx.can_force(vid):
@@ -279,12 +283,12 @@ def paint_deny_forward(ctx: PaintContext, painting: Painting) -> None:
         return
     graph = ctx.graph
     listed = ctx.vertex_list
-    deny_or_infer = [v for v, colour in enumerate(listed) if colour == Colour.DENY or colour == Colour.INFER]
+    deny_or_infer = [v for v, colour in enumerate(listed) if colour == _DENY or colour == _INFER]
     upstream = set(graph.reach(deny_or_infer, forward=False, backward=True,
-                               enter=lambda v: listed[v] == Colour.CLEAR))
+                               enter=lambda v: listed[v] == _CLEAR))
     if ctx.released:
         upstream = {v for v in upstream if graph.vertices[v].node not in ctx.released}
-    deny_roots = [v for v in deny_or_infer if listed[v] == Colour.DENY]
+    deny_roots = [v for v in deny_or_infer if listed[v] == _DENY]
     for v in deny_roots:
         painting.mark_deny(v, "deny-list op")
     parents: dict[int, int] = {}
@@ -306,7 +310,7 @@ def paint_between_allow(ctx: PaintContext, painting: Painting) -> None:
 
     def passable(v: int) -> bool:
         return (v not in painting.allow and v not in painting.deny
-                and listed[v] in (Colour.CLEAR, Colour.INFER)
+                and listed[v] in (_CLEAR, _INFER)
                 and ctx.can_convert(v))
 
     downstream = set(graph.reach(roots, forward=True, backward=False, enter=passable))
@@ -327,7 +331,7 @@ def paint_infer_after_allow(ctx: PaintContext, painting: Painting) -> None:
     graph = ctx.graph
 
     def eligible(v: int) -> int | None:
-        if (v in painting.allow or v in painting.deny or not ctx.on_list(v, Colour.INFER)
+        if (v in painting.allow or v in painting.deny or not ctx.on_list(v, _INFER)
                 or not ctx.can_convert(v)):
             return None
         fed_by = None
@@ -361,7 +365,7 @@ def paint_clear_around_allow(ctx: PaintContext, painting: Painting) -> None:
 
     def passable(v: int) -> bool:
         return (v not in painting.allow and v not in painting.deny
-                and ctx.on_list(v, Colour.CLEAR) and ctx.can_convert(v)
+                and ctx.on_list(v, _CLEAR) and ctx.can_convert(v)
                 and graph.vertices[v].node not in refs)
 
     roots = sorted(v for v in painting.allow if ctx.processable(v))
