@@ -18,13 +18,13 @@ import logging
 from dataclasses import dataclass, field
 
 from amp_rewrite.painting import PaintContext, Painting
-from amp_rewrite.typed_graph import DT_BFLOAT16, DT_FLOAT, DT_HALF, TypedGraph, unique_name
+from amp_rewrite.graph_facts import DT_BFLOAT16, DT_FLOAT, DT_HALF, HALF_MAX
+from amp_rewrite.typed_graph import TypedGraph, unique_name
 
 logger = logging.getLogger(__name__)
 
 CAST_SUFFIX = "AmpRewrite"
 _CAST_WORD = {DT_HALF: "CastToFp16", DT_BFLOAT16: "CastToBf16", DT_FLOAT: "CastToFp32"}
-HALF_MAX = {DT_HALF: 65504.0, DT_BFLOAT16: 3.3895313892515355e38}
 BATCH_NORM_V1 = {"FusedBatchNorm": "FusedBatchNormV2", "FusedBatchNormGrad": "FusedBatchNormGradV2"}
 
 
@@ -85,7 +85,7 @@ def retype_allow_vertices(graph: TypedGraph, painting: Painting, was_float32: li
     for vid in sorted(painting.allow):
         if was_float32[vid]:
             graph.set_dtype(vid, target)
-            changed.add(graph.vertices[vid][0])
+            changed.add(graph.vertices[vid].node)
     return changed
 
 

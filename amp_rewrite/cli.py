@@ -25,7 +25,8 @@ from types import SimpleNamespace
 import numpy as np
 
 from amp_rewrite.config import DEVICE_TYPES, LEVELS, Config
-from amp_rewrite.errors import AmpRewriteError, GraphError, UsageError
+from amp_rewrite.errors import AmpRewriteError, GraphError, UsageError, first_line
+from amp_rewrite.graph_facts import parse_input, sinks
 from amp_rewrite.op_lists import COLOURS, TARGETS, ListEdit
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_USAGE = 0, 1, 2
@@ -180,7 +181,7 @@ def _load_and_rewrite(args):
 def _check_fetch_ports(graph_def, fetches) -> None:
     """A fetch ``name:port`` must name an output the node has (when its op is known)."""
     from amp_rewrite.op_registry import OpRegistry
-    from amp_rewrite.typed_graph import TypedGraph, parse_input
+    from amp_rewrite.typed_graph import TypedGraph
 
     with_port = [f for f in fetches if ":" in f]
     if not with_port:
@@ -231,28 +232,23 @@ def _sample_inputs(path: str) -> dict:
     try:
         loaded = np.load(path, allow_pickle=False)
     except Exception as exc:  # noqa: BLE001 - numpy raises many kinds for a damaged file
-        raise refuse(f"not an .npz archive ({_first_line(exc)})") from None
+        raise refuse(f"not an .npz archive ({first_line(exc, with_type=True)})") from None
     if not isinstance(loaded, np.lib.npyio.NpzFile):
         raise refuse("a single .npy array; save the inputs with numpy.savez(path, name=array, ...)")
     try:
         with loaded:
             feeds = {key: loaded[key] for key in loaded.files}
     except Exception as exc:  # noqa: BLE001 - a truncated member, a pickled object, ...
-        raise refuse(f"a damaged .npz archive ({_first_line(exc)})") from None
+        raise refuse(f"a damaged .npz archive ({first_line(exc, with_type=True)})") from None
     if not feeds:
         raise refuse("the archive holds no arrays")
     return feeds
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-
-
 def _sinks_with_outputs(graph_def):
-    consumed = {ref.lstrip("^").split(":")[0] for node in graph_def.node for ref in node.input}
     no_output = {"NoOp", "Assert", "SaveV2", "AssignVariableOp"}
-    return [n.name for n in graph_def.node if n.name not in consumed and n.op not in no_output]
+    unread = sinks(graph_def)
+    return [n.name for n in graph_def.node if n.name in unread and n.op not in no_output]
 
 
 def run(args) -> int:
@@ -407,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except Exception as exc:  # noqa: BLE001 - the user gets one line, never a traceback
         logging.getLogger(__name__).info("unexpected failure", exc_info=True)
-        print(f"amp-rewrite: error: {args.input}: cannot rewrite: {_first_line(exc)} "
+        print(f"amp-rewrite: error: {args.input}: cannot rewrite: {first_line(exc, with_type=True)} "
               f"(unexpected; run with -v for details)", file=sys.stderr)
         return EXIT_BAD_INPUT
     finally:

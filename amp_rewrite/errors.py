@@ -33,3 +33,14 @@ class TensorFlowMissingError(AmpRewriteError):
 
 class OutputError(AmpRewriteError):
     """An output cannot be written (missing directory, no space, permission); names the path."""
+
+
+def first_line(exc: BaseException, *, with_type: bool = False) -> str:
+    """The first line of an exception's message (its type name when it has none).
+
+    With ``with_type``, the line is prefixed by the type name: ``ValueError: ...``.
+    """
+    lines = str(exc).strip().splitlines()
+    if not lines:
+        return type(exc).__name__
+    return f"{type(exc).__name__}: {lines[0]}" if with_type else lines[0]

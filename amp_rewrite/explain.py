@@ -13,7 +13,10 @@ node had) against the node's type attrs in the rewritten graph.
 
 from __future__ import annotations
 
-from amp_rewrite.typed_graph import DT_BFLOAT16, DT_FLOAT, DT_HALF, DTYPE_NAMES
+from amp_rewrite.graph_facts import DT_BFLOAT16, DT_FLOAT, DT_HALF, DTYPE_NAMES
+from amp_rewrite.op_lists import Colour
+
+_ALLOW, _INFER, _DENY, _CLEAR = Colour  # plain names: per-node loops compare against them
 
 _NOT_CONNECTED = "not connected to a half op"
 
@@ -43,7 +46,7 @@ def node_outcomes(ctx, painting, applied, was_float32: list[bool]) -> dict[str, 
         outcomes[name] = entry
     for body_id, prefix in prefixes.items():
         for name in applied.folded_by_body.get(body_id, []):
-            outcomes[prefix + name].update(colour="allow", rule="constant read only by half ops: stored in half",
+            outcomes[prefix + name].update(colour=_ALLOW, rule="constant read only by half ops: stored in half",
                                            precision=DTYPE_NAMES[ctx.target_dtype])
         for name, peak in applied.out_of_range_by_body.get(body_id, {}).items():
             outcomes[prefix + name].update(rule=f"constant read by half ops but |value| reaches {peak:g}: "
@@ -75,14 +78,14 @@ def _name_half_neighbours(graph, painting, qualified: dict[int, str], outcomes: 
         float32 = [v for v in graph.node_vertices[i] if graph.dtype(v) == DT_FLOAT]
         half_inputs = _names(graph, qualified, (u for v in float32 for u in graph.fanin[v]), target, i)
         half_consumers = _names(graph, qualified, (w for v in float32 for w in graph.fanout[v]), target, i)
-        deny_inputs = sorted({qualified[graph.vertices[u][0]] for v in float32 for u in graph.fanin[v]
-                              if u in painting.deny and graph.vertices[u][0] in qualified})
-        if entry["colour"] == "infer" and half_consumers and not half_inputs:
+        deny_inputs = sorted({qualified[graph.vertices[u].node] for v in float32 for u in graph.fanin[v]
+                              if u in painting.deny and graph.vertices[u].node in qualified})
+        if entry["colour"] == _INFER and half_consumers and not half_inputs:
             entry.update(rule="infer op fed by no half op", cause=half_consumers[0])
-        elif entry["colour"] == "infer" and half_inputs and deny_inputs:
+        elif entry["colour"] == _INFER and half_inputs and deny_inputs:
             entry.update(rule=f"infer op fed by a half op ({half_inputs[0]}) and by a deny-painted op",
                          cause=deny_inputs[0])
-        elif entry["colour"] == "infer" and half_inputs:
+        elif entry["colour"] == _INFER and half_inputs:
             painted = any(u in painting.allow for v in float32 for u in graph.fanin[v])
             entry.update(rule="infer op whose half input was painted after infer ops were decided "
                               "(clear ops next to half ops are painted last)" if painted else
@@ -94,7 +97,7 @@ def _name_half_neighbours(graph, painting, qualified: dict[int, str], outcomes: 
 
 def _names(graph, qualified: dict[int, str], vertices, target: int, node: int) -> list[str]:
     """The reported names of the nodes owning the half vertices among ``vertices``."""
-    owners = {graph.vertices[v][0] for v in vertices if graph.dtype(v) == target}
+    owners = {graph.vertices[v].node for v in vertices if graph.dtype(v) == target}
     return sorted(qualified[j] for j in owners if j in qualified and j != node)
 
 
@@ -172,7 +175,7 @@ def _cause_name(graph, qualified: dict[int, str], cause, node: int) -> str | Non
     stands for the call that passes it."""
     if cause is None:
         return None
-    source = graph.vertices[cause][0]
+    source = graph.vertices[cause].node
     if source in graph.virtual:
         source = graph.bodies[graph.body_of[source]].call
     if source == node:
@@ -203,7 +206,7 @@ def explain_chain(outcomes: dict[str, dict], node: str, origins: dict | None = N
 def _precision(graph, i: int, dtype_of=None) -> str:
     """The node's dtype after the rewrite: its half type if any type attr holds one, else float32."""
     dtype_of = dtype_of or graph.dtype
-    dtypes = {dtype_of(v) for v in graph.node_vertices[i] if graph.vertices[v][1].name}
+    dtypes = {dtype_of(v) for v in graph.node_vertices[i] if graph.vertices[v].attr.name}
     halves = sorted(DTYPE_NAMES[d] for d in dtypes if d in (DT_HALF, DT_BFLOAT16))
     if halves:
         return halves[0]
@@ -218,7 +221,7 @@ def _precision_before(graph, i: int, was_float32: list[bool]) -> str:
 def _sentence(ctx, name: str, entry: dict, inputs: dict, outcomes: dict, before: str) -> str:
     op, colour = entry["op"], entry["colour"]
     head = f"{name} ({op})"
-    if colour == "allow":
+    if colour == _ALLOW:
         verdict = f"{head} → {DTYPE_NAMES[ctx.target_dtype]}: {entry['rule']}"
     else:
         verdict = f"{head} stays {before if before != 'n/a' else 'as it is'}: {entry['rule']}"
@@ -247,13 +250,13 @@ def _node_colour(ctx, painting, i: int, was_float32: list[bool]):
     vids = graph.node_vertices[i]
     if ctx.skip_reason[i] is not None:
         return "preserved", ctx.skip_reason[i], None
-    for group, colour in ((painting.allow, "allow"), (painting.deny, "deny")):
+    for group, colour in ((painting.allow, _ALLOW), (painting.deny, _DENY)):
         hits = [v for v in vids if v in group]
         if hits:
             rule, cause = painting.reasons.get(hits[0], ("", None))
             return colour, rule, cause
     if node_is_cast_past_widening(ctx, i, was_float32):
-        return "allow", "existing Cast now reads the half value its float32 input was widened from", None
+        return _ALLOW, "existing Cast now reads the half value its float32 input was widened from", None
     for v in vids:
         if v in painting.reasons:  # painted, then unpainted by a later rule
             rule, cause = painting.reasons[v]
@@ -269,6 +272,6 @@ def _node_colour(ctx, painting, i: int, was_float32: list[bool]):
         return "none", "op on no list", None
     if not any(ctx.supports_target(v) for v in floats):
         return listed, f"no {ctx.lists.target} kernel or OpDef type on {ctx.device_type}", None
-    if listed == "allow":
+    if listed == _ALLOW:
         return listed, "allow-list op", None
     return listed, _NOT_CONNECTED, None

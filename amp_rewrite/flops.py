@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import math
 
-from amp_rewrite.typed_graph import DT_BFLOAT16, DT_HALF
+from amp_rewrite.graph_facts import DT_BFLOAT16, DT_HALF, called_functions
 
 logger = logging.getLogger(__name__)
 
@@ -169,16 +169,6 @@ def _function_ops(graph_def) -> list:
     return ops
 
 
-def _callees(node, library: set[str]) -> list[str]:
-    names = [node.op] if node.op in library else []
-    for value in node.attr.values():
-        if value.HasField("func"):
-            names.append(value.func.name)
-        elif value.HasField("list"):
-            names.extend(f.name for f in value.list.func)
-    return [name for name in names if name]  # an unset optional func attr has no name
-
-
 def missing_function(graph_def) -> str | None:
     """The first call to a function neither the library nor TensorFlow defines, as a message, or None."""
     from amp_rewrite.op_registry import OpRegistry
@@ -187,7 +177,7 @@ def missing_function(graph_def) -> str | None:
     bodies = [(None, graph_def.node)] + [(f.signature.name, f.node_def) for f in graph_def.library.function]
     for owner, nodes in bodies:
         for node in nodes:
-            for callee in _callees(node, library):
+            for callee in called_functions(node, library):
                 if callee not in library and OpRegistry.registry_op_def(callee) is None:
                     where = f"node {node.name} (op {node.op})" + (f" in function {owner}" if owner else "")
                     return f"{where} calls function {callee!r}, which the library does not define"
@@ -206,7 +196,8 @@ def import_blocker(graph_def) -> str | None:
     if missing:
         return missing
     library = {f.signature.name for f in graph_def.library.function}
-    calls = {f.signature.name: sorted({c for n in f.node_def for c in _callees(n, library) if c in library})
+    calls = {f.signature.name: sorted({c for n in f.node_def for c in called_functions(n, library)
+                                       if c in library})
              for f in graph_def.library.function}
     state: dict[str, int] = {}  # 1: on the current path, 2: done
     for root in sorted(calls):

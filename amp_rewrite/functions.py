@@ -23,6 +23,7 @@ import hashlib
 import logging
 from dataclasses import dataclass, field
 
+from amp_rewrite.graph_facts import called_functions
 from amp_rewrite.typed_graph import WHILE_OPS, TypedGraph, unique_name
 
 logger = logging.getLogger(__name__)
@@ -125,22 +126,12 @@ def _pinned_functions(graph: TypedGraph) -> set[str]:
     for i, node in enumerate(graph.nodes):
         if i in linked:
             continue
-        for value in node.attr.values():
-            if value.func.name:
-                pinned.add(value.func.name)
-            pinned.update(f.name for f in value.list.func)
-        if node.op in graph.library and i not in linked:
-            pinned.add(node.op)
+        pinned.update(called_functions(node, graph.library))
     instantiated = {b.function for b in graph.bodies[1:]}
     for fdef in graph.graph_def.library.function:
         if fdef.signature.name not in instantiated:
             for node in fdef.node_def:  # functions we do not instantiate keep their references
-                for value in node.attr.values():
-                    if value.func.name:
-                        pinned.add(value.func.name)
-                    pinned.update(f.name for f in value.list.func)
-                if node.op in graph.library:
-                    pinned.add(node.op)
+                pinned.update(called_functions(node, graph.library))
     return pinned
 
 

@@ -16,7 +16,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-from amp_rewrite.errors import GraphError, InputFileError, OutputError, UsageError
+from amp_rewrite.errors import GraphError, InputFileError, OutputError, UsageError, first_line
 from amp_rewrite.op_registry import graph_pb2
 
 FORMATS = ("pb", "pbtxt")
@@ -82,14 +82,14 @@ def load_graph_def(path: str | os.PathLike, *, input_format: str | None = None):
         except (text_format.ParseError, UnicodeDecodeError, ValueError) as exc:
             _refuse_saved_model_file(path, data)
             hint = "" if input_format else " (use --input-format pb if it is a binary GraphDef)"
-            raise InputFileError(f"{path}: not a text GraphDef: {_first_line(exc)}{hint}") from None
+            raise InputFileError(f"{path}: not a text GraphDef: {first_line(exc)}{hint}") from None
     else:
         try:
             graph_def.ParseFromString(data)
         except (message.DecodeError, RecursionError) as exc:
             _refuse_saved_model_file(path, data)
             hint = "" if input_format else " (use --input-format pbtxt if it is a text GraphDef)"
-            raise InputFileError(f"{path}: not a binary GraphDef: {_first_line(exc)}{hint}") from None
+            raise InputFileError(f"{path}: not a binary GraphDef: {first_line(exc)}{hint}") from None
         if not graph_def.node:
             _refuse_saved_model_file(path, data)
         if any(not node.name or not node.op for node in graph_def.node):
@@ -289,7 +289,7 @@ class Outputs:
             (staging / "saved_model.pb").write_bytes(saved.SerializeToString(deterministic=True))
         except shutil.Error as exc:
             first = exc.args[0][0] if exc.args and exc.args[0] and isinstance(exc.args[0], list) else None
-            detail = f"{first[0]}: {first[2]}" if first and len(first) == 3 else _first_line(exc)
+            detail = f"{first[0]}: {first[2]}" if first and len(first) == 3 else first_line(exc)
             raise OutputError(f"{path}: cannot write: {detail}") from None
         except OSError as exc:
             raise OutputError(f"{path}: cannot write: {exc.strerror or exc}"
@@ -344,11 +344,6 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 def dump_rewrite(directory: str | os.PathLike, before, after, lists) -> list[Path]:
@@ -409,7 +404,7 @@ def load_saved_model(path: str | os.PathLike):
     except RecursionError:
         raise InputFileError(f"{path}: not a SavedModel: nested too deeply to parse") from None
     except (message.DecodeError, text_format.ParseError, UnicodeDecodeError, ValueError) as exc:
-        raise InputFileError(f"{path}: not a SavedModel: {_first_line(exc)}") from None
+        raise InputFileError(f"{path}: not a SavedModel: {first_line(exc)}") from None
     for meta in saved.meta_graphs:
         try:
             check_graph_def(meta.graph_def, path)

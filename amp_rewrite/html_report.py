@@ -35,7 +35,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from amp_rewrite.typed_graph import DT_BFLOAT16, DT_FLOAT, DT_HALF, DTYPE_NAMES, parse_input
+from amp_rewrite.graph_facts import (DT_BFLOAT16, DT_FLOAT, DT_HALF, DTYPE_NAMES, function_input_source,
+                                     node_name)
 
 if TYPE_CHECKING:
     from amp_rewrite.pipeline import RewriteResult
@@ -107,7 +108,7 @@ def flat_nodes(graph_def, report: dict) -> list[FlatNode]:
     A function body refers to its own nodes as ``node:output:k`` and to its
     arguments by name; arguments are not nodes and draw no edge.
     """
-    flat = [FlatNode(node.name, node, tuple((parse_input(ref)[0], ref.startswith("^")) for ref in node.input))
+    flat = [FlatNode(node.name, node, tuple((node_name(ref), ref.startswith("^")) for ref in node.input))
             for node in graph_def.node]
     covered = dict.fromkeys(name.split("::")[0] for name in (*report["nodes"], *report["casts"]) if "::" in name)
     library = {f.signature.name: f for f in graph_def.library.function}
@@ -120,7 +121,7 @@ def flat_nodes(graph_def, report: dict) -> list[FlatNode]:
         for node in fdef.node_def:
             refs = []
             for ref in node.input:
-                source = ref.lstrip("^").split(":")[0]
+                source = function_input_source(ref)
                 if source in names:
                     refs.append((prefix + source, ref.startswith("^")))
             flat.append(FlatNode(prefix + node.name, node, tuple(refs)))

@@ -15,6 +15,7 @@ import functools
 import logging
 import os
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Iterable, Mapping, NamedTuple
 
@@ -22,7 +23,18 @@ from amp_rewrite.errors import ListError
 
 logger = logging.getLogger(__name__)
 
-COLOURS = ("allow", "infer", "deny", "clear")
+
+
+class Colour(StrEnum):
+    """The list an op is on; each member is equal to (and prints as) its lower-case name."""
+
+    ALLOW = "allow"
+    INFER = "infer"
+    DENY = "deny"
+    CLEAR = "clear"
+
+
+COLOURS = tuple(Colour)
 TARGETS = ("float16", "bfloat16")
 
 # Environment variable names TensorFlow reads, per colour; the second name of
@@ -64,7 +76,7 @@ class OpLists:
         by_op = {op: colour for colour in COLOURS for op in getattr(self, colour)}
         object.__setattr__(self, "_colour_by_op", by_op)
 
-    def colour_of(self, op: str) -> str | None:
+    def colour_of(self, op: str) -> Colour | None:
         """Returns the list an op is on, or None."""
         return self._colour_by_op.get(op)
 

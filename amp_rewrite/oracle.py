@@ -12,6 +12,8 @@ import os
 import time
 from contextlib import contextmanager
 
+from amp_rewrite.graph_facts import node_name
+
 EMULATE_ENV = "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_EMULATE_FP16"
 
 
@@ -42,7 +44,7 @@ def grappler_rewrite(graph_def, fetches, *, optimizer: str = "auto_mixed_precisi
     meta = meta_graph_pb2.MetaGraphDef()
     meta.graph_def.CopyFrom(graph_def)
     meta.collection_def["train_op"].node_list.value.extend(
-        sorted({f.split(":")[0].lstrip("^") for f in fetches}))
+        sorted({node_name(f) for f in fetches}))
     config = config_pb2.ConfigProto()
     rewrite_options = config.graph_options.rewrite_options
     rewrite_options.optimizers.append(optimizer)

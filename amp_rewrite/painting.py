@@ -17,11 +17,16 @@ import logging
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from amp_rewrite.op_lists import OpLists
+from amp_rewrite.graph_facts import DT_FLOAT, DT_RESOURCE, DT_VARIANT
+from amp_rewrite.op_lists import Colour, OpLists
 from amp_rewrite.op_registry import OpRegistry, device_type_of
-from amp_rewrite.typed_graph import DT_FLOAT, DT_RESOURCE, DT_VARIANT, TypedGraph
+from amp_rewrite.typed_graph import TypedGraph
 
 logger = logging.getLogger(__name__)
+
+# The list colours as plain names: per-vertex loops compare against them, and an
+# Enum member's lookup through its class costs several times a comparison.
+_ALLOW, _INFER, _DENY, _CLEAR = Colour
 
 # Ops the tensor-list rule cannot see past: a list handle that reaches one of
 # these may be read or written somewhere this graph does not show.
@@ -98,12 +103,12 @@ class PaintContext:
         self._supports: dict[int, bool] = {}
         self.boundary = set(graph.virtual).union(*(b.children for b in graph.bodies))
         self.node_list = [
-            "clear" if i in self.boundary else lists.colour_of(node.op) for i, node in enumerate(graph.nodes)
+            _CLEAR if i in self.boundary else lists.colour_of(node.op) for i, node in enumerate(graph.nodes)
         ]
         self.skip_reason: list[str | None] = self._skip_reasons()
         # The rules never retype, so the dtypes read once hold while painting.
         self.dtypes = graph.dtypes()
-        self.vertex_list = [self.node_list[i] for i, _ in graph.vertices]
+        self.vertex_list = [self.node_list[vertex.node] for vertex in graph.vertices]
         self._kernel_checks: dict[tuple, bool] = {}
 
     def _skip_reasons(self) -> list[str | None]:
@@ -158,12 +163,12 @@ class PaintContext:
 
     def processable(self, vid: int) -> bool:
         """Whether the vertex's node may be changed at all (not preserved, on our device type)."""
-        return self.skip_reason[self.graph.vertices[vid][0]] is None
+        return self.skip_reason[self.graph.vertices[vid].node] is None
 
     def is_float32(self, vid: int) -> bool:
         return self.dtypes[vid] == DT_FLOAT
 
-    def on_list(self, vid: int, colour: str) -> bool:
+    def on_list(self, vid: int, colour: Colour) -> bool:
         """Whether the vertex's op is on the ``colour`` list."""
         return self.vertex_list[vid] == colour
 
@@ -199,7 +204,7 @@ class PaintContext:
         device_type = device_type_of(node.device) or self.device_type
         attrs = {}
         for other in graph.node_vertices[node_idx]:
-            other_attr = graph.vertices[other][1]
+            other_attr = graph.vertices[other].attr
             dtype = self.target_dtype if other == vid else self.dtypes[other]
             if other_attr.index < 0:
                 attrs[other_attr.name] = dtype
@@ -211,14 +216,14 @@ class PaintContext:
 
     def can_convert(self, vid: int) -> bool:
         """Processable, float32 now, and the target type is supported."""
-        if self.dtypes[vid] != DT_FLOAT or self.skip_reason[self.graph.vertices[vid][0]] is not None:
+        if self.dtypes[vid] != DT_FLOAT or self.skip_reason[self.graph.vertices[vid].node] is not None:
             return False
         cached = self._supports.get(vid)
         return cached if cached is not None else self.supports_target(vid)
 
     def can_force(self, vid: int) -> bool:
         """Whether UNSAFE_FORCE_ALL may convert this vertex."""
-        node_idx = self.graph.vertices[vid][0]
+        node_idx = self.graph.vertices[vid].node
         op_def = self.graph.op_defs[node_idx]
         node = self.graph.nodes[node_idx]
         if node.op in _NEVER_FORCED or op_def.is_stateful:
@@ -260,7 +265,7 @@ def paint_allow_ops(ctx: PaintContext, painting: Painting) -> None:
     for vid in range(len(ctx.graph.vertices)):
         if vid in painting.deny:
             continue
-        if listed[vid] == "allow":
+        if listed[vid] == _ALLOW:
             if ctx.can_convert(vid):
                 painting.mark_allow(vid, "allow-list op")
         elif ctx.force_all and ctx.can_convert(vid) and ctx.can_force(vid):
@@ -278,12 +283,12 @@ def paint_deny_forward(ctx: PaintContext, painting: Painting) -> None:
         return
     graph = ctx.graph
     listed = ctx.vertex_list
-    deny_or_infer = [v for v, colour in enumerate(listed) if colour == "deny" or colour == "infer"]
+    deny_or_infer = [v for v, colour in enumerate(listed) if colour == _DENY or colour == _INFER]
     upstream = set(graph.reach(deny_or_infer, forward=False, backward=True,
-                               enter=lambda v: listed[v] == "clear"))
+                               enter=lambda v: listed[v] == _CLEAR))
     if ctx.released:
-        upstream = {v for v in upstream if graph.vertices[v][0] not in ctx.released}
-    deny_roots = [v for v in deny_or_infer if listed[v] == "deny"]
+        upstream = {v for v in upstream if graph.vertices[v].node not in ctx.released}
+    deny_roots = [v for v in deny_or_infer if listed[v] == _DENY]
     for v in deny_roots:
         painting.mark_deny(v, "deny-list op")
     parents: dict[int, int] = {}
@@ -305,7 +310,7 @@ def paint_between_allow(ctx: PaintContext, painting: Painting) -> None:
 
     def passable(v: int) -> bool:
         return (v not in painting.allow and v not in painting.deny
-                and listed[v] in ("clear", "infer")
+                and listed[v] in (_CLEAR, _INFER)
                 and ctx.can_convert(v))
 
     downstream = set(graph.reach(roots, forward=True, backward=False, enter=passable))
@@ -326,11 +331,11 @@ def paint_infer_after_allow(ctx: PaintContext, painting: Painting) -> None:
     graph = ctx.graph
 
     def eligible(v: int) -> int | None:
-        if (v in painting.allow or v in painting.deny or not ctx.on_list(v, "infer")
+        if (v in painting.allow or v in painting.deny or not ctx.on_list(v, _INFER)
                 or not ctx.can_convert(v)):
             return None
         fed_by = None
-        released = graph.vertices[v][0] in ctx.released
+        released = graph.vertices[v].node in ctx.released
         for u in graph.fanin[v]:
             if u in painting.deny and not released:
                 return None
@@ -360,8 +365,8 @@ def paint_clear_around_allow(ctx: PaintContext, painting: Painting) -> None:
 
     def passable(v: int) -> bool:
         return (v not in painting.allow and v not in painting.deny
-                and ctx.on_list(v, "clear") and ctx.can_convert(v)
-                and graph.vertices[v][0] not in refs)
+                and ctx.on_list(v, _CLEAR) and ctx.can_convert(v)
+                and graph.vertices[v].node not in refs)
 
     roots = sorted(v for v in painting.allow if ctx.processable(v))
     parents: dict[int, int] = {}
@@ -395,15 +400,15 @@ def find_tensor_list_clusters(ctx: PaintContext, painting: Painting) -> None:
         escapes: list[int] = []
 
         def follows(v: int) -> bool:
-            i = graph.vertices[v][0]
+            i = graph.vertices[v].node
             if graph.dtype(v) == DT_VARIANT or _carries_handles(ctx, i):
                 return True
             escapes.append(v)
             return False
 
         reached = graph.reach(handles, forward=True, backward=True, enter=follows)
-        members = sorted({graph.vertices[v][0] for v in reached} & element.keys())
-        opaque = escapes or any(ctx.opaque_handle(graph.vertices[v][0]) for v in reached)
+        members = sorted({graph.vertices[v].node for v in reached} & element.keys())
+        opaque = escapes or any(ctx.opaque_handle(graph.vertices[v].node) for v in reached)
         unprocessable = any(ctx.skip_reason[m] is not None for m in members)
         clustered.update(members)
         cluster = [element[m] for m in members]
@@ -443,14 +448,14 @@ def _element_vertex(ctx: PaintContext, node_idx: int) -> int | None:
     if "TensorList" not in op:
         return None
     for v in graph.node_vertices[node_idx]:
-        attr = graph.vertices[v][1]
+        attr = graph.vertices[v].attr
         if attr.name and attr.index < 0 and graph.dtype(v) == DT_FLOAT:
             return v
     return None
 
 
 def _handle_vertices(graph: TypedGraph, node_idx: int) -> list[int]:
-    return [v for v in graph.node_vertices[node_idx] if graph.vertices[v][1].fixed in (DT_VARIANT, DT_RESOURCE)]
+    return [v for v in graph.node_vertices[node_idx] if graph.vertices[v].attr.fixed in (DT_VARIANT, DT_RESOURCE)]
 
 
 def _carries_handles(ctx: PaintContext, node_idx: int) -> bool:
@@ -465,7 +470,7 @@ def _add_writer_reader_edges(ctx: PaintContext, members: list[int], element: dic
             continue
         handles = _handle_vertices(graph, reader)
         for v in graph.reach(handles, forward=False, backward=True, enter=ctx.processable):
-            writer = graph.vertices[v][0]
+            writer = graph.vertices[v].node
             if graph.nodes[writer].op in _STRUCTURE_WRITERS and writer in element:
                 src, dst = element[writer], element[reader]
                 if dst not in graph.fanout[src]:

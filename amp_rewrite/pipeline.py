@@ -31,6 +31,7 @@ from typing import Callable
 
 from amp_rewrite import painting as rules
 from amp_rewrite.casts import Applied, apply_painting, promote_batch_norms
+from amp_rewrite.checks import checks_requested, ensure
 from amp_rewrite.config import Config
 from amp_rewrite.op_lists import OpLists, load_lists
 from amp_rewrite.op_registry import OpRegistry, default_device_type, graph_pb2
@@ -38,7 +39,8 @@ from amp_rewrite.painting import PaintContext, Painting
 from amp_rewrite.errors import GraphError
 from amp_rewrite.explain import node_outcomes
 from amp_rewrite.functions import finalize_functions
-from amp_rewrite.typed_graph import DT_BFLOAT16, DT_FLOAT, DT_HALF, TypedGraph, parse_input
+from amp_rewrite.graph_facts import DT_BFLOAT16, DT_FLOAT, DT_HALF, node_name, sinks
+from amp_rewrite.typed_graph import TypedGraph
 
 logger = logging.getLogger(__name__)
 
@@ -239,6 +241,9 @@ def _rewrite(graph_def, *, fetches, target, config) -> RewriteResult:
         unknown_ops=tuple(graph.unknown_ops),
         step_seconds=lap.seconds,
     )
+    if checks_requested():
+        left_alone = {graph.nodes[i].name for i in graph.bodies[0].index.values() if ctx.skip_reason[i] is not None}
+        ensure(graph_def, work, casts=applied.casts, fetches=config.fetches, left_alone=left_alone)
     if config.dump_dir:
         from amp_rewrite.graph_io import dump_rewrite
 
@@ -267,17 +272,16 @@ def _preserved_nodes(graph_def, config: Config) -> frozenset[str]:
     if config.fetches:
         fetched = set()
         for fetch in config.fetches:
-            name = parse_input(fetch)[0]
+            name = node_name(fetch)
             if name not in names:
                 raise GraphError(f"fetch {fetch!r} names no node of the graph")
             fetched.add(name)
     else:
-        consumed = {parse_input(ref)[0] for node in graph_def.node for ref in node.input}
-        fetched = names - consumed
-    missing = [p for p in config.preserve if parse_input(p)[0] not in names]
+        fetched = sinks(graph_def)
+    missing = [p for p in config.preserve if node_name(p) not in names]
     if missing:
         raise GraphError(f"node to preserve {missing[0]!r} names no node of the graph")
-    return frozenset(fetched | {parse_input(p)[0] for p in config.preserve})
+    return frozenset(fetched | {node_name(p) for p in config.preserve})
 
 
 def v1_loop_nodes(graph: TypedGraph) -> set[int]:

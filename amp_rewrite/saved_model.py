@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from amp_rewrite.config import Config
+from amp_rewrite.graph_facts import node_name, sinks
 from amp_rewrite.pipeline import RewriteResult, rewrite
 
 ENTRY_PREFIX = "_amp_rewrite_entry"
@@ -93,22 +94,19 @@ def _v1_interface(meta) -> tuple[tuple[str, ...], tuple[str, ...]]:
     names (train ops, initializers, variables) and every node without
     consumers; fed: signature inputs. The rest of the graph is free to change.
     """
-    from amp_rewrite.typed_graph import parse_input
-
     names = {node.name for node in meta.graph_def.node}
-    consumed = {parse_input(ref)[0] for node in meta.graph_def.node for ref in node.input}
-    fetched = names - consumed
+    fetched = sinks(meta.graph_def)
     fed = set()
     for signature in meta.signature_def.values():
-        fetched.update(parse_input(t.name)[0] for t in signature.outputs.values() if t.name)
-        fed.update(parse_input(t.name)[0] for t in signature.inputs.values() if t.name)
+        fetched.update(node_name(t.name) for t in signature.outputs.values() if t.name)
+        fed.update(node_name(t.name) for t in signature.inputs.values() if t.name)
     saver = meta.saver_def
     for ref in (saver.filename_tensor_name, saver.save_tensor_name, saver.restore_op_name):
         if ref:
-            fetched.add(parse_input(ref)[0])
+            fetched.add(node_name(ref))
     for collection in meta.collection_def.values():
         if collection.WhichOneof("kind") == "node_list":
-            fetched.update(parse_input(ref)[0] for ref in collection.node_list.value)
+            fetched.update(node_name(ref) for ref in collection.node_list.value)
     return tuple(sorted(fetched & names)), tuple(sorted(fed & names))
 
 

@@ -14,9 +14,7 @@ import math
 import numpy as np
 
 from amp_rewrite.errors import GraphError
-from amp_rewrite.typed_graph import DT_BFLOAT16, DT_HALF
-
-DT_FLOAT = 1
+from amp_rewrite.graph_facts import DT_BFLOAT16, DT_FLOAT, DT_HALF
 
 
 def _tensor_util():

@@ -35,16 +35,11 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, NamedTuple
 
 from amp_rewrite.errors import GraphError
+from amp_rewrite.graph_facts import DTYPE_NAMES
 from amp_rewrite.op_registry import OpRegistry
 
 logger = logging.getLogger(__name__)
 
-DT_FLOAT = 1
-DT_HALF = 19
-DT_BFLOAT16 = 14
-DT_VARIANT = 21
-DT_RESOURCE = 20
-DTYPE_NAMES = {DT_FLOAT: "float32", DT_HALF: "float16", DT_BFLOAT16: "bfloat16", DT_VARIANT: "variant"}
 
 # Call-like ops, with the attrs naming the functions they run.
 CALL_FUNCTION_ATTRS = {
@@ -76,6 +71,13 @@ class TypeAttr(NamedTuple):
         return self.name if self.index < 0 else f"{self.name}[{self.index}]"
 
 
+class Vertex(NamedTuple):
+    """One vertex of the typed view: a type attribute of a node."""
+
+    node: int
+    attr: TypeAttr
+
+
 @dataclass
 class Body:
     """The main graph (``function`` empty) or one instance of a library function.
@@ -102,16 +104,6 @@ class Body:
     @property
     def is_main(self) -> bool:
         return self.fdef is None
-
-
-def parse_input(ref: str) -> tuple[str, int, bool]:
-    """Splits a GraphDef input string into (node name, output port, is_control)."""
-    if ref.startswith("^"):
-        return ref[1:], -1, True
-    name, sep, port = ref.rpartition(":")
-    if sep and port.isdigit():
-        return name, int(port), False
-    return ref, 0, False
 
 
 class TypedGraph:
@@ -415,7 +407,7 @@ class TypedGraph:
         Nodes of one op whose ports expand the same way share a layout
         (their attrs, and each port's position among them), computed once.
         """
-        self.vertices: list[tuple[int, TypeAttr]] = []
+        self.vertices: list[Vertex] = []
         self.node_vertices: list[list[int]] = []
         self.in_vids: list[list[int] | None] = []
         self.out_vids: list[list[int] | None] = []
@@ -435,7 +427,7 @@ class TypedGraph:
                     layouts[node.op] = layout
             attrs, in_pos, out_pos = layout[2:]
             base = len(vertices)
-            vertices.extend((i, attr) for attr in attrs)
+            vertices.extend(Vertex(i, attr) for attr in attrs)
             self.node_vertices.append(list(range(base, base + len(attrs))))
             self.in_vids.append([base + k for k in in_pos])
             self.out_vids.append([base + k for k in out_pos])
@@ -544,13 +536,13 @@ class TypedGraph:
     def vertex_of(self, node: int, attr: TypeAttr | str) -> int | None:
         if isinstance(attr, str):
             attr = TypeAttr(attr)
-        return next((v for v in self.node_vertices[node] if self.vertices[v][1] == attr), None)
+        return next((v for v in self.node_vertices[node] if self.vertices[v].attr == attr), None)
 
     def op(self, vid: int) -> str:
-        return self.nodes[self.vertices[vid][0]].op
+        return self.nodes[self.vertices[vid].node].op
 
     def node_of(self, vid: int):
-        return self.nodes[self.vertices[vid][0]]
+        return self.nodes[self.vertices[vid].node]
 
     def tensor_ref(self, node: int, port: int) -> str:
         """How the node's body names output ``port`` of ``node`` as an input string."""

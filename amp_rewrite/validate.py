@@ -29,22 +29,30 @@ import logging
 import math
 import sys
 from dataclasses import dataclass, field, replace
-from typing import Callable, Mapping
+from typing import Callable, Mapping, NamedTuple
 
 import numpy as np
 
 from amp_rewrite.config import Config
 from amp_rewrite.errors import AmpRewriteError, UsageError
 from amp_rewrite.pipeline import RewriteResult, rewrite, v1_loop_nodes
-from amp_rewrite.typed_graph import DT_HALF, TypedGraph, parse_input
+from amp_rewrite.graph_facts import DT_BFLOAT16, DT_DOUBLE, DT_FLOAT, DT_HALF, FLOAT16_MAX, node_name, parse_input
+from amp_rewrite.typed_graph import TypedGraph
 
 logger = logging.getLogger(__name__)
 
-HALF_MAX = 65504.0
 HALF_MIN_NORMAL = 6.103515625e-05
 METRICS = ("allclose", "cosine", "top1")
 _ELEMENTWISE = frozenset({"Sub", "Mul", "Add", "AddV2", "RealDiv", "Neg", "BiasAdd"})
 _EPSILON_READERS = frozenset({"RealDiv", "Div", "Rsqrt", "Sqrt", "Reciprocal", "Inv", "Log", "Pow"})
+
+
+class Attempt(NamedTuple):
+    """One rewrite checked against the float32 outputs."""
+
+    result: RewriteResult
+    error: float  # the worst output's error, in tolerances (1.0 is the limit)
+    errors: dict
 
 
 class ValidationError(AmpRewriteError):
@@ -169,7 +177,7 @@ def validated_rewrite(
     keep: dict[str, str] = {}
     release: set[str] = set()
     if config.target == "float16":
-        report.range_kept = range_rule(graph_def, peaks, HALF_MAX * range_fraction)
+        report.range_kept = range_rule(graph_def, peaks, FLOAT16_MAX * range_fraction)
         keep.update({n: f"validation: |value| reaches {v:g}, beyond the half range kept" for n, v in
                      report.range_kept.items()})
         pattern_keep, release = pattern_rules(graph_def)
@@ -178,11 +186,11 @@ def validated_rewrite(
     base = replace(config, fetches=tuple(fetches), keep_float32=tuple(sorted(keep.items())),
                    release=tuple(sorted(release)))
 
-    def attempt(extra: dict[str, str]) -> tuple[RewriteResult, float, dict]:
+    def attempt(extra: dict[str, str]) -> Attempt:
         cfg = replace(base, keep_float32=tuple(sorted({**keep, **extra}.items())))
         result = rewrite(graph_def, config=cfg)
         errors = runner.compare(result.graph_def, reference, tolerance)
-        return result, max(errors.values(), default=0.0), errors
+        return Attempt(result, max(errors.values(), default=0.0), errors)
 
     result, error, errors = attempt({})
     report.errors = errors
@@ -218,7 +226,7 @@ def _return_regions(regions, attempt, result: RewriteResult, error: float, repor
         while lo < hi and not runner.exhausted():
             mid = (lo + hi) // 2
             outcome = attempt(reverted(remaining[:mid]))
-            if outcome[1] <= 1.0:
+            if outcome.error <= 1.0:
                 hi, passing = mid, outcome
             else:
                 lo = mid + 1
@@ -228,20 +236,20 @@ def _return_regions(regions, attempt, result: RewriteResult, error: float, repor
             return result, False
         if passing is None:
             passing = attempt(reverted(remaining[:hi]))
-            if passing[1] > 1.0:
+            if passing.error > 1.0:
                 report.message = ("outputs are off even with every half region in float32: "
                                   "the difference does not come from half precision")
-                return passing[0], False
+                return passing.result, False
         culprit = remaining.pop(lo - 1)
-        record(culprit, error, passing[1])
-        report.errors = passing[2]
+        record(culprit, error, passing.error)
+        report.errors = passing.errors
         if lo == 1:
-            return passing[0], True
+            return passing.result, True
         if runner.exhausted():  # keep the passing graph: it also returned the regions before the culprit
             for k in remaining[:lo - 1]:
-                record(k, error, passing[1])
+                record(k, error, passing.error)
             del remaining[:lo - 1]
-            return passing[0], True
+            return passing.result, True
         result, error, report.errors = attempt(reverted([]))
         report.regions_returned[-1]["error_after"] = error
         if error <= 1.0:
@@ -255,7 +263,7 @@ def range_rule(graph_def, peaks: dict[str, float], limit: float) -> dict[str, fl
     kept: dict[str, float] = {}
     for tensor, peak in peaks.items():
         if peak > limit:
-            name = parse_input(tensor)[0]
+            name = node_name(tensor)
             kept[name] = max(kept.get(name, 0.0), peak)
     readers: dict[str, float] = {}
     for node in graph_def.node:
@@ -268,7 +276,7 @@ def range_rule(graph_def, peaks: dict[str, float], limit: float) -> dict[str, fl
     for name, peak in readers.items():
         kept[name] = max(kept.get(name, 0.0), peak)
     for node in graph_def.node:  # weights beyond the limit
-        if node.op == "Const" and node.attr["dtype"].type == 1:
+        if node.op == "Const" and node.attr["dtype"].type == DT_FLOAT:
             from amp_rewrite.tensors import max_abs
 
             peak = max_abs(node.attr["value"].tensor)
@@ -284,7 +292,7 @@ def pattern_rules(graph_def) -> tuple[dict[str, str], set[str]]:
     for node in graph_def.node:
         for ref in node.input:
             if not ref.startswith("^"):
-                consumers.setdefault(parse_input(ref)[0], []).append(node)
+                consumers.setdefault(node_name(ref), []).append(node)
     keep: dict[str, str] = {}
     for node in graph_def.node:
         if node.op in ("Softmax", "LogSoftmax"):
@@ -309,8 +317,8 @@ def _tiny_constant(node, nodes) -> bool:
     from amp_rewrite.tensors import const_value
 
     for ref in node.input:
-        source = nodes.get(parse_input(ref)[0])
-        if source is not None and source.op == "Const" and source.attr["dtype"].type == 1:
+        source = nodes.get(node_name(ref))
+        if source is not None and source.op == "Const" and source.attr["dtype"].type == DT_FLOAT:
             value = np.abs(const_value(source.attr["value"].tensor))
             if value.size and 0 < float(np.max(value)) < HALF_MIN_NORMAL:
                 return True
@@ -326,11 +334,11 @@ def _layer_norm_statistics(graph_def, nodes, consumers) -> set[str]:
         chain = {node.name}
         means = []
         for ref in node.input:
-            source = nodes.get(parse_input(ref)[0])
+            source = nodes.get(node_name(ref))
             passed = []
             while source is not None and source.op in ("Identity", "StopGradient") and source.input:
                 passed.append(source.name)
-                source = nodes.get(parse_input(source.input[0])[0])
+                source = nodes.get(node_name(source.input[0]))
             if source is not None and source.op == "Mean":
                 means.append(source)
                 chain.update(passed)
@@ -376,13 +384,13 @@ def half_regions(result: RewriteResult, peaks: dict[str, float]) -> list[list[st
         if node.name not in half:
             continue
         for ref in node.input:
-            src = parse_input(ref)[0]
+            src = node_name(ref)
             if not ref.startswith("^") and src in half:
                 links.add_edge(src, node.name)
     regions = [sorted(c, key=order.__getitem__) for c in nx.connected_components(links)]
 
     def risk(region):
-        peak = max((v for t, v in peaks.items() if parse_input(t)[0] in region), default=0.0)
+        peak = max((v for t, v in peaks.items() if node_name(t) in region), default=0.0)
         return (-peak, order[region[0]])
 
     return sorted(regions, key=risk)
@@ -509,7 +517,7 @@ class _Runner:
             if not tensor.shape.is_compatible_with(value.shape):
                 raise ValidationError(f"sample input {name!r} has shape {list(value.shape)}, the graph "
                                       f"wants {tensor.shape}")
-        fed = {parse_input(n)[0] for n in self.feeds}
+        fed = {node_name(n) for n in self.feeds}
         missing = [n.name for n in self.graph_def.node if n.op == "Placeholder" and n.name not in fed]
         if missing:
             raise ValidationError(f"no sample input for placeholder {missing[0]!r}"
@@ -550,7 +558,7 @@ def _observable_tensors(graph_def) -> list[str]:
             continue
         for port in range(len(view.out_attrs[i])):
             vid = view.output_vertex(i, port)
-            if view.dtype(vid) in (1, DT_HALF, 14, 2):
+            if view.dtype(vid) in (DT_FLOAT, DT_HALF, DT_BFLOAT16, DT_DOUBLE):
                 tensors.append(f"{node.name}:{port}")
     return tensors
 

@@ -1,0 +1,60 @@
+"""Facts read off a GraphDef that several modules need: one definition each.
+
+- dtype numbers (``types.proto``) and the largest finite value of each half type;
+- how a node's input string names its source (``name``, ``name:port``, ``^name``);
+- a graph's sinks: the nodes whose outputs nothing reads;
+- the library functions a node calls, through any function attr or as its op.
+"""
+
+from __future__ import annotations
+
+DT_FLOAT = 1
+DT_DOUBLE = 2
+DT_STRING = 7
+DT_BFLOAT16 = 14
+DT_HALF = 19
+DT_RESOURCE = 20
+DT_VARIANT = 21
+DTYPE_NAMES = {DT_FLOAT: "float32", DT_HALF: "float16", DT_BFLOAT16: "bfloat16", DT_VARIANT: "variant"}
+
+FLOAT16_MAX = 65504.0
+BFLOAT16_MAX = 3.3895313892515355e38
+HALF_MAX = {DT_HALF: FLOAT16_MAX, DT_BFLOAT16: BFLOAT16_MAX}
+
+
+def parse_input(ref: str) -> tuple[str, int, bool]:
+    """Splits a GraphDef input string into (node name, output port, is_control)."""
+    if ref.startswith("^"):
+        return ref[1:], -1, True
+    name, sep, port = ref.rpartition(":")
+    if sep and port.isdigit():
+        return name, int(port), False
+    return ref, 0, False
+
+
+def node_name(ref: str) -> str:
+    """The node an input string (or a fetch, ``name`` or ``name:port``) names."""
+    return parse_input(ref)[0]
+
+
+def sinks(graph_def) -> set[str]:
+    """Names of the nodes no other node reads, by data or control edge."""
+    consumed = {node_name(ref) for node in graph_def.node for ref in node.input}
+    return {node.name for node in graph_def.node} - consumed
+
+
+def called_functions(node, library) -> list[str]:
+    """Functions ``node`` names: its op when ``library`` holds it, then every function attr.
+
+    Names come in attr order; an unset optional function attr gives none.
+    """
+    names = [node.op] if node.op in library else []
+    for value in node.attr.values():
+        names.append(value.func.name)
+        names.extend(f.name for f in value.list.func)
+    return [name for name in names if name]
+
+
+def function_input_source(ref: str) -> str:
+    """The node or argument a FunctionDef input names: ``arg``, ``node:output_arg:k`` or ``^node``."""
+    return ref.lstrip("^").split(":")[0]

@@ -1,0 +1,99 @@
+"""Structural postconditions: each check finds its own breakage, and the pipeline runs them on request."""
+
+import pytest
+import tensorflow as tf
+
+from amp_rewrite import pipeline
+from amp_rewrite.checks import PostconditionError, checks_requested, ensure, violations
+from helpers import CPU, F16, F32, amp, tf1
+
+
+def _graph():
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [4, 4], name="x")
+        y = tf.matmul(x, x, name="mm")
+        tf.nn.relu(y, name="relu")
+        tf.reduce_sum(tf.exp(y), name="out")
+    return g.as_graph_def()
+
+
+def _node(graph_def, name):
+    return next(n for n in graph_def.node if n.name == name)
+
+
+def _rewritten():
+    graph_def = _graph()
+    result = amp(graph_def, fetches=["out"])
+    assert result.casts and _node(result.graph_def, "mm").attr["T"].type == F16
+    return graph_def, result
+
+
+def _found(before, after, result):
+    return {v.check: v.detail for v in violations(before, after, casts=result.casts, fetches=["out"])}
+
+
+def test_a_correct_rewrite_breaks_nothing():
+    before, result = _rewritten()
+    assert _found(before, result.graph_def, result) == {}
+    ensure(before, result.graph_def, casts=result.casts, fetches=["out"])
+
+
+def test_an_edge_joining_two_dtypes_is_named():
+    before, result = _rewritten()
+    _node(result.graph_def, "relu").attr["T"].type = F32  # reads mm, which is half now
+    found = _found(before, result.graph_def, result)
+    assert "mm:0 -> relu input 0" in found["edge types"]
+
+
+def test_an_inserted_cast_that_changes_nothing_is_named():
+    before, result = _rewritten()
+    cast = _node(result.graph_def, result.casts[0])
+    cast.attr["DstT"].type = cast.attr["SrcT"].type
+    found = _found(before, result.graph_def, result)
+    assert result.casts[0] in found["casts change a type"]
+
+
+def test_a_new_half_round_trip_is_named():
+    before, result = _rewritten()
+    after = result.graph_def
+    widen = after.node.add(name="widen", op="Cast", input=["mm"])
+    widen.attr["SrcT"].type, widen.attr["DstT"].type = F16, F32
+    narrow = after.node.add(name="narrow", op="Cast", input=["widen"])
+    narrow.attr["SrcT"].type, narrow.attr["DstT"].type = F32, F16
+    found = _found(before, after, result)
+    assert "('widen', 'narrow')" in found["no half round trip"]
+    assert violations(before, after, casts=result.casts, fetches=["out"], left_alone=["narrow"]) == []
+
+
+def test_a_fetch_that_changed_dtype_is_named():
+    before, result = _rewritten()
+    _node(result.graph_def, "out").attr["T"].type = F16
+    found = _found(before, result.graph_def, result)
+    assert "out:0" in found["fetch dtypes"]
+
+
+def test_checks_are_requested_by_either_variable():
+    assert not checks_requested({})
+    assert checks_requested({"AMP_REWRITE_CHECK": "1"})
+    assert checks_requested({"AMP_REWRITE_STRICT": "true"})
+    assert not checks_requested({"AMP_REWRITE_CHECK": "0"})
+
+
+def test_the_pipeline_reports_a_broken_output_by_name_when_asked(monkeypatch):
+    real = pipeline.apply_painting
+
+    def broken(ctx, painting, was_float32):
+        applied = real(ctx, painting, was_float32)
+        for node in ctx.graph.graph_def.node:
+            if node.name == "relu":
+                node.attr["T"].type = F32  # undo one retype, leaving a half -> float32 edge
+        return applied
+
+    monkeypatch.setattr(pipeline, "apply_painting", broken)
+    monkeypatch.delenv("AMP_REWRITE_CHECK", raising=False)
+    monkeypatch.delenv("AMP_REWRITE_STRICT", raising=False)
+    pipeline.rewrite(_graph(), fetches=["out"], config=CPU)  # not asked: no check
+    monkeypatch.setenv("AMP_REWRITE_CHECK", "1")
+    with pytest.raises(PostconditionError, match=r"\(edge types\): .*mm:0 -> relu input 0"):
+        pipeline.rewrite(_graph(), fetches=["out"], config=CPU)
