@@ -121,7 +121,7 @@ def scaled_compute_gradients(original, settings: LossScaleSettings, optimizer, l
         grad_loss = tf.math.multiply_no_nan(user_grad_loss, scale)
     grads_and_vars = original(optimizer, loss, *args, grad_loss=grad_loss, **kwargs)
     inverse = tf.math.divide_no_nan(tf.ones_like(state.scale), state.scale)
-    return [(_unscale(g, inverse), v) for g, v in grads_and_vars]
+    return [(unscale(g, inverse), v) for g, v in grads_and_vars]
 
 
 def _pop_argument(args: list, kwargs: dict, name: str, *, position: int):
@@ -135,8 +135,12 @@ def _pop_argument(args: list, kwargs: dict, name: str, *, position: int):
     return None
 
 
-def _unscale(grad, inverse):
-    """``grad / scale`` with an op on no op list, so the division stays float32."""
+def unscale(grad, inverse):
+    """``grad / scale`` with an op on no op list, so the division is not retyped.
+
+    ``inverse`` is ``1 / scale`` (float32); it is cast to the gradient's dtype.
+    Dense tensors and ``IndexedSlices`` both work; None stays None.
+    """
     import tensorflow as tf
 
     if grad is None:

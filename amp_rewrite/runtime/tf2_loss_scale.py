@@ -46,6 +46,7 @@ import logging
 import threading
 import weakref
 
+from amp_rewrite.runtime.loss_scale import unscale
 from amp_rewrite.runtime.settings import LossScaleSettings, RuntimeSettings
 
 logger = logging.getLogger(__name__)
@@ -285,7 +286,7 @@ def _scaled_gradient(original, tape, target, sources, output_gradients=None, *ar
     grads = original(tape, target, sources, output_gradients, *args, **kwargs)
     with _not_recorded(tape):
         inverse = tf.math.divide_no_nan(tf.ones_like(scale), scale)
-        grads = tf.nest.map_structure(lambda g: _unscale(g, inverse), grads)
+        grads = tf.nest.map_structure(lambda g: unscale(g, inverse), grads)
     _note_scaled_gradient()
     return grads
 
@@ -312,18 +313,6 @@ def _is_scalable(target, sources) -> bool:
     if not flat or not all(getattr(s, "trainable", False) and hasattr(s, "assign") for s in flat):
         return False
     return _PATCHES.scaled_losses.get(id(target)) is not target
-
-
-def _unscale(grad, inverse):
-    """``grad / scale`` with an op on no op list, so the division stays in the gradient's dtype."""
-    import tensorflow as tf
-
-    if grad is None:
-        return None
-    if isinstance(grad, tf.IndexedSlices):
-        values = tf.math.multiply_no_nan(grad.values, tf.cast(inverse, grad.values.dtype))
-        return tf.IndexedSlices(values, grad.indices, grad.dense_shape)
-    return tf.math.multiply_no_nan(grad, tf.cast(inverse, grad.dtype))
 
 
 def _marking_scale_loss(original, optimizer, loss, *args, **kwargs):
