@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from amp_rewrite.errors import AmpRewriteError
+from amp_rewrite.graph_facts import node_name, sinks
 from amp_rewrite.runtime import loss_scale
 from amp_rewrite.runtime.settings import RuntimeSettings
 
@@ -322,8 +323,8 @@ class ShadowRunner:
         with self.lock:
             if self.fallback_reason is not None and self.shadow_session is None:
                 return None
-            self.fetched.update(_node_name(n) for n in fetch_names)
-            self.fed.update(_node_name(n) for n in feed_names)
+            self.fetched.update(node_name(n) for n in fetch_names)
+            self.fed.update(node_name(n) for n in feed_names)
             try:
                 if self.shadow_graph is None:
                     self._build()
@@ -392,7 +393,7 @@ class ShadowRunner:
 
         version = self.graph.version  # before the snapshot: later ops trigger an extension
         graph_def = self.graph.as_graph_def(add_shapes=True)
-        fetched = self.fetched | _sinks(graph_def)
+        fetched = self.fetched | sinks(graph_def)
         config = Config.from_env(preserve=tuple(sorted(self.fed)), device_type=_device_type(),
                                  target=self._target())
         result = rewrite(graph_def, fetches=sorted(fetched), config=config)
@@ -529,7 +530,7 @@ class ShadowRunner:
         input_map = {}
         for node in new_nodes:
             for ref in node.input:
-                if ref in input_map or _node_name(ref) in new_names:
+                if ref in input_map or node_name(ref) in new_names:
                     continue
                 if ref.startswith("^"):
                     input_map[ref] = self._control_proxy(ref[1:])
@@ -958,11 +959,6 @@ def _assign(op, value):
     return tf.compat.v1.assign(op.outputs[0], value, validate_shape=False).op
 
 
-def _sinks(graph_def) -> set[str]:
-    consumed = {_node_name(ref) for node in graph_def.node for ref in node.input}
-    return {node.name for node in graph_def.node} - consumed
-
-
 def _new_functions(library, shadow_graph):
     from tensorflow.core.framework import function_pb2
 
@@ -982,10 +978,6 @@ def _device_type() -> str:
     import tensorflow as tf
 
     return "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
-
-
-def _node_name(ref: str) -> str:
-    return ref.lstrip("^").split(":")[0]
 
 
 def _tensor_name(ref: str) -> str:
