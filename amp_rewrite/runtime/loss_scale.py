@@ -175,15 +175,23 @@ def count_nonfinite(grads) -> object:
     """A float32 scalar: how many of ``grads`` hold an inf or NaN."""
     import tensorflow as tf
 
+    if all(grad is None for grad in grads):
+        return tf.constant(0.0)
+    return tf.reduce_sum(nonfinite_flags(grads))
+
+
+def nonfinite_flags(grads) -> object:
+    """A float32 vector, one entry per gradient: 1 where it holds an inf or NaN (0 for None)."""
+    import tensorflow as tf
+
     flags = []
     for grad in grads:
         if grad is None:
+            flags.append(tf.constant(False))
             continue
         values = grad.values if isinstance(grad, tf.IndexedSlices) else grad
-        flags.append(tf.reduce_all(tf.math.is_finite(values)))
-    if not flags:
-        return tf.constant(0.0)
-    return tf.reduce_sum(tf.cast(tf.logical_not(tf.stack(flags)), tf.float32))
+        flags.append(tf.logical_not(tf.reduce_all(tf.math.is_finite(values))))
+    return tf.cast(tf.stack(flags), tf.float32)
 
 
 class _GuardedApply:

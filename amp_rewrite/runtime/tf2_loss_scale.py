@@ -46,6 +46,7 @@ import logging
 import threading
 import weakref
 
+from amp_rewrite.runtime.loss_scale import nonfinite_flags as _nonfinite_flags
 from amp_rewrite.runtime.loss_scale import unscale
 from amp_rewrite.runtime.settings import LossScaleSettings, RuntimeSettings
 
@@ -499,20 +500,6 @@ def _guard(optimizer, apply, grads, variables) -> None:
         context.merge_call(guarded.build, args=(grads, variables, flags))
         return
     guarded.build(None, grads, variables, flags)
-
-
-def _nonfinite_flags(grads):
-    """A float32 vector: 1 where a gradient holds an inf or NaN."""
-    import tensorflow as tf
-
-    flags = []
-    for grad in grads:
-        if grad is None:
-            flags.append(tf.constant(False))
-            continue
-        values = grad.values if isinstance(grad, tf.IndexedSlices) else grad
-        flags.append(tf.logical_not(tf.reduce_all(tf.math.is_finite(values))))
-    return tf.cast(tf.stack(flags), tf.float32)
 
 
 def _variable_name(variable) -> str:
