@@ -32,6 +32,7 @@ import re
 from dataclasses import dataclass, replace
 
 from amp_rewrite.config import Config
+from amp_rewrite.graph_facts import called_functions
 from amp_rewrite.pipeline import RewriteResult, rewrite
 
 logger = logging.getLogger(__name__)
@@ -132,7 +133,7 @@ def _callees_first(library: dict, names: set[str]) -> list[str]:
         if name in visited:
             return
         visited.add(name)
-        for callee in sorted(_callees(library[name]) & names):
+        for callee in sorted(_callees(library[name], library) & names):
             visit(callee)
         ordered.append(name)
 
@@ -141,8 +142,9 @@ def _callees_first(library: dict, names: set[str]) -> list[str]:
     return ordered
 
 
-def _callees(fdef) -> set[str]:
-    return set().union(*(_callees_of(node) for node in fdef.node_def))
+def _callees(fdef, library) -> set[str]:
+    """The functions of ``library`` (anything supporting ``in``) that ``fdef``'s nodes call."""
+    return {name for node in fdef.node_def for name in called_functions(node, library)}
 
 
 def _differentiated_custom_gradients(name: str, library: dict, rebuilt: set[str]) -> list[str]:
@@ -164,7 +166,7 @@ def _differentiated_custom_gradients(name: str, library: dict, rebuilt: set[str]
         for node in _on_result_paths(fdef):
             if CUSTOM_GRADIENT_ATTR in node.attr:
                 found.append(f"{fname}::{node.name}")
-            pending.extend(c for c in _callees_of(node) if c in library)
+            pending.extend(called_functions(node, library))
     return found
 
 
@@ -181,15 +183,6 @@ def _on_result_paths(fdef) -> list:
         live[name] = node
         stack.extend(ref.split(":")[0] for ref in node.input if not ref.startswith("^"))
     return list(live.values())
-
-
-def _callees_of(node) -> set[str]:
-    found = {node.op}
-    for value in node.attr.values():
-        if value.func.name:
-            found.add(value.func.name)
-        found.update(f.name for f in value.list.func)
-    return found
 
 
 def _rename_callees(fdef, renamed: dict[str, str]) -> None:
@@ -211,6 +204,9 @@ class _Callees:
         self.originals = originals
         self.rebuilt: dict[str, object] = {}  # registered name → ConcreteFunction
         self._wrapped: dict[str, object] = {}
+
+    def __contains__(self, registered: str) -> bool:
+        return registered in self.rebuilt or registered in self.originals
 
     def function(self, registered: str):
         """The function object to add to a graph calling ``registered``, or None if no function."""
@@ -274,7 +270,7 @@ class _Loader:
         fdef.CopyFrom(self.library[name])
         _rename_callees(fdef, self.renamed)
         fdef.signature.name = _GENERATED_NAME.match(name).group(1) + "_amp"
-        functions = [self.callees.function(c) for c in sorted(_callees(fdef))]
+        functions = [self.callees.function(c) for c in sorted(_callees(fdef, self.callees))]
         functions = [f for f in functions if f is not None]
         with ops.Graph().as_default() as outer:
             for function in functions:  # ops named after a function need it defined
