@@ -101,6 +101,24 @@ def v1_control_flow():
         control_flow_util.ENABLE_CONTROL_FLOW_V2 = old
 
 
+def mlp_session_graph():
+    """A TF1 graph for session tests.
+
+    x → mm1 (allow) → relu1 → mm2 → y, a NoOp ``marker``, two variables and
+    an initialiser.
+    """
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [None, 8], name="x")
+        w1 = tf1.get_variable("w1", [8, 16], initializer=tf1.initializers.random_normal(seed=1))
+        w2 = tf1.get_variable("w2", [16, 4], initializer=tf1.initializers.random_normal(seed=2))
+        relu1 = tf.nn.relu(tf.matmul(x, w1, name="mm1"), name="relu1")
+        tf.matmul(relu1, w2, name="y")
+        tf.no_op(name="marker")
+        tf1.global_variables_initializer()
+    return graph
+
+
 def rng(seed=0):
     return np.random.default_rng(seed)
 

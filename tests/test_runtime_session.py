@@ -11,24 +11,11 @@ import amp_rewrite
 from amp_rewrite import runtime
 from amp_rewrite.runtime.session import CAST_BACK_SUFFIX, RUNNER_ATTR, RuntimeRewriteError
 from amp_rewrite.runtime.settings import RuntimeSettings
+from helpers import mlp_session_graph as mlp_graph
 from helpers import rng, tf1
 
 X = rng().normal(size=(4, 8)).astype(np.float32)
 
-
-
-def mlp_graph():
-    """x → mm1 (allow) → relu1 → mm2 → y, with a NoOp ``marker`` and a variable."""
-    graph = tf.Graph()
-    with graph.as_default():
-        x = tf1.placeholder(tf.float32, [None, 8], name="x")
-        w1 = tf1.get_variable("w1", [8, 16], initializer=tf1.initializers.random_normal(seed=1))
-        w2 = tf1.get_variable("w2", [16, 4], initializer=tf1.initializers.random_normal(seed=2))
-        relu1 = tf.nn.relu(tf.matmul(x, w1, name="mm1"), name="relu1")
-        tf.matmul(relu1, w2, name="y")
-        tf.no_op(name="marker")
-        tf1.global_variables_initializer()
-    return graph
 
 
 def float32_values(fetches, feeds=None):
