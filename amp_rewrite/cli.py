@@ -303,6 +303,10 @@ def run_saved_model(args) -> int:
     """Rewrites a SavedModel directory into another."""
     from amp_rewrite import graph_io
 
+    if args.validate or args.inputs or args.random_inputs:
+        flag = "--validate" if args.validate else "--inputs" if args.inputs else "--random-inputs"
+        raise UsageError(f"{args.input}: {flag} takes a GraphDef input (.pb or .pbtxt), not a SavedModel; "
+                         "validate a frozen graph of the model instead")
     graph_io.saved_model_target(args.output, replace=args.in_place)
     rewritten, result = _rewrite_saved_model(args)
     _finish(args, result, lambda outputs: outputs.add_saved_model(rewritten, args.input, args.output,

@@ -354,6 +354,12 @@ def test_saved_model_pb_given_as_a_graph_def(capsys, tmp_path):
             src / "saved_model.pb", tmp_path / "out.pb")
 
 
+@pytest.mark.parametrize("flags", [("--validate", "--random-inputs"), ("--random-inputs",)])
+def test_validation_of_a_saved_model_is_refused_not_ignored(capsys, tmp_path, flags):
+    src = tf1_saved_model(tmp_path / "sm", two_meta_graphs=False)
+    refused(capsys, tmp_path, 2, f"{flags[0]} takes a GraphDef input", src, tmp_path / "out", *flags)
+
+
 def test_saved_model_never_replaces_a_directory_that_is_no_saved_model(capsys, tmp_path):
     src = tf1_saved_model(tmp_path / "sm", two_meta_graphs=False)
     precious = tmp_path / "home"
