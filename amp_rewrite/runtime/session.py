@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from amp_rewrite.errors import AmpRewriteError
+from amp_rewrite.errors import RuntimeRewriteError, first_line
 from amp_rewrite.graph_facts import node_name, sinks
 from amp_rewrite.runtime import loss_scale
 from amp_rewrite.runtime.settings import RuntimeSettings
@@ -62,10 +62,6 @@ VARIABLE_OPS = ("VarHandleOp", "VariableV2", "Variable")
 # Errors a script meets in float32 as well: never blamed on the rewrite.
 SCRIPT_ERRORS = ("OutOfRangeError", "CancelledError", "AbortedError", "UnavailableError",
                  "DeadlineExceededError")
-
-
-class RuntimeRewriteError(AmpRewriteError):
-    """The session's graph could not be rewritten or run rewritten (strict mode only)."""
 
 
 @dataclass
@@ -249,7 +245,7 @@ class ShadowRunner:
         session runs the float32 copy from now on (strict mode raises instead
         and keeps the rewritten shadow as it was).
         """
-        reason = f"the rewritten graph failed to run: {type(exc).__name__}: {_first_line(exc)}"
+        reason = f"the rewritten graph failed to run: {_error_line(exc)}"
         with self.lock:
             try:
                 float32 = self._float32_copy()
@@ -333,7 +329,7 @@ class ShadowRunner:
                 plan = self._make_plan(fetch_names, feed_names)
                 self._initialise_loss_scale_state()
             except Exception as exc:
-                reason = f"rewrite failed: {type(exc).__name__}: {_first_line(exc)}"
+                reason = f"rewrite failed: {_error_line(exc)}"
                 if self.settings.is_strict:
                     raise RuntimeRewriteError(reason) from exc
                 if self.fallback_reason is not None:
@@ -989,13 +985,10 @@ _BOILERPLATE = ("Graph execution error", "Detected at node", "Node:", "defined a
                 "Original stack trace")
 
 
-def _first_line(exc: BaseException) -> str:
-    """The line of an error message that says what went wrong, and at which node."""
-    text = str(exc).strip()
-    if not text:
-        return repr(exc)
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    message = next((line for line in lines if not line.startswith(_BOILERPLATE)), lines[0])
-    node = next((line[len("Node:"):].strip().strip("'") for line in lines
-                 if line.startswith("Node:")), None)
-    return message if node is None or node in message else f"{message} (node {node})"
+def _error_line(exc: BaseException) -> str:
+    """``Type: message``, with the line of the message that says what went wrong, and at which node."""
+    message = first_line(exc, if_empty=repr(exc), skipping=_BOILERPLATE)
+    node = next((line.strip()[len("Node:"):].strip().strip("'") for line in str(exc).splitlines()
+                 if line.strip().startswith("Node:")), None)
+    line = message if node is None or node in message else f"{message} (node {node})"
+    return f"{type(exc).__name__}: {line}"

@@ -46,6 +46,7 @@ import logging
 import threading
 import weakref
 
+from amp_rewrite.errors import first_line
 from amp_rewrite.runtime.loss_scale import nonfinite_flags as _nonfinite_flags
 from amp_rewrite.runtime.loss_scale import unscale
 from amp_rewrite.runtime.settings import LossScaleSettings, RuntimeSettings
@@ -476,9 +477,8 @@ def _guard_or_warn(optimizer, apply, grads, variables) -> bool:
     except Exception as exc:  # the guard must never be what stops training
         if called or (_PATCHES.settings is not None and _PATCHES.settings.is_strict):
             raise
-        reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
         logger.warning("amp-rewrite: %s applies without skipping non-finite steps: the loss-scale "
-                       "guard failed: %s", type(optimizer).__name__, reason)
+                       "guard failed: %s", type(optimizer).__name__, first_line(exc, with_type=True))
         return False
 
 

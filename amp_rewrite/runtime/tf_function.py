@@ -39,7 +39,7 @@ import weakref
 from dataclasses import dataclass, field
 
 from amp_rewrite.config import Config
-from amp_rewrite.errors import AmpRewriteError
+from amp_rewrite.errors import RuntimeRewriteError, first_line
 from amp_rewrite.runtime.settings import STRICT_ENV, is_true
 
 logger = logging.getLogger(__name__)
@@ -49,6 +49,7 @@ MARK_ATTR = "_amp_rewrite_config"
 # ConcreteFunction/AtomicFunction construction, FunctionCaptures) were tested.
 TESTED_TENSORFLOW = ("2.21.",)
 TF_DATA_ATTR = "_tf_data_function"
+NO_MESSAGE = "(no message)"
 
 
 @dataclass(frozen=True)
@@ -148,7 +149,7 @@ def _is_supported_tensorflow() -> bool:
     message = (f"tf.function traces run in float32: the hook relies on TensorFlow internals "
                f"tested with {', '.join(v + 'x' for v in TESTED_TENSORFLOW)}, not {tf.__version__}")
     if _is_strict():
-        raise _runtime_error(message)
+        raise RuntimeRewriteError(message)
     logger.warning("amp-rewrite: %s", message)
     return False
 
@@ -217,9 +218,9 @@ def _on_concrete_function(concrete_function) -> None:
         try:
             _swap_in(concrete_function, config or default_config(), is_explicit=is_explicit)
         except Exception as exc:
-            reason = f"{type(exc).__name__}: {_first_line(exc)}"
+            reason = first_line(exc, with_type=True, if_empty=NO_MESSAGE)
             if _is_strict():
-                raise _runtime_error(f"tf.function {name}: rewrite failed: {reason}") from exc
+                raise RuntimeRewriteError(f"tf.function {name}: rewrite failed: {reason}") from exc
             logger.warning("amp-rewrite: tf.function %s runs in float32: rewrite failed: %s", name, reason)
 
 
@@ -303,9 +304,9 @@ def _first_run_failed(cf, record: SwapRecord, exc, tensor_inputs, captured_input
     with _HOOK.lock:
         _HOOK.swapped.pop(cf, None)
     name = record.report.name
-    reason = f"the rewritten function failed to run: {type(exc).__name__}: {_first_line(exc)}"
+    reason = "the rewritten function failed to run: " + first_line(exc, with_type=True, if_empty=NO_MESSAGE)
     if _is_strict():
-        raise _runtime_error(f"tf.function {name}: {reason}") from exc
+        raise RuntimeRewriteError(f"tf.function {name}: {reason}") from exc
     logger.warning("amp-rewrite: tf.function %s runs in float32: %s", name, reason)
     return outputs
 
@@ -333,12 +334,6 @@ def _is_strict() -> bool:
     return _HOOK.is_strict or is_true(os.environ.get(STRICT_ENV))
 
 
-def _runtime_error(message: str) -> AmpRewriteError:
-    from amp_rewrite.runtime.session import RuntimeRewriteError
-
-    return RuntimeRewriteError(message)
-
-
 def _summary(result) -> str:
     """The rewrite's numbers, without the FLOP share (which would build every body again)."""
     return result.summary(with_flops=False)
@@ -347,7 +342,3 @@ def _summary(result) -> str:
 def _function_name(concrete_function) -> str:
     return str(concrete_function.graph.name)
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else "(no message)"
