@@ -41,18 +41,19 @@ overflow is not skipped.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import threading
 import weakref
 
 from amp_rewrite.errors import first_line
+from amp_rewrite.runtime.ledger import LEDGER
 from amp_rewrite.runtime.loss_scale import nonfinite_flags as _nonfinite_flags
 from amp_rewrite.runtime.loss_scale import unscale
 from amp_rewrite.runtime.settings import LossScaleSettings, RuntimeSettings
 
 logger = logging.getLogger(__name__)
 
+LEDGER_NAME = "tf2 loss scaling"
 CHECKPOINT_NAME = "amp_loss_scale"
 SCOPE = "amp_loss_scale"
 NAMES_IN_SKIP_LINE = 3
@@ -84,10 +85,10 @@ class LossScaleState:
 
 
 class _Patches:
+    """The settings these patches run with, and what they learnt while running."""
+
     def __init__(self):
-        self.lock = threading.RLock()
         self.settings: RuntimeSettings | None = None
-        self.applied: list[tuple[type, str, object]] = []
         self.state: LossScaleState | None = None
         self.scaled_losses: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self.pending = _Pending()
@@ -130,75 +131,71 @@ def is_finding_overflow() -> bool:
 
 
 def install(runtime_settings: RuntimeSettings) -> None:
-    """Patches the tape now and Keras' optimizers once their modules are imported."""
+    """Patches the tape now and Keras' optimizers once their modules are imported.
+
+    Every change goes into the runtime's ledger, which undoes it on
+    :func:`amp_rewrite.disable`: the methods are restored, and the state
+    starts afresh (its variables stay with the optimizers that track them).
+    """
     import _amp_rewrite_autoload as autoload
     from tensorflow.python.eager import backprop
 
-    with _PATCHES.lock:
+    with LEDGER.lock:
         if _PATCHES.settings is not None:
             return
         _PATCHES.settings = runtime_settings
+        LEDGER.record(LEDGER_NAME, "the loss-scale settings and state", _forget)
         tape = backprop.GradientTape
-        _patch(tape, "gradient", _scaled_gradient)
-        _patch(tape, "jacobian", _unscaled_inside)
-        _patch(tape, "batch_jacobian", _unscaled_inside)
-    autoload.install_post_import_hook(_patch_keras3, KERAS3_MODULE)
-    autoload.install_post_import_hook(_patch_tf_keras, TF_KERAS_MODULE)
+        LEDGER.install(LEDGER_NAME, tape, "gradient", _scaled_gradient)
+        LEDGER.install(LEDGER_NAME, tape, "jacobian", _unscaled_inside)
+        LEDGER.install(LEDGER_NAME, tape, "batch_jacobian", _unscaled_inside)
+        LEDGER.record(LEDGER_NAME, f"import hooks on {KERAS3_MODULE} and {TF_KERAS_MODULE}",
+                      _remove_keras_hooks)
+        autoload.install_post_import_hook(_patch_keras3, KERAS3_MODULE)
+        autoload.install_post_import_hook(_patch_tf_keras, TF_KERAS_MODULE)
 
 
-def uninstall() -> None:
-    """Restores every patched method; the state variables stay with the optimizers that track them."""
+def _forget() -> None:
+    _PATCHES.settings = None
+    _PATCHES.state = None
+    _PATCHES.pending = _Pending()
+    _PATCHES.warned.clear()
+
+
+def _remove_keras_hooks() -> None:
     import _amp_rewrite_autoload as autoload
 
-    with _PATCHES.lock:
-        autoload.remove_post_import_hooks(KERAS3_MODULE)
-        autoload.remove_post_import_hooks(TF_KERAS_MODULE)
-        for owner, name, original in reversed(_PATCHES.applied):
-            setattr(owner, name, original)
-        _PATCHES.applied.clear()
-        _PATCHES.settings = None
-        _PATCHES.state = None
-        _PATCHES.pending = _Pending()
-        _PATCHES.warned.clear()
-
-
-def _patch(owner, name, replacement) -> None:
-    original = owner.__dict__[name]
-
-    @functools.wraps(original)
-    def patched(*args, **kwargs):
-        return replacement(original, *args, **kwargs)
-
-    setattr(owner, name, patched)
-    _PATCHES.applied.append((owner, name, original))
+    autoload.remove_post_import_hooks(KERAS3_MODULE)
+    autoload.remove_post_import_hooks(TF_KERAS_MODULE)
 
 
 def _patch_keras3(module) -> None:
     from keras.src import backend
     from keras.src.optimizers import base_optimizer
 
-    with _PATCHES.lock:
+    with LEDGER.lock:
         if _PATCHES.settings is None or backend.backend() != "tensorflow":
             return
         base = base_optimizer.BaseOptimizer
         wrapper = module.LossScaleOptimizer
-        _patch(base, "apply", _guarded_keras3_apply)
-        _patch(base, "scale_loss", _marking_scale_loss)
-        _patch(wrapper, "scale_loss", _marking_scale_loss)
-        _patch(wrapper, "__init__", _marking_wrapper_init)
+        LEDGER.install(LEDGER_NAME, base, "apply", _guarded_keras3_apply)
+        LEDGER.install(LEDGER_NAME, base, "scale_loss", _marking_scale_loss)
+        LEDGER.install(LEDGER_NAME, wrapper, "scale_loss", _marking_scale_loss)
+        LEDGER.install(LEDGER_NAME, wrapper, "__init__", _marking_wrapper_init)
     logger.debug("patched Keras 3 optimizers")
 
 
 def _patch_tf_keras(module) -> None:
     from tf_keras.src.optimizers import optimizer as optimizer_lib
 
-    with _PATCHES.lock:
+    with LEDGER.lock:
         if _PATCHES.settings is None:
             return
-        _patch(optimizer_lib.Optimizer, "apply_gradients", _guarded_tf_keras_apply_gradients)
+        LEDGER.install(LEDGER_NAME, optimizer_lib.Optimizer, "apply_gradients",
+                       _guarded_tf_keras_apply_gradients)
         for wrapper in (module.LossScaleOptimizer, module.LossScaleOptimizerV3):
-            _patch(wrapper, "get_scaled_loss", _marking_scale_loss)
-            _patch(wrapper, "__init__", _marking_wrapper_init)
+            LEDGER.install(LEDGER_NAME, wrapper, "get_scaled_loss", _marking_scale_loss)
+            LEDGER.install(LEDGER_NAME, wrapper, "__init__", _marking_wrapper_init)
     logger.debug("patched tf_keras optimizers")
 
 
@@ -214,7 +211,7 @@ def state() -> LossScaleState:
     """The loss-scale state, created on first use (in a replica context, through merge_call)."""
     from tensorflow.python.distribute import distribute_lib
 
-    with _PATCHES.lock:
+    with LEDGER.lock:
         if _PATCHES.state is not None:
             return _PATCHES.state
     if distribute_lib.has_strategy() and not distribute_lib.in_cross_replica_context():
@@ -226,7 +223,7 @@ def _create_state() -> LossScaleState:
     import tensorflow as tf
     from tensorflow.python.framework import ops
 
-    with _PATCHES.lock:
+    with LEDGER.lock:
         if _PATCHES.state is not None:
             return _PATCHES.state
         scaling = _loss_scale_settings()
@@ -354,7 +351,7 @@ def _outer_function_graph(graph):
 def _note_scaled_gradient() -> None:
     graph = _graph_being_built()
     pending = _PATCHES.pending
-    with _PATCHES.lock:
+    with LEDGER.lock:
         if graph is not None:
             key = _outer_function_graph(graph)
             gradients, applies = pending.graphs.get(key, (0, 0))
@@ -369,7 +366,7 @@ def _note_scaled_gradient() -> None:
 def _note_guarded_apply() -> None:
     graph = _graph_being_built()
     pending = _PATCHES.pending
-    with _PATCHES.lock:
+    with LEDGER.lock:
         if graph is None:
             pending.eager_applies += 1
             return
@@ -380,14 +377,14 @@ def _note_guarded_apply() -> None:
 
 def check_traced(graph, name: str) -> None:
     """Called once a tf.function is traced: warns if its scaled gradients reach no guarded apply."""
-    with _PATCHES.lock:
+    with LEDGER.lock:
         gradients, applies = _PATCHES.pending.graphs.get(graph, (0, 0))
     if gradients and not applies:
         _warn_unguarded(f"gradients taken in tf.function {name}")
 
 
 def _warn_unguarded(what: str) -> None:
-    with _PATCHES.lock:
+    with LEDGER.lock:
         if "unguarded" in _PATCHES.warned:
             return
         _PATCHES.warned.add("unguarded")
