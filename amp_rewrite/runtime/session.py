@@ -44,8 +44,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from amp_rewrite.config import Config
 from amp_rewrite.errors import RuntimeRewriteError, first_line
 from amp_rewrite.graph_facts import node_name, sinks
+from amp_rewrite.op_registry import default_device_type
+from amp_rewrite.pipeline import rewrite
 from amp_rewrite.runtime import loss_scale
 from amp_rewrite.runtime.settings import RuntimeSettings
 
@@ -384,13 +387,13 @@ class ShadowRunner:
 
     def _build(self) -> None:
         """Rewrites the whole graph into a new shadow, copying the old shadow's variables."""
-        from amp_rewrite import Config, rewrite
         from amp_rewrite.op_lists import load_lists
 
         version = self.graph.version  # before the snapshot: later ops trigger an extension
         graph_def = self.graph.as_graph_def(add_shapes=True)
         fetched = self.fetched | sinks(graph_def)
-        config = Config.from_env(preserve=tuple(sorted(self.fed)), device_type=_device_type(),
+        config = Config.from_env(preserve=tuple(sorted(self.fed)),
+                                 device_type=default_device_type(runs_here=True),
                                  target=self._target())
         result = rewrite(graph_def, fetches=sorted(fetched), config=config)
         self._dump(config, graph_def, result.graph_def)
@@ -968,12 +971,6 @@ def _new_functions(library, shadow_graph):
                 f.signature.name == gradient.function_name for f in out.function):
             out.gradient.add().CopyFrom(gradient)
     return out
-
-
-def _device_type() -> str:
-    import tensorflow as tf
-
-    return "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
 
 
 def _tensor_name(ref: str) -> str:

@@ -325,11 +325,10 @@ def default_config() -> Config:
 
     The target is the runtime's (float16 when the runtime is off).
     """
-    import tensorflow as tf
-
     from amp_rewrite import runtime
+    from amp_rewrite.op_registry import default_device_type
 
-    return Config.from_env(device_type="GPU" if tf.config.list_physical_devices("GPU") else "CPU",
+    return Config.from_env(device_type=default_device_type(runs_here=True),
                            target=runtime.current_target() or "float16")
 
 
