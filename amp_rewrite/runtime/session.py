@@ -46,7 +46,7 @@ import numpy as np
 
 from amp_rewrite.config import Config
 from amp_rewrite.errors import RuntimeRewriteError, first_line
-from amp_rewrite.graph_facts import node_name, sinks
+from amp_rewrite.graph_facts import node_name, parse_input, sinks
 from amp_rewrite.op_registry import default_device_type
 from amp_rewrite.pipeline import rewrite
 from amp_rewrite.runtime import loss_scale
@@ -529,24 +529,25 @@ class ShadowRunner:
         input_map = {}
         for node in new_nodes:
             for ref in node.input:
-                if ref in input_map or node_name(ref) in new_names:
+                name, port, is_control = parse_input(ref)
+                if ref in input_map or name in new_names:
                     continue
-                if ref.startswith("^"):
-                    input_map[ref] = self._control_proxy(ref[1:])
+                if is_control:
+                    input_map[ref] = self._control_proxy(name)
                 else:
-                    input_map[ref] = self._tensor_as_built(_tensor_name(ref))
+                    input_map[ref] = self._tensor_as_built(name, port)
         return input_map
 
-    def _tensor_as_built(self, name: str):
-        """The shadow tensor ``name``, cast back to the script's dtype if it became half."""
+    def _tensor_as_built(self, op_name: str, port: int):
+        """The shadow tensor ``op_name:port``, cast back to the script's dtype if it became half."""
         import tensorflow as tf
 
+        name = f"{op_name}:{port}"
         shadow_tensor = self.shadow_graph.get_tensor_by_name(name)
         want = self.graph.get_tensor_by_name(name).dtype.base_dtype
         if shadow_tensor.dtype.base_dtype == want:
             return shadow_tensor
         if name not in self._cast_back:
-            op_name, port = name.rsplit(":", 1)
             with self.shadow_graph.as_default(), tf.compat.v1.name_scope(None):
                 self._cast_back[name] = tf.cast(shadow_tensor, want,
                                                 name=f"{op_name}-{port}-{CAST_BACK_SUFFIX}")
@@ -971,10 +972,6 @@ def _new_functions(library, shadow_graph):
                 f.signature.name == gradient.function_name for f in out.function):
             out.gradient.add().CopyFrom(gradient)
     return out
-
-
-def _tensor_name(ref: str) -> str:
-    return ref if ":" in ref else ref + ":0"
 
 
 # Lines of TensorFlow's error messages that say nothing about the error itself.
