@@ -14,9 +14,13 @@ two places change, so every loop built from them is scaled without code changes:
   apply the update only when every gradient is finite. A skipped step changes
   no variable, slot or iteration count; it halves the scale (never below 1)
   and prints a line naming the first variables whose gradients were not
-  finite. After ``growth_interval`` finite steps the scale doubles. Under a
-  ``tf.distribute`` strategy the count of non-finite gradients is all-reduced
-  first, so all replicas take one decision.
+  finite. A skip for the same cause as the one before (the same scale and
+  the same variables: a loss that stays NaN at the floor of 1, or the scale
+  growing back to where it overflowed) is counted instead, with a line
+  every ``log_every`` such repeats. After ``growth_interval`` finite steps
+  the scale doubles. Under a ``tf.distribute`` strategy the count of
+  non-finite gradients is all-reduced first, so all replicas take one
+  decision.
 
 The scale is one set of float32/int64 variables per process (one
 :class:`LossScaleState`), read by every tape and updated by every guarded
@@ -59,17 +63,21 @@ SCOPE = "amp_loss_scale"
 NAMES_IN_SKIP_LINE = 3
 SCALED_ELSEWHERE_ATTR = "_amp_rewrite_loss_scaled_elsewhere"
 OVERFLOW_HINT = "AMP_REWRITE_FIND_OVERFLOW=1 names the first op whose output was not finite."
+# Causes of skips are compared by a hash of the names of the variables at fault.
+CAUSE_BUCKETS = 2 ** 62
 
 
 class LossScaleState:
     """The process's loss-scale variables: scale, finite steps in a row, skipped steps.
 
     A ``tf.Module`` (built lazily, TensorFlow is imported late) so that the
-    three variables are checkpoint dependencies of whoever tracks it.
+    three variables are checkpoint dependencies of whoever tracks it. The
+    last skip's cause (:class:`_LastSkip`) is kept beside it, out of checkpoints.
     """
 
-    def __init__(self, module):
+    def __init__(self, module, last_skip: _LastSkip):
         self.module = module
+        self.last_skip = last_skip
 
     @property
     def scale(self):
@@ -82,6 +90,15 @@ class LossScaleState:
     @property
     def skipped_steps(self):
         return self.module.skipped_steps
+
+
+class _LastSkip:
+    """Variables: the cause of the last skipped step (scale, hash of the names at fault), its repeats."""
+
+    def __init__(self, scale, cause, repeats):
+        self.scale = scale
+        self.cause = cause
+        self.repeats = repeats
 
 
 class _Patches:
@@ -238,7 +255,10 @@ def _create_state() -> LossScaleState:
             module.scale = variable(float(scaling.initial_scale), "scale", tf.float32)
             module.good_steps = variable(0, "good_steps", tf.int64)
             module.skipped_steps = variable(0, "skipped_steps", tf.int64)
-        _PATCHES.state = LossScaleState(module)
+            last_skip = _LastSkip(variable(-1.0, "last_skip_scale", tf.float32),
+                                  variable(-1, "last_skip_cause", tf.int64),
+                                  variable(0, "last_skip_repeats", tf.int64))
+        _PATCHES.state = LossScaleState(module, last_skip)
         logger.debug("created the TF2 loss-scale state, initial scale %s", scaling.initial_scale)
         return _PATCHES.state
 
@@ -550,23 +570,70 @@ class _GuardedStep:
         update_state(self.state, is_finite, self.settings)
 
     def _skip(self, flags):
-        """The skipped step's line: the scale it used and the first variables with bad gradients."""
+        """Says why a step was skipped, once per cause; repeats of the last cause are counted.
+
+        The line names the scale the step used and the first variables whose
+        gradients were not finite. A skip at the same scale for the same
+        variables as the skip before it prints nothing, except a count on
+        every ``log_every``-th such repeat.
+        """
         import tensorflow as tf
 
         names = tf.constant(self.names)
         bad = tf.boolean_mask(names, flags > 0)
+        scale = tf.identity(self.state.scale)
+        is_repeat, repeats = self._note_cause(scale, bad)
+        every = self.settings.log_every
+        is_count_due = tf.logical_and(is_repeat, tf.equal(repeats % every, 0)) if every else tf.constant(False)
+        if tf.executing_eagerly():
+            if not bool(is_repeat):
+                logger.warning("%s", self._cause_line(scale, bad).numpy().decode())
+            elif bool(is_count_due):
+                logger.warning("%s", self._count_line(scale, repeats).numpy().decode())
+            return
+
+        def say(line):
+            tf.print(line(), output_stream=_stderr())
+            return tf.constant(True)
+
+        def count_if_due():
+            return tf.cond(is_count_due, lambda: say(lambda: self._count_line(scale, repeats)),
+                           lambda: tf.constant(False))
+
+        tf.cond(is_repeat, count_if_due, lambda: say(lambda: self._cause_line(scale, bad)))
+
+    def _note_cause(self, scale, bad):
+        """Records this skip's cause; returns (whether it is the last skip's, repeats of it so far)."""
+        import tensorflow as tf
+
+        last = self.state.last_skip
+        cause = tf.strings.to_hash_bucket_fast(tf.strings.reduce_join(bad, separator="\n"), CAUSE_BUCKETS)
+        is_repeat = tf.logical_and(tf.equal(last.cause.read_value(), cause),
+                                   tf.equal(last.scale.read_value(), scale))
+        repeats = tf.where(is_repeat, last.repeats.read_value() + 1, tf.constant(0, tf.int64))
+        with tf.control_dependencies([is_repeat, repeats]):
+            last.scale.assign(scale)
+            last.cause.assign(cause)
+            last.repeats.assign(repeats)
+        return is_repeat, repeats
+
+    def _cause_line(self, scale, bad):
+        import tensorflow as tf
+
         shown = tf.strings.reduce_join(bad[:NAMES_IN_SKIP_LINE], separator=", ")
         more = tf.size(bad) - tf.minimum(tf.size(bad), NAMES_IN_SKIP_LINE)
         hint = "" if is_finding_overflow() else " " + OVERFLOW_HINT
-        message = tf.strings.join([
+        return tf.strings.join([
             tf.strings.format("amp-rewrite: loss scale {}: step skipped, gradients not finite for "
-                              "{} of {} variables: ",
-                              (tf.identity(self.state.scale), tf.size(bad), len(self.names))),
+                              "{} of {} variables: ", (scale, tf.size(bad), len(self.names))),
             shown, tf.where(more > 0, tf.strings.format(" and {} more", more), ""), "." + hint])
-        if tf.executing_eagerly():
-            logger.warning("%s", message.numpy().decode())
-        else:
-            tf.print(message, output_stream=_stderr())
+
+    def _count_line(self, scale, repeats):
+        import tensorflow as tf
+
+        return tf.strings.format("amp-rewrite: loss scale {}: {} more steps skipped for the same "
+                                 "variables as the last skip line; {} skipped in all.",
+                                 (scale, repeats, self.state.skipped_steps.read_value() + 1))
 
     def _is_compiled(self) -> bool:
         """Inside an XLA-compiled function, which cannot print or handle strings."""
