@@ -13,7 +13,8 @@ def test_the_runtime_error_is_one_class_under_the_package_base():
 
 def test_first_line_of_an_empty_message_can_name_its_own_text():
     assert first_line(ValueError(""), with_type=True) == "ValueError"
-    assert first_line(ValueError("  \n "), with_type=True, if_empty="(no message)") == "ValueError: (no message)"
+    blank = ValueError("  \n ")
+    assert first_line(blank, with_type=True, if_empty="(no message)") == "ValueError: (no message)"
     assert first_line(KeyError(), if_empty="KeyError()") == "KeyError()"
 
 
@@ -28,8 +29,9 @@ def test_a_tensorflow_error_line_names_the_message_and_the_node():
     text = ("Graph execution error:\n\nDetected at node 'dense/MatMul' defined at (most recent call last):\n"
             "Node: 'dense/MatMul'\nMatrix size-incompatible: In[0]: [2,3], In[1]: [4,5]\n"
             "\t [[{{node dense/MatMul}}]]")
-    assert session._error_line(ValueError(text)) == (  # pylint: disable=protected-access
+    error_line = session._error_line  # pylint: disable=protected-access
+    assert error_line(ValueError(text)) == (
         "ValueError: Matrix size-incompatible: In[0]: [2,3], In[1]: [4,5] (node dense/MatMul)")
     plain = ValueError("Matrix size-incompatible at node dense/MatMul\nmore")
-    assert session._error_line(plain) == "ValueError: Matrix size-incompatible at node dense/MatMul"  # pylint: disable=protected-access
-    assert session._error_line(ValueError()) == "ValueError: ValueError()"  # pylint: disable=protected-access
+    assert error_line(plain) == "ValueError: Matrix size-incompatible at node dense/MatMul"
+    assert error_line(ValueError()) == "ValueError: ValueError()"
