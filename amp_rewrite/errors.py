@@ -35,12 +35,29 @@ class OutputError(AmpRewriteError):
     """An output cannot be written (missing directory, no space, permission); names the path."""
 
 
-def first_line(exc: BaseException, *, with_type: bool = False) -> str:
+class RuntimeRewriteError(AmpRewriteError):
+    """A graph or ``tf.function`` could not be rewritten or run rewritten at run time.
+
+    Raised only with ``AMP_REWRITE_STRICT=1``; otherwise the runtime warns and
+    runs the script's float32 graph.
+    """
+
+
+def first_line(exc: BaseException, *, with_type: bool = False, if_empty: str | None = None,
+               skipping: tuple[str, ...] = ()) -> str:
     """The first line of an exception's message (its type name when it has none).
 
-    With ``with_type``, the line is prefixed by the type name: ``ValueError: ...``.
+    Args:
+        exc: the exception.
+        with_type: prefix the type name: ``ValueError: ...``.
+        if_empty: the text of a message that is empty or blank (default: the
+            type name alone, never prefixed).
+        skipping: starts of lines that say nothing about the error (a
+            framework's boilerplate): the first line starting with none of
+            them is taken, or the first line when all do.
     """
-    lines = str(exc).strip().splitlines()
-    if not lines:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines and if_empty is None:
         return type(exc).__name__
-    return f"{type(exc).__name__}: {lines[0]}" if with_type else lines[0]
+    text = next((line for line in lines if not line.startswith(skipping)), lines[0]) if lines else if_empty
+    return f"{type(exc).__name__}: {text}" if with_type else text

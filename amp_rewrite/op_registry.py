@@ -57,9 +57,26 @@ def build_has_device_type(device_type: str) -> bool:
     return any(dev == device_type for dev, _ in _kernels("MatMul"))
 
 
-def default_device_type() -> str:
-    """GPU when this TensorFlow build has GPU kernels, else CPU."""
+def default_device_type(*, runs_here: bool = False) -> str:
+    """The device type a graph runs on when its caller names none: ``"GPU"`` or ``"CPU"``.
+
+    Args:
+        runs_here: the graph runs in this process, as the runtime's graphs do:
+            GPU when TensorFlow sees a GPU now. Otherwise (a graph rewritten
+            offline, perhaps for another machine): GPU when this TensorFlow
+            build has GPU kernels.
+    """
+    if runs_here:
+        return "GPU" if visible_gpus() else "CPU"
     return "GPU" if build_has_device_type("GPU") else "CPU"
+
+
+def visible_gpus() -> list:
+    """The GPUs TensorFlow can use in this process (``tf.config.list_physical_devices``)."""
+    _tf_modules()  # names a missing TensorFlow
+    from tensorflow.python.framework import config
+
+    return config.list_physical_devices("GPU")
 
 
 @functools.lru_cache(maxsize=1024)

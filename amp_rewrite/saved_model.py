@@ -111,9 +111,7 @@ def _v1_interface(meta) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 def _entry_calls(graph_def, entries: list[str]) -> list:
-    """A placeholder per input and a preserved call for each entry function."""
-    from tensorflow.core.framework import node_def_pb2
-
+    """A placeholder per input and a preserved call for each monomorphic entry function."""
     library = {f.signature.name: f for f in graph_def.library.function}
     nodes = []
     for name in entries:
@@ -121,14 +119,29 @@ def _entry_calls(graph_def, entries: list[str]) -> list:
         if signature is None or any(a.type_attr or a.number_attr or a.type_list_attr
                                     for a in list(signature.input_arg) + list(signature.output_arg)):
             continue
-        call = node_def_pb2.NodeDef(name=f"{ENTRY_PREFIX}/{name}", op="StatefulPartitionedCall")
-        for k, arg in enumerate(signature.input_arg):
-            placeholder = node_def_pb2.NodeDef(name=f"{ENTRY_PREFIX}/{name}/arg{k}", op="Placeholder")
-            placeholder.attr["dtype"].type = arg.type
-            nodes.append(placeholder)
-            call.input.append(placeholder.name)
-        call.attr["f"].func.name = name
-        call.attr["Tin"].list.type.extend(a.type for a in signature.input_arg)
-        call.attr["Tout"].list.type.extend(a.type for a in signature.output_arg)
-        nodes.append(call)
+        nodes.extend(entry_call(signature, f"{ENTRY_PREFIX}/{name}"))
+    return nodes
+
+
+def entry_call(signature, call_name: str) -> list:
+    """NodeDefs that call the function of ``signature``: ``call_name/arg<k>`` Placeholders, then the call.
+
+    The call, ``call_name``, is a ``StatefulPartitionedCall`` with the
+    signature's own dtypes; fetching or preserving it keeps the function's
+    inputs and outputs in those dtypes, while the rewrite reaches its body.
+    The signature must be monomorphic (no type or number attrs).
+    """
+    from tensorflow.core.framework import node_def_pb2
+
+    nodes = []
+    call = node_def_pb2.NodeDef(name=call_name, op="StatefulPartitionedCall")
+    for k, arg in enumerate(signature.input_arg):
+        placeholder = node_def_pb2.NodeDef(name=f"{call_name}/arg{k}", op="Placeholder")
+        placeholder.attr["dtype"].type = arg.type
+        nodes.append(placeholder)
+        call.input.append(placeholder.name)
+    call.attr["f"].func.name = signature.name
+    call.attr["Tin"].list.type.extend(a.type for a in signature.input_arg)
+    call.attr["Tout"].list.type.extend(a.type for a in signature.output_arg)
+    nodes.append(call)
     return nodes

@@ -125,3 +125,80 @@ def test_runtime_lines_print_once_after_absl_installs_its_handler():
     stderr = python(code, ENABLE_AUTO_MP="1", AMP_REWRITE_TARGET="float16").stderr
     ours = [line for line in stderr.splitlines() if "amp-rewrite" in line or "converted" in line]
     assert len(ours) == 1 and "to float16" in ours[0] and "float16 was requested" in ours[0], ours
+
+
+def test_the_ledger_undoes_every_change_newest_first_even_past_a_failing_one():
+    from amp_rewrite.runtime.ledger import Ledger
+
+    class Owner:
+        def greet(self, who):
+            return f"hello {who}"
+
+    original = Owner.__dict__["greet"]
+    undone = []
+    ledger = Ledger()
+    ledger.install("first", Owner, "greet", lambda orig, self, who: orig(self, who.upper()))
+    ledger.record("second", "a list", lambda: undone.append("second"))
+    ledger.install("first", Owner, "greet", lambda orig, self, who: orig(self, who) + "!")
+
+    def broken():
+        raise OSError("cannot undo")
+
+    ledger.record("third", "a file", broken)
+    assert Owner().greet("ann") == "hello ANN!"
+    assert Owner.greet.__wrapped__.__wrapped__ is original
+    greet = f"{Owner.__qualname__}.greet"
+    assert greet.endswith("<locals>.Owner.greet")
+    assert [(e.name, e.where) for e in ledger.installed()] == [
+        ("first", greet), ("second", "a list"), ("first", greet), ("third", "a file")]
+    assert [e.where for e in ledger.installed("second")] == ["a list"]
+    with pytest.raises(OSError, match="cannot undo"):
+        ledger.uninstall_all()
+    assert Owner.__dict__["greet"] is original and undone == ["second"]
+    assert ledger.installed() == []
+    ledger.uninstall_all()  # again: nothing left to undo
+    assert Owner.__dict__["greet"] is original
+
+
+def test_disable_puts_back_every_attribute_enable_patched():
+    import keras  # noqa: F401  (Keras 3 is patched at once when it is already imported)
+    from keras.src.optimizers import base_optimizer
+    from keras.src.optimizers import loss_scale_optimizer as keras_lso
+    from tensorflow.python.client import session
+    from tensorflow.python.eager import backprop
+    from tensorflow.python.eager.polymorphic_function import transform
+    from tensorflow.python.training import optimizer, saver
+    from tensorflow.python.training.experimental import loss_scale_optimizer as tf1_lso
+
+    from amp_rewrite.runtime.ledger import LEDGER
+
+    patched = {
+        session.BaseSession: {"__init__", "run", "make_callable", "_make_callable_from_options",
+                              "partial_run_setup", "partial_run", "close"},
+        optimizer.Optimizer: {"compute_gradients", "apply_gradients"},
+        saver.Saver: {"restore"},
+        tf1_lso.MixedPrecisionLossScaleOptimizer: {"__init__"},
+        backprop.GradientTape: {"gradient", "jacobian", "batch_jacobian"},
+        base_optimizer.BaseOptimizer: {"apply", "scale_loss"},
+        keras_lso.LossScaleOptimizer: {"scale_loss", "__init__"},
+    }
+    runtime.disable()
+    before = {owner: dict(vars(owner)) for owner in patched}
+    callbacks, meta_path = list(transform.CONCRETE_FUNCTION_CALLBACKS), list(sys.meta_path)
+    for _ in range(2):
+        try:
+            amp_rewrite.enable(target="float16")
+            for owner, attrs in patched.items():
+                changed = {k for k, v in vars(owner).items() if before[owner].get(k) is not v}
+                assert changed == attrs, owner
+                assert all(vars(owner)[a].__wrapped__ is before[owner][a] for a in attrs)
+            assert len(transform.CONCRETE_FUNCTION_CALLBACKS) == len(callbacks) + 1
+            where = {e.where for e in LEDGER.installed()}
+            assert {f"{o.__qualname__}.{a}" for o, attrs in patched.items() for a in attrs} <= where
+        finally:
+            amp_rewrite.disable()
+        for owner in patched:
+            assert vars(owner).keys() == before[owner].keys()
+            assert all(vars(owner)[k] is v for k, v in before[owner].items()), owner
+        assert transform.CONCRETE_FUNCTION_CALLBACKS == callbacks and sys.meta_path == meta_path
+        assert LEDGER.installed() == [] and not runtime.is_enabled()

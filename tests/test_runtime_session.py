@@ -9,6 +9,7 @@ import tensorflow as tf
 
 import amp_rewrite
 from amp_rewrite import runtime
+from amp_rewrite.runtime import session as session_module
 from amp_rewrite.runtime.session import CAST_BACK_SUFFIX, RUNNER_ATTR, RuntimeRewriteError
 from amp_rewrite.runtime.settings import RuntimeSettings
 from helpers import mlp_session_graph as mlp_graph
@@ -63,7 +64,7 @@ def test_converted_tensors_are_fetched_and_fed_in_the_script_dtype(amp_runtime):
 def test_graph_is_rewritten_once_and_plans_are_cached(amp_runtime, monkeypatch):
     calls = []
     real_rewrite = amp_rewrite.rewrite
-    monkeypatch.setattr(amp_rewrite, "rewrite", lambda *a, **k: calls.append(1) or real_rewrite(*a, **k))
+    monkeypatch.setattr(session_module, "rewrite", lambda *a, **k: calls.append(1) or real_rewrite(*a, **k))
     amp_runtime()
     graph = mlp_graph()
     with tf1.Session(graph=graph) as sess:
@@ -134,7 +135,7 @@ def test_rewritten_graph_that_fails_to_run_falls_back(amp_runtime, monkeypatch, 
         return SimpleNamespace(graph_def=out, summary=lambda: "pinned to a missing GPU")
 
     want = float32_values("y:0")
-    monkeypatch.setattr(amp_rewrite, "rewrite", unplaceable)
+    monkeypatch.setattr(session_module, "rewrite", unplaceable)
     amp_runtime()
     graph = mlp_graph()
     with caplog.at_level(logging.WARNING, "amp_rewrite"), tf1.Session(graph=graph) as sess:

@@ -184,3 +184,26 @@ def test_tf2_loss_scaling_is_installed_only_for_float16(amp_runtime, setting, sc
     model.compile(optimizer="sgd", loss="mse")
     assert type(model.optimizer).__name__ == "SGD"
     assert tf_function.default_config().target == setting
+
+
+@pytest.mark.parametrize("gpus, expected", [(["GPU:0"], "GPU"), ([], "CPU")])
+def test_the_runtime_asks_the_offline_pass_which_device_its_graphs_run_on(monkeypatch, gpus, expected):
+    from amp_rewrite import op_registry
+    from amp_rewrite.runtime import tf_function
+
+    monkeypatch.setattr(op_registry, "visible_gpus", lambda: list(gpus))
+    monkeypatch.setattr(target, "cpu_flags", lambda: frozenset())
+    assert op_registry.default_device_type(runs_here=True) == expected
+    assert tf_function.default_config().device_type == expected
+    assert target.choose_target("auto").target == ("float16" if gpus else None)
+
+
+def test_the_offline_default_device_does_not_depend_on_this_machines_gpus(monkeypatch):
+    from amp_rewrite import op_registry
+
+    def unused():
+        raise AssertionError("an offline rewrite may run elsewhere: no look at this machine")
+
+    monkeypatch.setattr(op_registry, "visible_gpus", unused)
+    assert op_registry.default_device_type() == (
+        "GPU" if op_registry.build_has_device_type("GPU") else "CPU")

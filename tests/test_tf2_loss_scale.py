@@ -338,3 +338,46 @@ def test_a_failing_guard_warns_and_applies_unguarded(amp_runtime, monkeypatch, c
         assert [r.getMessage() for r in caplog.records] == [
             "amp-rewrite: SGD applies without skipping non-finite steps: the loss-scale guard "
             "failed: ValueError: no flags today"]
+
+
+@pytest.mark.parametrize("is_eager", [False, True])
+def test_a_repeated_skip_is_said_once_then_counted_every_log_steps(amp_runtime, capfd, caplog, is_eager):
+    """A NaN loss skips every step: the line is said per scale, then counted at the floor."""
+    import logging
+
+    import keras
+    import tensorflow as tf
+
+    from amp_rewrite.runtime.settings import LossScaleSettings, RuntimeSettings
+
+    amp_runtime(RuntimeSettings(target="float16", loss_scale=LossScaleSettings(initial_scale=4.0, log_every=3)))
+    model, (x, y) = small_model(), batch()
+    optimizer = keras.optimizers.SGD(0.1)
+
+    def step(kernel_factor, bias_factor):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x) - y))
+        kernel, bias = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip([kernel * kernel_factor, bias * bias_factor], model.trainable_variables))
+
+    run = step if is_eager else tf.function(step)
+    inf, one = tf.constant(np.inf), tf.constant(1.0)
+    with caplog.at_level(logging.WARNING, "amp_rewrite"):
+        for kernel_factor, bias_factor in [(inf, inf)] * 9 + [(inf, one), (one, one), (inf, one)]:
+            run(kernel_factor, bias_factor)
+    said = [r.getMessage() for r in caplog.records] if is_eager else capfd.readouterr().err.splitlines()
+    said = [line[line.index("amp-rewrite:"):] for line in said if "amp-rewrite: loss scale" in line]
+    kernel, bias = (v.path for v in model.trainable_variables)
+    hint = " AMP_REWRITE_FIND_OVERFLOW=1 names the first op whose output was not finite."
+    both = f"step skipped, gradients not finite for 2 of 2 variables: {kernel}, {bias}.{hint}"
+    assert said == [
+        f"amp-rewrite: loss scale 4: {both}",
+        f"amp-rewrite: loss scale 2: {both}",
+        f"amp-rewrite: loss scale 1: {both}",
+        "amp-rewrite: loss scale 1: 3 more steps skipped for the same variables as the last skip line; "
+        "6 skipped in all.",
+        "amp-rewrite: loss scale 1: 6 more steps skipped for the same variables as the last skip line; "
+        "9 skipped in all.",
+        f"amp-rewrite: loss scale 1: step skipped, gradients not finite for 1 of 2 variables: {kernel}.{hint}",
+    ]
+    assert int(optimizer.iterations.numpy()) == 1  # the one finite step

@@ -17,19 +17,20 @@
 - ``GradientTape.gradient`` and Keras optimizers' apply, for dynamic loss
   scaling of TF2 loops and ``fit`` (:mod:`amp_rewrite.runtime.tf2_loss_scale`).
 
-:func:`disable` undoes all of it. Both are idempotent. Importing this module
-patches nothing and does not import TensorFlow.
+Each change is entered in one ledger (:mod:`amp_rewrite.runtime.ledger`) as it
+is made; :func:`disable` undoes the ledger's entries, newest first, so every
+patched attribute is the original object again. Both are idempotent.
+Importing this module patches nothing and does not import TensorFlow.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
-import sys
 import os
-import threading
-from dataclasses import dataclass, replace
+import sys
+from dataclasses import replace
 
+from amp_rewrite.runtime.ledger import LEDGER
 from amp_rewrite.runtime.settings import LOSS_SCALE_ENV, LossScaleSettings, RuntimeSettings
 from amp_rewrite.runtime.target import TargetChoice, choose_target
 
@@ -39,20 +40,16 @@ __all__ = ["RuntimeSettings", "TargetChoice", "current_target", "disable", "enab
            "is_enabled", "target_choice"]
 
 
-@dataclass(frozen=True)
-class _Patch:
-    owner: type
-    name: str
-    original: object
+# Names of the runtime's entries in the ledger.
+SESSION = "session"
+TF1_LOSS_SCALING = "tf1 loss scaling"
 
 
 class _Runtime:
-    """What is installed: the pending import hook, or the applied patches."""
+    """What was asked for: the runtime is on, with these settings; the target chosen."""
 
     def __init__(self):
-        self.lock = threading.RLock()
         self.is_requested = False
-        self.patches: list[_Patch] = []
         self.settings: RuntimeSettings | None = None
         self.choice: TargetChoice | None = None
 
@@ -75,7 +72,7 @@ def enable(*, settings: RuntimeSettings | None = None, from_env: bool = False,
     """
     import _amp_rewrite_autoload as autoload
 
-    with _RUNTIME.lock:
+    with LEDGER.lock:
         if _RUNTIME.is_requested:
             return
         settings = settings if settings is not None else RuntimeSettings.from_env()
@@ -93,19 +90,16 @@ def disable() -> None:
     """
     import _amp_rewrite_autoload as autoload
 
-    with _RUNTIME.lock:
+    with LEDGER.lock:
         autoload.remove_post_import_hooks()
-        for patch in reversed(_RUNTIME.patches):
-            setattr(patch.owner, patch.name, patch.original)
-        _RUNTIME.patches.clear()
         _RUNTIME.is_requested = False
         _RUNTIME.choice = None
-        _uninstall_tf2_patches()
+        LEDGER.uninstall_all()
 
 
 def is_enabled() -> bool:
     """Whether TensorFlow is currently patched."""
-    return bool(_RUNTIME.patches)
+    return bool(LEDGER.installed())
 
 
 def target_choice() -> TargetChoice | None:
@@ -116,11 +110,11 @@ def target_choice() -> TargetChoice | None:
 def current_target() -> str | None:
     """``"float16"`` or ``"bfloat16"`` while the runtime rewrites; None when scripts run float32."""
     choice = _RUNTIME.choice
-    return choice.target if choice is not None and _RUNTIME.patches else None
+    return choice.target if choice is not None and is_enabled() else None
 
 
 def _apply_patches(_module=None) -> None:
-    with _RUNTIME.lock:
+    with LEDGER.lock:
         if _RUNTIME.choice is not None or not _RUNTIME.is_requested:
             return
         choice = choose_target(_RUNTIME.settings.target)
@@ -130,8 +124,8 @@ def _apply_patches(_module=None) -> None:
             return
         settings = replace(_RUNTIME.settings, target=choice.target)
         try:
-            for owner, name, replacement in _patch_table(settings):
-                _install(owner, name, replacement)
+            for name, owner, attr, replacement in _patch_table(settings):
+                LEDGER.install(name, owner, attr, replacement)
             _install_tf2_patches(settings)
         except Exception:
             disable()
@@ -163,43 +157,35 @@ def _patch_table(settings: RuntimeSettings):
     base = session_lib.BaseSession
     scaling = settings.loss_scale
     table = [
-        (base, "__init__", session.patched_init),
-        (base, "run", _bound(session.patched_run, settings)),
-        (base, "make_callable", _bound(session.patched_make_callable, settings)),
-        (base, "_make_callable_from_options",
+        (SESSION, base, "__init__", session.patched_init),
+        (SESSION, base, "run", _bound(session.patched_run, settings)),
+        (SESSION, base, "make_callable", _bound(session.patched_make_callable, settings)),
+        (SESSION, base, "_make_callable_from_options",
          _bound(session.patched_make_callable_from_options, settings)),
-        (base, "partial_run_setup", _bound(session.patched_partial_run_setup, settings)),
-        (base, "partial_run", _bound(session.patched_partial_run, settings)),
-        (base, "close", session.patched_close),
+        (SESSION, base, "partial_run_setup", _bound(session.patched_partial_run_setup, settings)),
+        (SESSION, base, "partial_run", _bound(session.patched_partial_run, settings)),
+        (SESSION, base, "close", session.patched_close),
     ]
     if scales_loss(settings):
         table += [
-            (optimizer.Optimizer, "compute_gradients",
+            (TF1_LOSS_SCALING, optimizer.Optimizer, "compute_gradients",
              _bound(loss_scale.scaled_compute_gradients, scaling)),
-            (optimizer.Optimizer, "apply_gradients",
+            (TF1_LOSS_SCALING, optimizer.Optimizer, "apply_gradients",
              _bound(loss_scale.guarded_apply_gradients, scaling)),
-            (saver.Saver, "restore", checkpoint.tolerant_restore),
-            (loss_scale_optimizer.MixedPrecisionLossScaleOptimizer, "__init__", _init_wrapper),
+            (TF1_LOSS_SCALING, saver.Saver, "restore", checkpoint.tolerant_restore),
+            (TF1_LOSS_SCALING, loss_scale_optimizer.MixedPrecisionLossScaleOptimizer, "__init__",
+             _init_wrapper),
         ]
     return table
 
 
 def _install_tf2_patches(settings: RuntimeSettings) -> None:
-    """``tf.function`` traces run rewritten; Keras ``compile`` adds loss scaling."""
-    from amp_rewrite.runtime import keras_patch, tf_function
+    """``tf.function`` traces run rewritten; the tape and Keras optimizers scale the loss."""
+    from amp_rewrite.runtime import tf2_loss_scale, tf_function
 
     tf_function.install(is_strict=settings.is_strict)
     if scales_loss(settings):
-        keras_patch.install(settings)
-
-
-def _uninstall_tf2_patches() -> None:
-    tf_function = sys.modules.get("amp_rewrite.runtime.tf_function")
-    keras_patch = sys.modules.get("amp_rewrite.runtime.keras_patch")
-    if tf_function is not None:
-        tf_function.uninstall()
-    if keras_patch is not None:
-        keras_patch.uninstall()
+        tf2_loss_scale.install(settings)
 
 
 def _bound(replacement, settings):
@@ -209,17 +195,6 @@ def _bound(replacement, settings):
         return replacement(original, settings, *args, **kwargs)
 
     return call
-
-
-def _install(owner, name, replacement) -> None:
-    original = owner.__dict__[name]
-
-    @functools.wraps(original)
-    def patched(*args, **kwargs):
-        return replacement(original, *args, **kwargs)
-
-    setattr(owner, name, patched)
-    _RUNTIME.patches.append(_Patch(owner, name, original))
 
 
 def _init_wrapper(original, wrapper, opt, *args, **kwargs):

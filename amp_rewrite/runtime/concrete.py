@@ -2,8 +2,10 @@
 
 A traced ``tf.function`` is a FunctionDef (the *entry*) plus the library it
 calls. The entry is rewritten the way :mod:`amp_rewrite.saved_model` rewrites a
-SavedModel's entries: a synthetic, fetched call keeps its inputs and outputs
-in their dtypes, while its body and everything it calls are rewritten.
+SavedModel's entries, with the same synthetic call
+(:func:`amp_rewrite.saved_model.entry_call`): fetched, it keeps the entry's
+inputs and outputs in their dtypes, while its body and everything it calls are
+rewritten.
 
 The result is then loaded back much as ``tf.saved_model.load`` loads a
 function library, which keeps every TensorFlow mechanism working on it:
@@ -32,12 +34,13 @@ import re
 from dataclasses import dataclass, replace
 
 from amp_rewrite.config import Config
-from amp_rewrite.graph_facts import called_functions
+from amp_rewrite.graph_facts import called_functions, function_input_source
 from amp_rewrite.pipeline import RewriteResult, rewrite
+from amp_rewrite.saved_model import ENTRY_PREFIX, entry_call
 
 logger = logging.getLogger(__name__)
 
-ENTRY_CALL = "_amp_rewrite_entry"
+ENTRY_CALL = ENTRY_PREFIX
 CALL_OPS = ("PartitionedCall", "StatefulPartitionedCall")
 CUSTOM_GRADIENT_ATTR = "_gradient_op_type"
 _GENERATED_NAME = re.compile(r"^(?:__inference_|__forward_|__backward_)?(.*?)(?:_\d+)?$")
@@ -112,15 +115,7 @@ def _entry_graph_def(entry, library):
     graph_def = graph_pb2.GraphDef()
     graph_def.library.function.add().CopyFrom(entry)
     graph_def.library.function.extend(library)
-    inputs = []
-    for k, arg in enumerate(entry.signature.input_arg):
-        placeholder = graph_def.node.add(name=f"{ENTRY_CALL}/arg{k}", op="Placeholder")
-        placeholder.attr["dtype"].type = arg.type
-        inputs.append(placeholder.name)
-    call = graph_def.node.add(name=ENTRY_CALL, op="StatefulPartitionedCall", input=inputs)
-    call.attr["f"].func.name = entry.signature.name
-    call.attr["Tin"].list.type.extend(a.type for a in entry.signature.input_arg)
-    call.attr["Tout"].list.type.extend(a.type for a in entry.signature.output_arg)
+    graph_def.node.extend(entry_call(entry.signature, ENTRY_CALL))
     return graph_def
 
 
@@ -173,7 +168,7 @@ def _differentiated_custom_gradients(name: str, library: dict, rebuilt: set[str]
 def _on_result_paths(fdef) -> list:
     """The body nodes whose outputs feed, through data edges, one of the function's results."""
     nodes = {node.name: node for node in fdef.node_def}
-    stack = [ref.split(":")[0] for ref in fdef.ret.values()]
+    stack = [function_input_source(ref) for ref in fdef.ret.values()]
     live: dict[str, object] = {}
     while stack:
         name = stack.pop()
@@ -181,7 +176,7 @@ def _on_result_paths(fdef) -> list:
         if node is None or name in live:
             continue  # an argument, or already seen
         live[name] = node
-        stack.extend(ref.split(":")[0] for ref in node.input if not ref.startswith("^"))
+        stack.extend(function_input_source(ref) for ref in node.input if not ref.startswith("^"))
     return list(live.values())
 
 

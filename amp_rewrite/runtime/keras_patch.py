@@ -10,24 +10,11 @@ function is a ``tf.function``, so the graph it runs is the rewritten one
 
 from __future__ import annotations
 
-from amp_rewrite.runtime.settings import RuntimeSettings
-
-
-def install(settings: RuntimeSettings | None = None) -> None:
-    """Scales the loss of every training loop, if the runtime's target wants it."""
-    from amp_rewrite.runtime import tf2_loss_scale
-
-    tf2_loss_scale.install(settings if settings is not None else RuntimeSettings())
-
-
-def uninstall() -> None:
-    """Restores the tape and the optimizers; their loss-scale state stays tracked."""
-    from amp_rewrite.runtime import tf2_loss_scale
-
-    tf2_loss_scale.uninstall()
+from amp_rewrite.runtime.ledger import LEDGER
 
 
 def is_patched() -> bool:
+    """Whether training loops are loss-scaled now (the runtime's float16 target wants it)."""
     from amp_rewrite.runtime import tf2_loss_scale
 
-    return tf2_loss_scale.settings() is not None
+    return bool(LEDGER.installed(tf2_loss_scale.LEDGER_NAME))

@@ -44,8 +44,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from amp_rewrite.errors import AmpRewriteError
-from amp_rewrite.graph_facts import node_name, sinks
+from amp_rewrite.config import Config
+from amp_rewrite.errors import RuntimeRewriteError, first_line
+from amp_rewrite.graph_facts import node_name, parse_input, sinks
+from amp_rewrite.op_registry import default_device_type
+from amp_rewrite.pipeline import rewrite
 from amp_rewrite.runtime import loss_scale
 from amp_rewrite.runtime.settings import RuntimeSettings
 
@@ -62,10 +65,6 @@ VARIABLE_OPS = ("VarHandleOp", "VariableV2", "Variable")
 # Errors a script meets in float32 as well: never blamed on the rewrite.
 SCRIPT_ERRORS = ("OutOfRangeError", "CancelledError", "AbortedError", "UnavailableError",
                  "DeadlineExceededError")
-
-
-class RuntimeRewriteError(AmpRewriteError):
-    """The session's graph could not be rewritten or run rewritten (strict mode only)."""
 
 
 @dataclass
@@ -249,7 +248,7 @@ class ShadowRunner:
         session runs the float32 copy from now on (strict mode raises instead
         and keeps the rewritten shadow as it was).
         """
-        reason = f"the rewritten graph failed to run: {type(exc).__name__}: {_first_line(exc)}"
+        reason = f"the rewritten graph failed to run: {_error_line(exc)}"
         with self.lock:
             try:
                 float32 = self._float32_copy()
@@ -333,7 +332,7 @@ class ShadowRunner:
                 plan = self._make_plan(fetch_names, feed_names)
                 self._initialise_loss_scale_state()
             except Exception as exc:
-                reason = f"rewrite failed: {type(exc).__name__}: {_first_line(exc)}"
+                reason = f"rewrite failed: {_error_line(exc)}"
                 if self.settings.is_strict:
                     raise RuntimeRewriteError(reason) from exc
                 if self.fallback_reason is not None:
@@ -388,13 +387,13 @@ class ShadowRunner:
 
     def _build(self) -> None:
         """Rewrites the whole graph into a new shadow, copying the old shadow's variables."""
-        from amp_rewrite import Config, rewrite
         from amp_rewrite.op_lists import load_lists
 
         version = self.graph.version  # before the snapshot: later ops trigger an extension
         graph_def = self.graph.as_graph_def(add_shapes=True)
         fetched = self.fetched | sinks(graph_def)
-        config = Config.from_env(preserve=tuple(sorted(self.fed)), device_type=_device_type(),
+        config = Config.from_env(preserve=tuple(sorted(self.fed)),
+                                 device_type=default_device_type(runs_here=True),
                                  target=self._target())
         result = rewrite(graph_def, fetches=sorted(fetched), config=config)
         self._dump(config, graph_def, result.graph_def)
@@ -530,24 +529,25 @@ class ShadowRunner:
         input_map = {}
         for node in new_nodes:
             for ref in node.input:
-                if ref in input_map or node_name(ref) in new_names:
+                name, port, is_control = parse_input(ref)
+                if ref in input_map or name in new_names:
                     continue
-                if ref.startswith("^"):
-                    input_map[ref] = self._control_proxy(ref[1:])
+                if is_control:
+                    input_map[ref] = self._control_proxy(name)
                 else:
-                    input_map[ref] = self._tensor_as_built(_tensor_name(ref))
+                    input_map[ref] = self._tensor_as_built(name, port)
         return input_map
 
-    def _tensor_as_built(self, name: str):
-        """The shadow tensor ``name``, cast back to the script's dtype if it became half."""
+    def _tensor_as_built(self, op_name: str, port: int):
+        """The shadow tensor ``op_name:port``, cast back to the script's dtype if it became half."""
         import tensorflow as tf
 
+        name = f"{op_name}:{port}"
         shadow_tensor = self.shadow_graph.get_tensor_by_name(name)
         want = self.graph.get_tensor_by_name(name).dtype.base_dtype
         if shadow_tensor.dtype.base_dtype == want:
             return shadow_tensor
         if name not in self._cast_back:
-            op_name, port = name.rsplit(":", 1)
             with self.shadow_graph.as_default(), tf.compat.v1.name_scope(None):
                 self._cast_back[name] = tf.cast(shadow_tensor, want,
                                                 name=f"{op_name}-{port}-{CAST_BACK_SUFFIX}")
@@ -974,28 +974,15 @@ def _new_functions(library, shadow_graph):
     return out
 
 
-def _device_type() -> str:
-    import tensorflow as tf
-
-    return "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
-
-
-def _tensor_name(ref: str) -> str:
-    return ref if ":" in ref else ref + ":0"
-
-
 # Lines of TensorFlow's error messages that say nothing about the error itself.
 _BOILERPLATE = ("Graph execution error", "Detected at node", "Node:", "defined at",
                 "Original stack trace")
 
 
-def _first_line(exc: BaseException) -> str:
-    """The line of an error message that says what went wrong, and at which node."""
-    text = str(exc).strip()
-    if not text:
-        return repr(exc)
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    message = next((line for line in lines if not line.startswith(_BOILERPLATE)), lines[0])
-    node = next((line[len("Node:"):].strip().strip("'") for line in lines
-                 if line.startswith("Node:")), None)
-    return message if node is None or node in message else f"{message} (node {node})"
+def _error_line(exc: BaseException) -> str:
+    """``Type: message``, with the line of the message that says what went wrong, and at which node."""
+    message = first_line(exc, if_empty=repr(exc), skipping=_BOILERPLATE)
+    node = next((line.strip()[len("Node:"):].strip().strip("'") for line in str(exc).splitlines()
+                 if line.strip().startswith("Node:")), None)
+    line = message if node is None or node in message else f"{message} (node {node})"
+    return f"{type(exc).__name__}: {line}"

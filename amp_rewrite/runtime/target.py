@@ -48,7 +48,9 @@ def choose_target(setting: str = AUTO, *,
 
     Args:
         setting: the requested target; ``auto`` looks at the machine.
-        list_gpus: the GPUs TensorFlow can use (default: ``tf.config.list_physical_devices``).
+        list_gpus: the GPUs TensorFlow can use (default:
+            :func:`amp_rewrite.op_registry.visible_gpus`, which also decides the
+            device type the runtime's rewrites check kernels for).
         read_cpu_flags: the CPU's feature flags (default: :func:`cpu_flags`).
     """
     if setting != AUTO:
@@ -78,6 +80,6 @@ def cpu_flags(path: str = CPUINFO_PATH) -> frozenset[str]:
 
 
 def _tensorflow_gpus() -> list:
-    import tensorflow as tf
+    from amp_rewrite.op_registry import visible_gpus
 
-    return tf.config.list_physical_devices("GPU")
+    return visible_gpus()

@@ -14,9 +14,13 @@ two places change, so every loop built from them is scaled without code changes:
   apply the update only when every gradient is finite. A skipped step changes
   no variable, slot or iteration count; it halves the scale (never below 1)
   and prints a line naming the first variables whose gradients were not
-  finite. After ``growth_interval`` finite steps the scale doubles. Under a
-  ``tf.distribute`` strategy the count of non-finite gradients is all-reduced
-  first, so all replicas take one decision.
+  finite. A skip for the same cause as the one before (the same scale and
+  the same variables: a loss that stays NaN at the floor of 1, or the scale
+  growing back to where it overflowed) is counted instead, with a line
+  every ``log_every`` such repeats. After ``growth_interval`` finite steps
+  the scale doubles. Under a ``tf.distribute`` strategy the count of
+  non-finite gradients is all-reduced first, so all replicas take one
+  decision.
 
 The scale is one set of float32/int64 variables per process (one
 :class:`LossScaleState`), read by every tape and updated by every guarded
@@ -41,33 +45,39 @@ overflow is not skipped.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import threading
 import weakref
 
+from amp_rewrite.errors import first_line
+from amp_rewrite.runtime.ledger import LEDGER
 from amp_rewrite.runtime.loss_scale import nonfinite_flags as _nonfinite_flags
 from amp_rewrite.runtime.loss_scale import unscale
 from amp_rewrite.runtime.settings import LossScaleSettings, RuntimeSettings
 
 logger = logging.getLogger(__name__)
 
+LEDGER_NAME = "tf2 loss scaling"
 CHECKPOINT_NAME = "amp_loss_scale"
 SCOPE = "amp_loss_scale"
 NAMES_IN_SKIP_LINE = 3
 SCALED_ELSEWHERE_ATTR = "_amp_rewrite_loss_scaled_elsewhere"
 OVERFLOW_HINT = "AMP_REWRITE_FIND_OVERFLOW=1 names the first op whose output was not finite."
+# Causes of skips are compared by a hash of the names of the variables at fault.
+CAUSE_BUCKETS = 2 ** 62
 
 
 class LossScaleState:
     """The process's loss-scale variables: scale, finite steps in a row, skipped steps.
 
     A ``tf.Module`` (built lazily, TensorFlow is imported late) so that the
-    three variables are checkpoint dependencies of whoever tracks it.
+    three variables are checkpoint dependencies of whoever tracks it. The
+    last skip's cause (:class:`_LastSkip`) is kept beside it, out of checkpoints.
     """
 
-    def __init__(self, module):
+    def __init__(self, module, last_skip: _LastSkip):
         self.module = module
+        self.last_skip = last_skip
 
     @property
     def scale(self):
@@ -82,11 +92,20 @@ class LossScaleState:
         return self.module.skipped_steps
 
 
+class _LastSkip:
+    """Variables: the cause of the last skipped step (scale, hash of the names at fault), its repeats."""
+
+    def __init__(self, scale, cause, repeats):
+        self.scale = scale
+        self.cause = cause
+        self.repeats = repeats
+
+
 class _Patches:
+    """The settings these patches run with, and what they learnt while running."""
+
     def __init__(self):
-        self.lock = threading.RLock()
         self.settings: RuntimeSettings | None = None
-        self.applied: list[tuple[type, str, object]] = []
         self.state: LossScaleState | None = None
         self.scaled_losses: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self.pending = _Pending()
@@ -129,75 +148,71 @@ def is_finding_overflow() -> bool:
 
 
 def install(runtime_settings: RuntimeSettings) -> None:
-    """Patches the tape now and Keras' optimizers once their modules are imported."""
+    """Patches the tape now and Keras' optimizers once their modules are imported.
+
+    Every change goes into the runtime's ledger, which undoes it on
+    :func:`amp_rewrite.disable`: the methods are restored, and the state
+    starts afresh (its variables stay with the optimizers that track them).
+    """
     import _amp_rewrite_autoload as autoload
     from tensorflow.python.eager import backprop
 
-    with _PATCHES.lock:
+    with LEDGER.lock:
         if _PATCHES.settings is not None:
             return
         _PATCHES.settings = runtime_settings
+        LEDGER.record(LEDGER_NAME, "the loss-scale settings and state", _forget)
         tape = backprop.GradientTape
-        _patch(tape, "gradient", _scaled_gradient)
-        _patch(tape, "jacobian", _unscaled_inside)
-        _patch(tape, "batch_jacobian", _unscaled_inside)
-    autoload.install_post_import_hook(_patch_keras3, KERAS3_MODULE)
-    autoload.install_post_import_hook(_patch_tf_keras, TF_KERAS_MODULE)
+        LEDGER.install(LEDGER_NAME, tape, "gradient", _scaled_gradient)
+        LEDGER.install(LEDGER_NAME, tape, "jacobian", _unscaled_inside)
+        LEDGER.install(LEDGER_NAME, tape, "batch_jacobian", _unscaled_inside)
+        LEDGER.record(LEDGER_NAME, f"import hooks on {KERAS3_MODULE} and {TF_KERAS_MODULE}",
+                      _remove_keras_hooks)
+        autoload.install_post_import_hook(_patch_keras3, KERAS3_MODULE)
+        autoload.install_post_import_hook(_patch_tf_keras, TF_KERAS_MODULE)
 
 
-def uninstall() -> None:
-    """Restores every patched method; the state variables stay with the optimizers that track them."""
+def _forget() -> None:
+    _PATCHES.settings = None
+    _PATCHES.state = None
+    _PATCHES.pending = _Pending()
+    _PATCHES.warned.clear()
+
+
+def _remove_keras_hooks() -> None:
     import _amp_rewrite_autoload as autoload
 
-    with _PATCHES.lock:
-        autoload.remove_post_import_hooks(KERAS3_MODULE)
-        autoload.remove_post_import_hooks(TF_KERAS_MODULE)
-        for owner, name, original in reversed(_PATCHES.applied):
-            setattr(owner, name, original)
-        _PATCHES.applied.clear()
-        _PATCHES.settings = None
-        _PATCHES.state = None
-        _PATCHES.pending = _Pending()
-        _PATCHES.warned.clear()
-
-
-def _patch(owner, name, replacement) -> None:
-    original = owner.__dict__[name]
-
-    @functools.wraps(original)
-    def patched(*args, **kwargs):
-        return replacement(original, *args, **kwargs)
-
-    setattr(owner, name, patched)
-    _PATCHES.applied.append((owner, name, original))
+    autoload.remove_post_import_hooks(KERAS3_MODULE)
+    autoload.remove_post_import_hooks(TF_KERAS_MODULE)
 
 
 def _patch_keras3(module) -> None:
     from keras.src import backend
     from keras.src.optimizers import base_optimizer
 
-    with _PATCHES.lock:
+    with LEDGER.lock:
         if _PATCHES.settings is None or backend.backend() != "tensorflow":
             return
         base = base_optimizer.BaseOptimizer
         wrapper = module.LossScaleOptimizer
-        _patch(base, "apply", _guarded_keras3_apply)
-        _patch(base, "scale_loss", _marking_scale_loss)
-        _patch(wrapper, "scale_loss", _marking_scale_loss)
-        _patch(wrapper, "__init__", _marking_wrapper_init)
+        LEDGER.install(LEDGER_NAME, base, "apply", _guarded_keras3_apply)
+        LEDGER.install(LEDGER_NAME, base, "scale_loss", _marking_scale_loss)
+        LEDGER.install(LEDGER_NAME, wrapper, "scale_loss", _marking_scale_loss)
+        LEDGER.install(LEDGER_NAME, wrapper, "__init__", _marking_wrapper_init)
     logger.debug("patched Keras 3 optimizers")
 
 
 def _patch_tf_keras(module) -> None:
     from tf_keras.src.optimizers import optimizer as optimizer_lib
 
-    with _PATCHES.lock:
+    with LEDGER.lock:
         if _PATCHES.settings is None:
             return
-        _patch(optimizer_lib.Optimizer, "apply_gradients", _guarded_tf_keras_apply_gradients)
+        LEDGER.install(LEDGER_NAME, optimizer_lib.Optimizer, "apply_gradients",
+                       _guarded_tf_keras_apply_gradients)
         for wrapper in (module.LossScaleOptimizer, module.LossScaleOptimizerV3):
-            _patch(wrapper, "get_scaled_loss", _marking_scale_loss)
-            _patch(wrapper, "__init__", _marking_wrapper_init)
+            LEDGER.install(LEDGER_NAME, wrapper, "get_scaled_loss", _marking_scale_loss)
+            LEDGER.install(LEDGER_NAME, wrapper, "__init__", _marking_wrapper_init)
     logger.debug("patched tf_keras optimizers")
 
 
@@ -213,7 +228,7 @@ def state() -> LossScaleState:
     """The loss-scale state, created on first use (in a replica context, through merge_call)."""
     from tensorflow.python.distribute import distribute_lib
 
-    with _PATCHES.lock:
+    with LEDGER.lock:
         if _PATCHES.state is not None:
             return _PATCHES.state
     if distribute_lib.has_strategy() and not distribute_lib.in_cross_replica_context():
@@ -225,7 +240,7 @@ def _create_state() -> LossScaleState:
     import tensorflow as tf
     from tensorflow.python.framework import ops
 
-    with _PATCHES.lock:
+    with LEDGER.lock:
         if _PATCHES.state is not None:
             return _PATCHES.state
         scaling = _loss_scale_settings()
@@ -240,7 +255,10 @@ def _create_state() -> LossScaleState:
             module.scale = variable(float(scaling.initial_scale), "scale", tf.float32)
             module.good_steps = variable(0, "good_steps", tf.int64)
             module.skipped_steps = variable(0, "skipped_steps", tf.int64)
-        _PATCHES.state = LossScaleState(module)
+            last_skip = _LastSkip(variable(-1.0, "last_skip_scale", tf.float32),
+                                  variable(-1, "last_skip_cause", tf.int64),
+                                  variable(0, "last_skip_repeats", tf.int64))
+        _PATCHES.state = LossScaleState(module, last_skip)
         logger.debug("created the TF2 loss-scale state, initial scale %s", scaling.initial_scale)
         return _PATCHES.state
 
@@ -353,7 +371,7 @@ def _outer_function_graph(graph):
 def _note_scaled_gradient() -> None:
     graph = _graph_being_built()
     pending = _PATCHES.pending
-    with _PATCHES.lock:
+    with LEDGER.lock:
         if graph is not None:
             key = _outer_function_graph(graph)
             gradients, applies = pending.graphs.get(key, (0, 0))
@@ -368,7 +386,7 @@ def _note_scaled_gradient() -> None:
 def _note_guarded_apply() -> None:
     graph = _graph_being_built()
     pending = _PATCHES.pending
-    with _PATCHES.lock:
+    with LEDGER.lock:
         if graph is None:
             pending.eager_applies += 1
             return
@@ -379,14 +397,14 @@ def _note_guarded_apply() -> None:
 
 def check_traced(graph, name: str) -> None:
     """Called once a tf.function is traced: warns if its scaled gradients reach no guarded apply."""
-    with _PATCHES.lock:
+    with LEDGER.lock:
         gradients, applies = _PATCHES.pending.graphs.get(graph, (0, 0))
     if gradients and not applies:
         _warn_unguarded(f"gradients taken in tf.function {name}")
 
 
 def _warn_unguarded(what: str) -> None:
-    with _PATCHES.lock:
+    with LEDGER.lock:
         if "unguarded" in _PATCHES.warned:
             return
         _PATCHES.warned.add("unguarded")
@@ -476,9 +494,8 @@ def _guard_or_warn(optimizer, apply, grads, variables) -> bool:
     except Exception as exc:  # the guard must never be what stops training
         if called or (_PATCHES.settings is not None and _PATCHES.settings.is_strict):
             raise
-        reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
         logger.warning("amp-rewrite: %s applies without skipping non-finite steps: the loss-scale "
-                       "guard failed: %s", type(optimizer).__name__, reason)
+                       "guard failed: %s", type(optimizer).__name__, first_line(exc, with_type=True))
         return False
 
 
@@ -553,23 +570,70 @@ class _GuardedStep:
         update_state(self.state, is_finite, self.settings)
 
     def _skip(self, flags):
-        """The skipped step's line: the scale it used and the first variables with bad gradients."""
+        """Says why a step was skipped, once per cause; repeats of the last cause are counted.
+
+        The line names the scale the step used and the first variables whose
+        gradients were not finite. A skip at the same scale for the same
+        variables as the skip before it prints nothing, except a count on
+        every ``log_every``-th such repeat.
+        """
         import tensorflow as tf
 
         names = tf.constant(self.names)
         bad = tf.boolean_mask(names, flags > 0)
+        scale = tf.identity(self.state.scale)
+        is_repeat, repeats = self._note_cause(scale, bad)
+        every = self.settings.log_every
+        is_count_due = tf.logical_and(is_repeat, tf.equal(repeats % every, 0)) if every else tf.constant(False)
+        if tf.executing_eagerly():
+            if not bool(is_repeat):
+                logger.warning("%s", self._cause_line(scale, bad).numpy().decode())
+            elif bool(is_count_due):
+                logger.warning("%s", self._count_line(scale, repeats).numpy().decode())
+            return
+
+        def say(line):
+            tf.print(line(), output_stream=_stderr())
+            return tf.constant(True)
+
+        def count_if_due():
+            return tf.cond(is_count_due, lambda: say(lambda: self._count_line(scale, repeats)),
+                           lambda: tf.constant(False))
+
+        tf.cond(is_repeat, count_if_due, lambda: say(lambda: self._cause_line(scale, bad)))
+
+    def _note_cause(self, scale, bad):
+        """Records this skip's cause; returns (whether it is the last skip's, repeats of it so far)."""
+        import tensorflow as tf
+
+        last = self.state.last_skip
+        cause = tf.strings.to_hash_bucket_fast(tf.strings.reduce_join(bad, separator="\n"), CAUSE_BUCKETS)
+        is_repeat = tf.logical_and(tf.equal(last.cause.read_value(), cause),
+                                   tf.equal(last.scale.read_value(), scale))
+        repeats = tf.where(is_repeat, last.repeats.read_value() + 1, tf.constant(0, tf.int64))
+        with tf.control_dependencies([is_repeat, repeats]):
+            last.scale.assign(scale)
+            last.cause.assign(cause)
+            last.repeats.assign(repeats)
+        return is_repeat, repeats
+
+    def _cause_line(self, scale, bad):
+        import tensorflow as tf
+
         shown = tf.strings.reduce_join(bad[:NAMES_IN_SKIP_LINE], separator=", ")
         more = tf.size(bad) - tf.minimum(tf.size(bad), NAMES_IN_SKIP_LINE)
         hint = "" if is_finding_overflow() else " " + OVERFLOW_HINT
-        message = tf.strings.join([
+        return tf.strings.join([
             tf.strings.format("amp-rewrite: loss scale {}: step skipped, gradients not finite for "
-                              "{} of {} variables: ",
-                              (tf.identity(self.state.scale), tf.size(bad), len(self.names))),
+                              "{} of {} variables: ", (scale, tf.size(bad), len(self.names))),
             shown, tf.where(more > 0, tf.strings.format(" and {} more", more), ""), "." + hint])
-        if tf.executing_eagerly():
-            logger.warning("%s", message.numpy().decode())
-        else:
-            tf.print(message, output_stream=_stderr())
+
+    def _count_line(self, scale, repeats):
+        import tensorflow as tf
+
+        return tf.strings.format("amp-rewrite: loss scale {}: {} more steps skipped for the same "
+                                 "variables as the last skip line; {} skipped in all.",
+                                 (scale, repeats, self.state.skipped_steps.read_value() + 1))
 
     def _is_compiled(self) -> bool:
         """Inside an XLA-compiled function, which cannot print or handle strings."""

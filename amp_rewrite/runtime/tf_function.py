@@ -24,8 +24,9 @@ Guarantees:
   function stays as traced; the first eager call that fails in the rewritten
   function, but not in the traced one, does the same. With
   ``AMP_REWRITE_STRICT=1`` a :class:`RuntimeRewriteError` is raised instead.
-- :func:`uninstall` puts back every function it swapped (functions from
-  :func:`amp_rewrite.function` keep theirs).
+- :func:`uninstall`, which the runtime's ledger calls on
+  :func:`amp_rewrite.disable`, puts back every function it swapped (functions
+  from :func:`amp_rewrite.function` keep theirs).
 """
 
 from __future__ import annotations
@@ -33,13 +34,13 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import threading
 import time
 import weakref
 from dataclasses import dataclass, field
 
 from amp_rewrite.config import Config
-from amp_rewrite.errors import AmpRewriteError
+from amp_rewrite.errors import RuntimeRewriteError, first_line
+from amp_rewrite.runtime.ledger import LEDGER
 from amp_rewrite.runtime.settings import STRICT_ENV, is_true
 
 logger = logging.getLogger(__name__)
@@ -49,6 +50,8 @@ MARK_ATTR = "_amp_rewrite_config"
 # ConcreteFunction/AtomicFunction construction, FunctionCaptures) were tested.
 TESTED_TENSORFLOW = ("2.21.",)
 TF_DATA_ATTR = "_tf_data_function"
+NO_MESSAGE = "(no message)"
+LEDGER_NAME = "tf.function"
 
 
 @dataclass(frozen=True)
@@ -84,11 +87,11 @@ class SwapRecord:
 
 
 class _Hook:
+    """Whether the callback rewrites every trace or only marked ones; what it swapped."""
+
     def __init__(self):
-        self.lock = threading.RLock()
         self.is_global = False
         self.is_strict = False
-        self.is_installed = False
         self.wants_marked = False
         self.swapped: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.history: list[FunctionReport] = []
@@ -101,29 +104,31 @@ def install(*, is_strict: bool = False) -> None:
     """Rewrites every ConcreteFunction traced from now on (the runtime's switch).
 
     On a TensorFlow version the hook was not tested with, nothing is
-    installed: a warning says so (``is_strict`` raises instead).
+    installed: a warning says so (``is_strict`` raises instead). Otherwise the
+    ledger records :func:`uninstall` as the way back.
     """
-    with _HOOK.lock:
+    with LEDGER.lock:
         _HOOK.is_strict = is_strict
         if not _is_supported_tensorflow():
             return
         _HOOK.is_global = True
         _register_callback()
+        LEDGER.record(LEDGER_NAME, "transform.CONCRETE_FUNCTION_CALLBACKS and the functions it swaps",
+                      uninstall)
 
 
 def uninstall() -> None:
     """Stops rewriting new traces and puts back the functions the runtime swapped."""
-    with _HOOK.lock:
+    from tensorflow.python.eager.polymorphic_function import transform
+
+    with LEDGER.lock:
         _HOOK.is_global = False
         for cf, record in list(_HOOK.swapped.items()):
             if not record.report.is_explicit:
                 restore(cf)
-        if _HOOK.is_installed and not _HOOK.wants_marked:
-            from tensorflow.python.eager.polymorphic_function import transform
-
+        if not _HOOK.wants_marked:
             while _on_concrete_function in transform.CONCRETE_FUNCTION_CALLBACKS:
                 transform.CONCRETE_FUNCTION_CALLBACKS.remove(_on_concrete_function)
-            _HOOK.is_installed = False
 
 
 def install_for_marked() -> bool:
@@ -131,7 +136,7 @@ def install_for_marked() -> bool:
 
     Returns False (after a warning) on a TensorFlow version the hook was not tested with.
     """
-    with _HOOK.lock:
+    with LEDGER.lock:
         if not _is_supported_tensorflow():
             return False
         _HOOK.wants_marked = True
@@ -148,7 +153,7 @@ def _is_supported_tensorflow() -> bool:
     message = (f"tf.function traces run in float32: the hook relies on TensorFlow internals "
                f"tested with {', '.join(v + 'x' for v in TESTED_TENSORFLOW)}, not {tf.__version__}")
     if _is_strict():
-        raise _runtime_error(message)
+        raise RuntimeRewriteError(message)
     logger.warning("amp-rewrite: %s", message)
     return False
 
@@ -170,13 +175,13 @@ def marked(python_function, config: Config | None):
 
 def rewritten_functions() -> list[FunctionReport]:
     """A report of every swap made so far in this process, oldest first."""
-    with _HOOK.lock:
+    with LEDGER.lock:
         return list(_HOOK.history)
 
 
 def swapped() -> list[tuple[object, FunctionReport]]:
     """The ConcreteFunctions running rewritten now, each with its report."""
-    with _HOOK.lock:
+    with LEDGER.lock:
         return [(cf, record.report) for cf, record in _HOOK.swapped.items()]
 
 
@@ -187,7 +192,7 @@ def record_of(concrete_function) -> SwapRecord | None:
 
 def restore(concrete_function) -> None:
     """Puts the traced state back into ``concrete_function``."""
-    with _HOOK.lock:
+    with LEDGER.lock:
         record = _HOOK.swapped.pop(concrete_function, None)
         if record is not None:
             _set_state(concrete_function, record.traced_state)
@@ -198,7 +203,6 @@ def _register_callback() -> None:
 
     if _on_concrete_function not in transform.CONCRETE_FUNCTION_CALLBACKS:
         transform.CONCRETE_FUNCTION_CALLBACKS.append(_on_concrete_function)
-    _HOOK.is_installed = True
 
 
 def _on_concrete_function(concrete_function) -> None:
@@ -211,15 +215,15 @@ def _on_concrete_function(concrete_function) -> None:
     if TF_DATA_ATTR in concrete_function.function_def.attr:
         logger.debug("tf.function %s: a tf.data function, left in float32", name)
         return
-    with _HOOK.lock:
+    with LEDGER.lock:
         if concrete_function in _HOOK.swapped:
             return
         try:
             _swap_in(concrete_function, config or default_config(), is_explicit=is_explicit)
         except Exception as exc:
-            reason = f"{type(exc).__name__}: {_first_line(exc)}"
+            reason = first_line(exc, with_type=True, if_empty=NO_MESSAGE)
             if _is_strict():
-                raise _runtime_error(f"tf.function {name}: rewrite failed: {reason}") from exc
+                raise RuntimeRewriteError(f"tf.function {name}: rewrite failed: {reason}") from exc
             logger.warning("amp-rewrite: tf.function %s runs in float32: rewrite failed: %s", name, reason)
 
 
@@ -300,12 +304,12 @@ def _first_run_failed(cf, record: SwapRecord, exc, tensor_inputs, captured_input
         # The traced function fails too: the caller's error, not the rewrite's.
         _set_state(cf, rewritten_state)
         raise exc from None
-    with _HOOK.lock:
+    with LEDGER.lock:
         _HOOK.swapped.pop(cf, None)
     name = record.report.name
-    reason = f"the rewritten function failed to run: {type(exc).__name__}: {_first_line(exc)}"
+    reason = "the rewritten function failed to run: " + first_line(exc, with_type=True, if_empty=NO_MESSAGE)
     if _is_strict():
-        raise _runtime_error(f"tf.function {name}: {reason}") from exc
+        raise RuntimeRewriteError(f"tf.function {name}: {reason}") from exc
     logger.warning("amp-rewrite: tf.function %s runs in float32: %s", name, reason)
     return outputs
 
@@ -321,22 +325,15 @@ def default_config() -> Config:
 
     The target is the runtime's (float16 when the runtime is off).
     """
-    import tensorflow as tf
-
     from amp_rewrite import runtime
+    from amp_rewrite.op_registry import default_device_type
 
-    return Config.from_env(device_type="GPU" if tf.config.list_physical_devices("GPU") else "CPU",
+    return Config.from_env(device_type=default_device_type(runs_here=True),
                            target=runtime.current_target() or "float16")
 
 
 def _is_strict() -> bool:
     return _HOOK.is_strict or is_true(os.environ.get(STRICT_ENV))
-
-
-def _runtime_error(message: str) -> AmpRewriteError:
-    from amp_rewrite.runtime.session import RuntimeRewriteError
-
-    return RuntimeRewriteError(message)
 
 
 def _summary(result) -> str:
@@ -347,7 +344,3 @@ def _summary(result) -> str:
 def _function_name(concrete_function) -> str:
     return str(concrete_function.graph.name)
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else "(no message)"

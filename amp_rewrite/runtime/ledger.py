@@ -1,0 +1,97 @@
+"""The one record of what the runtime changed outside this package, and how to undo it.
+
+Every change the runtime makes to TensorFlow, Keras or the import system is
+entered in :data:`LEDGER` when it is made:
+
+- a patched attribute (:meth:`Ledger.install`): ``owner.attr`` becomes a
+  wrapper that calls ``replacement(original, *args, **kwargs)``;
+- any other change (:meth:`Ledger.record`): a callback added to a TensorFlow
+  list, a pending import hook, state that must start afresh, each with the
+  function that undoes it.
+
+:meth:`Ledger.uninstall_all`, which :func:`amp_rewrite.disable` calls, undoes
+them newest first, so every patched attribute is again the object it was.
+The ledger's lock is the runtime's one lock: the modules that install patches
+take it for their own state too, so there is no lock order to get wrong.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One change: who made it, where, and how to undo it.
+
+    Attributes:
+        name: the part of the runtime that made it (``"session"``, ``"tf.function"``, ...).
+        where: ``Owner.attr`` for a patched attribute, else what changed, in a few words.
+        undo: puts back what was there before.
+    """
+
+    name: str
+    where: str
+    undo: Callable[[], None]
+
+
+class Ledger:
+    """The installed changes, in the order they were made, under one lock."""
+
+    def __init__(self):
+        self.lock = threading.RLock()
+        self._entries: list[Entry] = []
+
+    def install(self, name: str, owner, attr: str, replacement: Callable) -> None:
+        """Replaces ``owner.attr`` by a wrapper of ``replacement(original, *args, **kwargs)``.
+
+        The wrapper carries the original's name and docstring, and the
+        original as ``__wrapped__``.
+        """
+        original = owner.__dict__[attr]
+
+        @functools.wraps(original)
+        def patched(*args, **kwargs):
+            return replacement(original, *args, **kwargs)
+
+        with self.lock:
+            setattr(owner, attr, patched)
+            self._entries.append(Entry(name, f"{_qualified(owner)}.{attr}",
+                                       functools.partial(setattr, owner, attr, original)))
+
+    def record(self, name: str, where: str, undo: Callable[[], None]) -> None:
+        """Enters a change that is not an attribute patch, with the function that undoes it."""
+        with self.lock:
+            self._entries.append(Entry(name, where, undo))
+
+    def uninstall_all(self) -> None:
+        """Undoes every change, newest first; the ledger is empty afterwards.
+
+        An undo that raises does not stop the others; the first error is
+        raised once all have run.
+        """
+        with self.lock:
+            entries, self._entries = self._entries, []
+            failure = None
+            for entry in reversed(entries):
+                try:
+                    entry.undo()
+                except Exception as exc:  # the other changes must still be undone
+                    failure = failure or exc
+            if failure is not None:
+                raise failure
+
+    def installed(self, name: str | None = None) -> list[Entry]:
+        """The changes in place, oldest first; only those of ``name`` when given."""
+        with self.lock:
+            return [entry for entry in self._entries if name is None or entry.name == name]
+
+
+def _qualified(owner) -> str:
+    return getattr(owner, "__qualname__", None) or getattr(owner, "__name__", repr(owner))
+
+
+LEDGER = Ledger()
