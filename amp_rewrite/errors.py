@@ -44,3 +44,16 @@ def first_line(exc: BaseException, *, with_type: bool = False) -> str:
     if not lines:
         return type(exc).__name__
     return f"{type(exc).__name__}: {lines[0]}" if with_type else lines[0]
+
+
+class PaintingRuleError(RuntimeError):
+    """A painting rule failed unexpectedly: a fault of the rewrite, not of the input.
+
+    The message names the rule and the original error, which is also the
+    ``__cause__``. Errors the rules raise on purpose (:class:`AmpRewriteError`)
+    pass through unchanged instead.
+    """
+
+    def __init__(self, rule: str, error: BaseException):
+        super().__init__(f"painting rule {rule} failed: {first_line(error, with_type=True)}")
+        self.rule = rule
