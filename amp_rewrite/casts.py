@@ -50,20 +50,16 @@ class Applied:
     cast_sources: dict[tuple[int, str], int] = field(default_factory=dict)
 
 
-def apply_painting(ctx: PaintContext, painting: Painting, was_float32: list[bool], *,
-                   promoted_batch_norms: list[str]) -> Applied:
+def apply_painting(ctx: PaintContext, painting: Painting, was_float32: list[bool]) -> Applied:
     """Rewrites ``ctx.graph.graph_def`` in place according to ``painting``.
 
     Args:
         ctx: the painting context (its graph's GraphDef is the working copy).
         painting: the colours.
         was_float32: per vertex, whether it held float32 before any change.
-        promoted_batch_norms: the nodes :func:`promote_batch_norms` turned
-            into V2; those whose ``T`` is not painted turn back into V1.
     """
     graph = ctx.graph
     retyped = retype_allow_vertices(graph, painting, was_float32, ctx.target_dtype)
-    restore_unconverted_batch_norms(graph, painting, promoted_batch_norms)
     folded, out_of_range = fold_half_consts(ctx, painting)
     new_casts, widening = insert_casts(ctx, painting, was_float32, folded)
     dead = bypass_widening_casts(ctx, widening)
@@ -115,7 +111,11 @@ def promote_batch_norms(graph_def, skip: set[str]) -> list[str]:
 
 
 def restore_unconverted_batch_norms(graph: TypedGraph, painting: Painting, promoted: list[str]) -> None:
-    """Turns each promoted batch norm whose ``T`` is not painted back into V1."""
+    """Turns each node of ``promoted`` whose ``T`` is not painted ALLOW back into V1.
+
+    Only the op name and the ``U`` attr change; the rest of the rewrite does
+    not read them, so this may run any time after painting.
+    """
     v1_of = {v2: v1 for v1, v2 in BATCH_NORM_V1.items()}
     for name in promoted:
         vid = graph.vertex(name, "T")

@@ -31,12 +31,14 @@ to that tuple):
 12. ``retarget_existing_casts``: an existing Cast feeding only half ops casts
     to half.
 
-Then :func:`amp_rewrite.casts.apply_painting` retypes the painted attrs,
-folds Consts, inserts the Casts and turns unpainted batch norms back into V1;
-:func:`amp_rewrite.functions.finalize_functions` writes the function
-instances into the library; :func:`name_changes` names what changed, for the
-report. Fetched nodes, feeds, variables and their reads are never changed;
-the caller's GraphDef is never mutated.
+Then the batch norms whose ``T`` was not painted turn back into V1;
+:func:`amp_rewrite.casts.apply_painting` retypes the painted attrs, folds
+Consts and inserts the Casts; :func:`amp_rewrite.functions.finalize_functions`
+writes the function instances into the library; :func:`name_changes` names
+what changed, for the report. With ``AMP_REWRITE_CHECK=1`` or
+``AMP_REWRITE_STRICT=1``, :func:`amp_rewrite.checks.ensure` then checks the
+output's structural postconditions. Fetched nodes, feeds, variables and their
+reads are never changed; the caller's GraphDef is never mutated.
 
 Logging: one INFO line per rewrite. At DEBUG, what each rule changed
 (``+allow``, ``+deny``, ``unmarked`` vertices) and then every node's outcome,
@@ -54,7 +56,7 @@ from functools import cached_property
 from typing import Callable
 
 from amp_rewrite import painting as rules
-from amp_rewrite.casts import Applied, apply_painting, promote_batch_norms
+from amp_rewrite.casts import Applied, apply_painting, promote_batch_norms, restore_unconverted_batch_norms
 from amp_rewrite.checks import checks_requested, ensure
 from amp_rewrite.config import Config
 from amp_rewrite.op_lists import OpLists, load_lists
@@ -256,8 +258,9 @@ def _rewrite(graph_def, *, fetches, target, config) -> RewriteResult:
                        release=frozenset(config.release), fixed_signatures=frozenset(config.fixed_signatures))
     painting = paint(ctx)
     lap("painting")
+    restore_unconverted_batch_norms(graph, painting, promoted)
     was_float32 = [dtype == DT_FLOAT for dtype in ctx.dtypes]
-    applied = apply_painting(ctx, painting, was_float32, promoted_batch_norms=promoted)
+    applied = apply_painting(ctx, painting, was_float32)
     lap("casts")
     library = finalize_functions(graph)
     names = name_changes(graph, applied, library)
