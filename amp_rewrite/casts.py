@@ -30,11 +30,17 @@ BATCH_NORM_V1 = {"FusedBatchNorm": "FusedBatchNormV2", "FusedBatchNormGrad": "Fu
 
 @dataclass
 class Applied:
-    """What applying a painting changed.
+    """What applying a painting changed, by node name per body (0 is the main graph).
 
-    The ``*_by_body`` fields hold node names per body (0 is the main graph);
-    the flat lists name main-graph nodes as they are and function nodes as
-    ``function::node``, once the library is final.
+    :func:`amp_rewrite.pipeline.name_changes` turns these into the report's
+    names once the function library is final.
+
+    Attributes:
+        converted_by_body: nodes whose type attrs changed, folded Consts included.
+        folded_by_body: float32 Consts now stored in half.
+        out_of_range_by_body: Consts kept float32, with their largest magnitude.
+        casts_by_body: the Casts inserted.
+        cast_sources: (body, Cast name) → index of the node the Cast reads.
     """
 
     converted_by_body: dict[int, list[str]] = field(default_factory=dict)
@@ -42,12 +48,6 @@ class Applied:
     out_of_range_by_body: dict[int, dict[str, float]] = field(default_factory=dict)
     casts_by_body: dict[int, list[str]] = field(default_factory=dict)
     cast_sources: dict[tuple[int, str], int] = field(default_factory=dict)
-    converted: list[str] = field(default_factory=list)
-    casts: list[str] = field(default_factory=list)
-    folded_consts: list[str] = field(default_factory=list)
-    consts_out_of_range: dict[str, float] = field(default_factory=dict)
-    casts_in_loops: list[str] = field(default_factory=list)
-    functions_rewritten: list[str] = field(default_factory=list)
 
 
 def apply_painting(ctx: PaintContext, painting: Painting, was_float32: list[bool]) -> Applied:
@@ -59,23 +59,28 @@ def apply_painting(ctx: PaintContext, painting: Painting, was_float32: list[bool
         was_float32: per vertex, whether it held float32 before any change.
     """
     graph = ctx.graph
-    applied = Applied()
     retyped = retype_allow_vertices(graph, painting, was_float32, ctx.target_dtype)
-    restore_unconverted_batch_norms(graph, painting)
-    folded = fold_half_consts(ctx, painting, applied)
-    changed = retyped | folded
-    for i in sorted(changed - graph.virtual):
-        applied.converted_by_body.setdefault(graph.body_of[i], []).append(graph.nodes[i].name)
+    folded, out_of_range = fold_half_consts(ctx, painting)
     new_casts, widening = insert_casts(ctx, painting, was_float32, folded)
     dead = bypass_widening_casts(ctx, widening)
+    applied = Applied(converted_by_body=_by_body(graph, sorted((retyped | folded) - graph.virtual)),
+                      folded_by_body=_by_body(graph, sorted(folded)), out_of_range_by_body=out_of_range)
     for body_id, cast, src in new_casts:
         if (body_id, cast.name) in dead:
             continue
-        applied.cast_sources[(body_id, cast.name)] = src
         body = graph.bodies[body_id]
         (graph.graph_def.node if body.is_main else body.fdef.node_def).append(cast)
+        applied.cast_sources[(body_id, cast.name)] = src
         applied.casts_by_body.setdefault(body_id, []).append(cast.name)
     return applied
+
+
+def _by_body(graph: TypedGraph, nodes: list[int]) -> dict[int, list[str]]:
+    """The names of ``nodes``, per body."""
+    names: dict[int, list[str]] = {}
+    for i in nodes:
+        names.setdefault(graph.body_of[i], []).append(graph.nodes[i].name)
+    return names
 
 
 def retype_allow_vertices(graph: TypedGraph, painting: Painting, was_float32: list[bool],
@@ -105,8 +110,12 @@ def promote_batch_norms(graph_def, skip: set[str]) -> list[str]:
     return promoted
 
 
-def restore_unconverted_batch_norms(graph: TypedGraph, painting: Painting) -> None:
-    promoted = getattr(graph, "promoted_batch_norms", ())
+def restore_unconverted_batch_norms(graph: TypedGraph, painting: Painting, promoted: list[str]) -> None:
+    """Turns each node of ``promoted`` whose ``T`` is not painted ALLOW back into V1.
+
+    Only the op name and the ``U`` attr change; the rest of the rewrite does
+    not read them, so this may run any time after painting.
+    """
     v1_of = {v2: v1 for v1, v2 in BATCH_NORM_V1.items()}
     for name in promoted:
         vid = graph.vertex(name, "T")
@@ -116,16 +125,18 @@ def restore_unconverted_batch_norms(graph: TypedGraph, painting: Painting) -> No
             del node.attr["U"]
 
 
-def fold_half_consts(ctx: PaintContext, painting: Painting, applied: Applied) -> set[int]:
+def fold_half_consts(ctx: PaintContext, painting: Painting) -> tuple[set[int], dict[int, dict[str, float]]]:
     """Turns float32 Consts read only by ALLOW vertices into half Consts.
 
-    Returns the indices of the nodes folded. A Const with a value outside the
-    half range stays float32 (a Cast follows it) and is reported.
+    Returns the indices of the nodes folded, and per body the Consts left
+    float32 because a value lies outside the half range (a Cast follows
+    them), with their largest magnitude.
     """
     from amp_rewrite import tensors
 
     graph = ctx.graph
     folded: set[int] = set()
+    out_of_range: dict[int, dict[str, float]] = {}
     for i, node in enumerate(graph.nodes):
         if node.op != "Const" or ctx.skip_reason[i] is not None:
             continue
@@ -136,12 +147,11 @@ def fold_half_consts(ctx: PaintContext, painting: Painting, applied: Applied) ->
             continue
         peak = tensors.max_abs(node.attr["value"].tensor, f"node {node.name} (op Const)")
         if peak > HALF_MAX[ctx.target_dtype]:
-            applied.out_of_range_by_body.setdefault(graph.body_of[i], {})[node.name] = peak
+            out_of_range.setdefault(graph.body_of[i], {})[node.name] = peak
             continue
         tensors.convert_const(node, ctx.target_dtype)
         folded.add(i)
-        applied.folded_by_body.setdefault(graph.body_of[i], []).append(node.name)
-    return folded
+    return folded, out_of_range
 
 
 def insert_casts(ctx: PaintContext, painting: Painting, was_float32: list[bool],

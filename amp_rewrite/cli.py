@@ -129,7 +129,8 @@ def _add_rewrite_options(parser: argparse.ArgumentParser) -> None:
                         help="write the graph before and after, and the effective lists, here "
                              "(default: $AMP_REWRITE_DUMP_DIR or $TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LOG_PATH)")
     parser.add_argument("-v", "--verbose", action="count", default=0,
-                        help="-v: INFO logs and TensorFlow's own start-up messages; -vv: every painting decision")
+                        help="-v: INFO logs and TensorFlow's own start-up messages; -vv: also what each painting "
+                             "rule changed and every node's decision, in the words of explain")
 
 
 def _flag_edits(args) -> tuple[ListEdit, ...]:

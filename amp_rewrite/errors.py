@@ -61,3 +61,16 @@ def first_line(exc: BaseException, *, with_type: bool = False, if_empty: str | N
         return type(exc).__name__
     text = next((line for line in lines if not line.startswith(skipping)), lines[0]) if lines else if_empty
     return f"{type(exc).__name__}: {text}" if with_type else text
+
+
+class PaintingRuleError(RuntimeError):
+    """A painting rule failed unexpectedly: a fault of the rewrite, not of the input.
+
+    The message names the rule and the original error, which is also the
+    ``__cause__``. Errors the rules raise on purpose (:class:`AmpRewriteError`)
+    pass through unchanged instead.
+    """
+
+    def __init__(self, rule: str, error: BaseException):
+        super().__init__(f"painting rule {rule} failed: {first_line(error, with_type=True)}")
+        self.rule = rule

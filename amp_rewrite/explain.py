@@ -8,7 +8,8 @@ per node: ``colour``, ``rule``, ``cause`` (a neighbouring node),
 :func:`explain_chain` follows causes back to the op-list entry that started it.
 Nodes inside functions are named ``function::node``. :func:`disagreements`
 checks each reason's verdict (``→ float16``, or ``stays`` with the dtype the
-node had) against the node's type attrs in the rewritten graph.
+node had) against the node's type attrs in the rewritten graph. With DEBUG
+logging on, :mod:`amp_rewrite.pipeline` logs every node's reason after a rewrite.
 """
 
 from __future__ import annotations

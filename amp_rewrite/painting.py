@@ -2,10 +2,16 @@
 
 Colour is state kept in two sets of vertex ids (``allow`` and ``deny``) on a
 :class:`Painting`, never attributes written on nodes. Each rule is one
-function that reads a :class:`PaintContext` and grows or shrinks those sets;
-:func:`amp_rewrite.pipeline.paint` calls them in order. Every rule is a
-reachability question answered by :meth:`TypedGraph.reach`, so no result
-depends on the order nodes appear in the GraphDef.
+function ``rule(ctx, painting)`` that reads a :class:`PaintContext` and grows
+or shrinks those sets, and nothing else. The rules are defined below in the
+order they run, and :data:`RULES` (:data:`ROOT_RULES`, then
+:data:`SPREAD_RULES`) is that order as data: :func:`amp_rewrite.pipeline.paint`
+loops over it. Every rule is a reachability question answered by
+:meth:`TypedGraph.reach`, so no result depends on the order nodes appear in
+the GraphDef.
+
+:func:`find_tensor_list_clusters` runs before the rules. It is no rule: it
+paints nothing and returns the edges that the caller adds to the view.
 
 Legend for the examples in the docstrings: ``allow``/``infer``/``clear``/``deny``
 name the list an op is on; ``ALLOW``/``DENY`` the colour painted.
@@ -16,6 +22,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Callable
 
 from amp_rewrite.graph_facts import DT_FLOAT, DT_RESOURCE, DT_VARIANT
 from amp_rewrite.op_lists import Colour, OpLists
@@ -45,34 +52,56 @@ _TENSOR_LIST_WRITERS = frozenset({
 _NEVER_FORCED = frozenset({"Const", "SoftmaxCrossEntropyWithLogits"})
 
 
+@dataclass(frozen=True)
+class TensorListCluster:
+    """The element-type vertices of the data-structure ops that share one handle.
+
+    ``escapes``: the handle reaches something the rewrite cannot see through,
+    or one of the ops may not be changed, so the element type stays float32.
+    """
+
+    vertices: tuple[int, ...]
+    escapes: bool
+
+
 @dataclass
 class Painting:
     """The colour of every vertex: in ``allow`` (becomes half), in ``deny``, or neither.
 
     ``reasons`` maps a vertex to (rule, cause): the rule that last decided its
     colour and the neighbouring vertex that caused it, or None.
+    ``tensor_list_clusters`` are the groups whose element types must agree.
+    ``allowed``, ``denied`` and ``unmarked`` count the vertices that
+    :meth:`mark_allow`, :meth:`mark_deny` and :meth:`unmark_allow` changed,
+    so a caller can tell what each rule did.
     """
 
     allow: set[int] = field(default_factory=set)
     deny: set[int] = field(default_factory=set)
     reasons: dict[int, tuple[str, int | None]] = field(default_factory=dict)
-    tensor_list_clusters: list[list[int]] = field(default_factory=list)
+    tensor_list_clusters: list[TensorListCluster] = field(default_factory=list)
+    allowed: int = 0
+    denied: int = 0
+    unmarked: int = 0
 
     def mark_allow(self, vid: int, rule: str, cause: int | None = None) -> None:
         if vid not in self.allow:
             self.allow.add(vid)
             self.reasons[vid] = (rule, cause)
+            self.allowed += 1
 
     def mark_deny(self, vid: int, rule: str, cause: int | None = None) -> None:
         self.allow.discard(vid)
         if vid not in self.deny:
             self.deny.add(vid)
             self.reasons[vid] = (rule, cause)
+            self.denied += 1
 
     def unmark_allow(self, vid: int, rule: str, cause: int | None = None) -> None:
         if vid in self.allow:
             self.allow.discard(vid)
             self.reasons[vid] = (rule, cause)
+            self.unmarked += 1
 
 
 class PaintContext:
@@ -252,7 +281,131 @@ class PaintContext:
         return result
 
 
-# -- the rules, in the order the pipeline applies them ----------------------
+# -- before the rules: data structures sharing a handle -------------------
+
+
+def find_tensor_list_clusters(ctx: PaintContext) -> tuple[list[TensorListCluster], list[tuple[int, int]]]:
+    """Groups the data-structure ops that share a handle, so they can share one element type.
+
+    Three families hold tensors behind a handle: TensorLists (a variant
+    handle), and the TensorArrayV3 and StackV2 ops TF1 loops and their
+    gradients use (a resource handle; ``TensorArrayGradV3`` makes a gradient
+    array of the same element type, so it joins its source's cluster). A
+    cluster escapes when its handle reaches something the rule cannot see
+    through (a placeholder, a fetch, an opaque call, ``_Arg``/``_Retval`` of
+    the graph itself, or any other op that takes a resource handle), or when
+    one of its ops may not be changed.
+
+    Returns:
+        The clusters, and an element-type edge (writer, reader) for every
+        writer → reader pair of a cluster that the view does not join yet.
+        Nothing is changed here: :func:`amp_rewrite.pipeline.paint` adds the
+        edges to the view before the rules run, so paint flows through the
+        structure.
+    """
+    graph = ctx.graph
+    element = {i: _element_vertex(ctx, i) for i, node in enumerate(graph.nodes)
+               if node.op in _ELEMENT_ATTR or "TensorList" in node.op}
+    element = {i: v for i, v in element.items() if v is not None}
+    clustered: set[int] = set()
+    clusters: list[TensorListCluster] = []
+    edges: dict[tuple[int, int], None] = {}  # a dict keeps the order found and drops repeats
+    for node_idx in sorted(element):
+        if node_idx in clustered or ctx.skip_reason[node_idx] is not None:
+            continue
+        handles = _handle_vertices(graph, node_idx)
+        escapes: list[int] = []
+
+        def follows(v: int) -> bool:
+            i = graph.vertices[v].node
+            if graph.dtype(v) == DT_VARIANT or _carries_handles(ctx, i):
+                return True
+            escapes.append(v)
+            return False
+
+        reached = graph.reach(handles, forward=True, backward=True, enter=follows)
+        members = sorted({graph.vertices[v].node for v in reached} & element.keys())
+        opaque = escapes or any(ctx.opaque_handle(graph.vertices[v].node) for v in reached)
+        unprocessable = any(ctx.skip_reason[m] is not None for m in members)
+        clustered.update(members)
+        clusters.append(TensorListCluster(tuple(element[m] for m in members), escapes=bool(opaque or unprocessable)))
+        edges.update(dict.fromkeys(_writer_reader_edges(ctx, members, element)))
+    return clusters, list(edges)
+
+
+# Element-type attr of the resource-handle data structures.
+_ELEMENT_ATTR = {
+    "StackV2": "elem_type", "StackPushV2": "T", "StackPopV2": "elem_type",
+    "TensorArrayV3": "dtype", "TensorArrayWriteV3": "T", "TensorArrayReadV3": "dtype",
+    "TensorArrayGatherV3": "dtype", "TensorArrayScatterV3": "T", "TensorArrayConcatV3": "dtype",
+    "TensorArraySplitV3": "T",
+}
+_STRUCTURE_WRITERS = _TENSOR_LIST_WRITERS | {
+    "StackPushV2", "TensorArrayWriteV3", "TensorArrayScatterV3", "TensorArraySplitV3"}
+_STRUCTURE_READERS = _TENSOR_LIST_READERS | {
+    "StackPopV2", "TensorArrayReadV3", "TensorArrayGatherV3", "TensorArrayConcatV3"}
+# Ops a resource handle of a data structure may pass through without escaping.
+_HANDLE_CARRIERS = frozenset({
+    "Enter", "RefEnter", "Exit", "RefExit", "Merge", "RefMerge", "Switch", "RefSwitch",
+    "NextIteration", "RefNextIteration", "Identity", "IdentityN", "TensorArrayGradV3",
+    "TensorArraySizeV3", "TensorArrayCloseV3", "StackCloseV2",
+})
+
+
+def _element_vertex(ctx: PaintContext, node_idx: int) -> int | None:
+    """The float32 element-type vertex of a data-structure op, or None."""
+    graph = ctx.graph
+    op = graph.nodes[node_idx].op
+    if op in _ELEMENT_ATTR:
+        v = graph.vertex_of(node_idx, _ELEMENT_ATTR[op])
+        return v if v is not None and graph.dtype(v) == DT_FLOAT else None
+    if "TensorList" not in op:
+        return None
+    for v in graph.node_vertices[node_idx]:
+        attr = graph.vertices[v].attr
+        if attr.name and attr.index < 0 and graph.dtype(v) == DT_FLOAT:
+            return v
+    return None
+
+
+def _handle_vertices(graph: TypedGraph, node_idx: int) -> list[int]:
+    return [v for v in graph.node_vertices[node_idx] if graph.vertices[v].attr.fixed in (DT_VARIANT, DT_RESOURCE)]
+
+
+def _carries_handles(ctx: PaintContext, node_idx: int) -> bool:
+    op = ctx.graph.nodes[node_idx].op
+    return op in _ELEMENT_ATTR or op in _HANDLE_CARRIERS or node_idx in ctx.boundary
+
+
+def _writer_reader_edges(ctx: PaintContext, members: list[int], element: dict[int, int]):
+    """The (writer, reader) element-vertex pairs of a cluster that the view does not join yet."""
+    graph = ctx.graph
+    for reader in members:
+        if graph.nodes[reader].op not in _STRUCTURE_READERS:
+            continue
+        handles = _handle_vertices(graph, reader)
+        for v in graph.reach(handles, forward=False, backward=True, enter=ctx.processable):
+            writer = graph.vertices[v].node
+            if graph.nodes[writer].op in _STRUCTURE_WRITERS and writer in element:
+                src, dst = element[writer], element[reader]
+                if dst not in graph.fanout[src]:
+                    yield src, dst
+
+
+# -- the rules, in the order they run (ROOT_RULES, then SPREAD_RULES) ------
+
+
+def deny_escaping_tensor_lists(ctx: PaintContext, painting: Painting) -> None:
+    """Paints DENY every data-structure cluster whose handle escapes what the rewrite can see.
+
+    A TensorList passed to a placeholder, a fetch or an opaque call may be
+    read or written there in float32, so all its ops keep a float32 element
+    type, and an allow op among them is never a root.
+    """
+    for cluster in painting.tensor_list_clusters:
+        if cluster.escapes:
+            for v in cluster.vertices:
+                painting.mark_deny(v, "data structure handle escapes what the rewrite can see")
 
 
 def paint_allow_ops(ctx: PaintContext, painting: Painting) -> None:
@@ -295,6 +448,23 @@ def paint_deny_forward(ctx: PaintContext, painting: Painting) -> None:
     for v in graph.reach(deny_roots, forward=True, backward=False,
                          enter=upstream.__contains__, parents=parents):
         painting.mark_deny(v, "downstream of a deny-list op", parents.get(v))
+
+
+def match_tensor_list_clusters(ctx: PaintContext, painting: Painting) -> None:
+    """Gives every op of a data-structure cluster one element type.
+
+    DENY if any member is DENY or cannot hold the half type; else ALLOW if any
+    member is ALLOW.
+    """
+    for cluster in painting.tensor_list_clusters:
+        members = cluster.vertices
+        if any(v in painting.deny or not ctx.supports_target(v) for v in members):
+            for v in members:
+                painting.mark_deny(v, "shares a data structure with a float32 op")
+        elif any(v in painting.allow for v in members):
+            cause = next(v for v in members if v in painting.allow)
+            for v in members:
+                painting.mark_allow(v, "shares a data structure with a half op", cause)
 
 
 def paint_between_allow(ctx: PaintContext, painting: Painting) -> None:
@@ -375,122 +545,51 @@ def paint_clear_around_allow(ctx: PaintContext, painting: Painting) -> None:
             painting.mark_allow(v, "clear op next to an allow op", parents.get(v))
 
 
-def find_tensor_list_clusters(ctx: PaintContext, painting: Painting) -> None:
-    """Groups the data-structure ops that share a handle, so they can share one element type.
+def choose_loop_variable_types(ctx: PaintContext, painting: Painting) -> None:
+    """Gives each While loop variable the dtype that needs fewer Casts per iteration.
 
-    Three families hold tensors behind a handle: TensorLists (a variant
-    handle), and the TensorArrayV3 and StackV2 ops TF1 loops and their
-    gradients use (a resource handle; ``TensorArrayGradV3`` makes a gradient
-    array of the same element type, so it joins its source's cluster). A
-    cluster whose handle reaches something the rule cannot see through (a
-    placeholder, a fetch, an opaque call, ``_Arg``/``_Retval`` of the graph
-    itself, or any other op that takes a resource handle) or a node that may
-    not be changed is painted DENY. Every writer → reader pair in a cluster
-    gets an element-type edge, so painting flows through the structure.
+    A loop variable is one dtype in the While op, its body's argument and
+    result, and its cond's argument. Casts outside the loop run once, casts
+    inside run every iteration, so the choice looks only inside: a Cast is
+    needed after the argument if some body or cond op reading it has the
+    other colour, and before the result if the op producing it has. A weight
+    read once and passed through the loop unchanged costs nothing in half and
+    a Cast per iteration in float32, so it is cast once, before the loop.
     """
     graph = ctx.graph
-    element = {i: _element_vertex(ctx, i) for i, node in enumerate(graph.nodes)
-               if node.op in _ELEMENT_ATTR or "TensorList" in node.op}
-    element = {i: v for i, v in element.items() if v is not None}
-    clustered: set[int] = set()
-    for node_idx in sorted(element):
-        if node_idx in clustered or ctx.skip_reason[node_idx] is not None:
+    for group in graph.loop_groups:
+        members = set(group)
+        if not all(ctx.can_convert(v) for v in group):
+            for v in group:
+                painting.unmark_allow(v, "loop variable: cannot be half everywhere")
             continue
-        handles = _handle_vertices(graph, node_idx)
-        escapes: list[int] = []
-
-        def follows(v: int) -> bool:
-            i = graph.vertices[v].node
-            if graph.dtype(v) == DT_VARIANT or _carries_handles(ctx, i):
-                return True
-            escapes.append(v)
-            return False
-
-        reached = graph.reach(handles, forward=True, backward=True, enter=follows)
-        members = sorted({graph.vertices[v].node for v in reached} & element.keys())
-        opaque = escapes or any(ctx.opaque_handle(graph.vertices[v].node) for v in reached)
-        unprocessable = any(ctx.skip_reason[m] is not None for m in members)
-        clustered.update(members)
-        cluster = [element[m] for m in members]
-        painting.tensor_list_clusters.append(cluster)
-        if opaque or unprocessable:
-            for v in cluster:
-                painting.mark_deny(v, "data structure handle escapes what the rewrite can see")
-        _add_writer_reader_edges(ctx, members, element)
+        _, arg, ret, test_arg = group
+        readers = [w for v in (arg, test_arg) for w in graph.fanout[v] if w not in members]
+        writers = [u for u in graph.fanin[ret] if u not in members]
+        in_half = sum((any(w not in painting.allow for w in readers), any(u not in painting.allow for u in writers)))
+        in_float = sum((any(w in painting.allow for w in readers), any(u in painting.allow for u in writers)))
+        cause = next((w for w in readers + writers if w in painting.allow), None)
+        if in_half < in_float or (in_half == in_float and all(v in painting.allow for v in group)):
+            for v in group:
+                painting.mark_allow(v, "loop variable: half needs fewer casts per iteration", cause)
+        else:
+            for v in group:
+                painting.unmark_allow(v, "loop variable: float32 needs fewer casts per iteration")
 
 
-# Element-type attr of the resource-handle data structures.
-_ELEMENT_ATTR = {
-    "StackV2": "elem_type", "StackPushV2": "T", "StackPopV2": "elem_type",
-    "TensorArrayV3": "dtype", "TensorArrayWriteV3": "T", "TensorArrayReadV3": "dtype",
-    "TensorArrayGatherV3": "dtype", "TensorArrayScatterV3": "T", "TensorArrayConcatV3": "dtype",
-    "TensorArraySplitV3": "T",
-}
-_STRUCTURE_WRITERS = _TENSOR_LIST_WRITERS | {
-    "StackPushV2", "TensorArrayWriteV3", "TensorArrayScatterV3", "TensorArraySplitV3"}
-_STRUCTURE_READERS = _TENSOR_LIST_READERS | {
-    "StackPopV2", "TensorArrayReadV3", "TensorArrayGatherV3", "TensorArrayConcatV3"}
-# Ops a resource handle of a data structure may pass through without escaping.
-_HANDLE_CARRIERS = frozenset({
-    "Enter", "RefEnter", "Exit", "RefExit", "Merge", "RefMerge", "Switch", "RefSwitch",
-    "NextIteration", "RefNextIteration", "Identity", "IdentityN", "TensorArrayGradV3",
-    "TensorArraySizeV3", "TensorArrayCloseV3", "StackCloseV2",
-})
+def match_call_boundaries(ctx: PaintContext, painting: Painting) -> None:
+    """Keeps a value one dtype across a call: a call's port and the callee's arg or result agree.
 
-
-def _element_vertex(ctx: PaintContext, node_idx: int) -> int | None:
-    """The float32 element-type vertex of a data-structure op, or None."""
-    graph = ctx.graph
-    op = graph.nodes[node_idx].op
-    if op in _ELEMENT_ATTR:
-        v = graph.vertex_of(node_idx, _ELEMENT_ATTR[op])
-        return v if v is not None and graph.dtype(v) == DT_FLOAT else None
-    if "TensorList" not in op:
-        return None
-    for v in graph.node_vertices[node_idx]:
-        attr = graph.vertices[v].attr
-        if attr.name and attr.index < 0 and graph.dtype(v) == DT_FLOAT:
-            return v
-    return None
-
-
-def _handle_vertices(graph: TypedGraph, node_idx: int) -> list[int]:
-    return [v for v in graph.node_vertices[node_idx] if graph.vertices[v].attr.fixed in (DT_VARIANT, DT_RESOURCE)]
-
-
-def _carries_handles(ctx: PaintContext, node_idx: int) -> bool:
-    op = ctx.graph.nodes[node_idx].op
-    return op in _ELEMENT_ATTR or op in _HANDLE_CARRIERS or node_idx in ctx.boundary
-
-
-def _add_writer_reader_edges(ctx: PaintContext, members: list[int], element: dict[int, int]) -> None:
-    graph = ctx.graph
-    for reader in members:
-        if graph.nodes[reader].op not in _STRUCTURE_READERS:
-            continue
-        handles = _handle_vertices(graph, reader)
-        for v in graph.reach(handles, forward=False, backward=True, enter=ctx.processable):
-            writer = graph.vertices[v].node
-            if graph.nodes[writer].op in _STRUCTURE_WRITERS and writer in element:
-                src, dst = element[writer], element[reader]
-                if dst not in graph.fanout[src]:
-                    graph.add_edge(src, dst)
-
-
-def match_tensor_list_clusters(ctx: PaintContext, painting: Painting) -> None:
-    """Gives every op of a data-structure cluster one element type.
-
-    DENY if any member is DENY or cannot hold the half type; else ALLOW if any
-    member is ALLOW.
+    A group is half only if every member is; otherwise all stay float32 and
+    the Casts go on either side of the boundary.
     """
-    for cluster in painting.tensor_list_clusters:
-        if any(v in painting.deny or not ctx.supports_target(v) for v in cluster):
-            for v in cluster:
-                painting.mark_deny(v, "shares a data structure with a float32 op")
-        elif any(v in painting.allow for v in cluster):
-            cause = next(v for v in cluster if v in painting.allow)
-            for v in cluster:
-                painting.mark_allow(v, "shares a data structure with a half op", cause)
+    loop = {id(g) for g in ctx.graph.loop_groups}
+    for group in ctx.graph.groups:
+        if id(group) in loop or all(v in painting.allow for v in group):
+            continue
+        blocker = next(v for v in group if v not in painting.allow)
+        for v in group:
+            painting.unmark_allow(v, "call boundary: the other side stays float32", blocker)
 
 
 def match_loop_edges(ctx: PaintContext, painting: Painting) -> None:
@@ -540,48 +639,28 @@ def retarget_existing_casts(ctx: PaintContext, painting: Painting) -> None:
             painting.mark_allow(dst_t, "existing Cast feeding only half ops", targets[0])
 
 
-def choose_loop_variable_types(ctx: PaintContext, painting: Painting) -> None:
-    """Gives each While loop variable the dtype that needs fewer Casts per iteration.
+# -- the schedule -------------------------------------------------------------
 
-    A loop variable is one dtype in the While op, its body's argument and
-    result, and its cond's argument. Casts outside the loop run once, casts
-    inside run every iteration, so the choice looks only inside: a Cast is
-    needed after the argument if some body or cond op reading it has the
-    other colour, and before the result if the op producing it has. A weight
-    read once and passed through the loop unchanged costs nothing in half and
-    a Cast per iteration in float32, so it is cast once, before the loop.
-    """
-    graph = ctx.graph
-    for group in graph.loop_groups:
-        members = set(group)
-        if not all(ctx.can_convert(v) for v in group):
-            for v in group:
-                painting.unmark_allow(v, "loop variable: cannot be half everywhere")
-            continue
-        _, arg, ret, test_arg = group
-        readers = [w for v in (arg, test_arg) for w in graph.fanout[v] if w not in members]
-        writers = [u for u in graph.fanin[ret] if u not in members]
-        in_half = sum((any(w not in painting.allow for w in readers), any(u not in painting.allow for u in writers)))
-        in_float = sum((any(w in painting.allow for w in readers), any(u in painting.allow for u in writers)))
-        cause = next((w for w in readers + writers if w in painting.allow), None)
-        if in_half < in_float or (in_half == in_float and all(v in painting.allow for v in group)):
-            for v in group:
-                painting.mark_allow(v, "loop variable: half needs fewer casts per iteration", cause)
-        else:
-            for v in group:
-                painting.unmark_allow(v, "loop variable: float32 needs fewer casts per iteration")
+Rule = Callable[[PaintContext, Painting], None]
 
-
-def match_call_boundaries(ctx: PaintContext, painting: Painting) -> None:
-    """Keeps a value one dtype across a call: a call's port and the callee's arg or result agree.
-
-    A group is half only if every member is; otherwise all stay float32 and
-    the Casts go on either side of the boundary.
-    """
-    loop = {id(g) for g in ctx.graph.loop_groups}
-    for group in ctx.graph.groups:
-        if id(group) in loop or all(v in painting.allow for v in group):
-            continue
-        blocker = next(v for v in group if v not in painting.allow)
-        for v in group:
-            painting.unmark_allow(v, "call boundary: the other side stays float32", blocker)
+#: The rules that find the roots. With no ALLOW vertex after them there is
+#: nothing to convert, and :func:`amp_rewrite.pipeline.paint` stops there.
+ROOT_RULES: tuple[Rule, ...] = (
+    deny_escaping_tensor_lists,
+    paint_allow_ops,
+)
+#: The rules that spread the roots' colours and then make them agree where
+#: values must hold one dtype, in the order they run.
+SPREAD_RULES: tuple[Rule, ...] = (
+    paint_deny_forward,
+    match_tensor_list_clusters,
+    paint_between_allow,
+    paint_infer_after_allow,
+    paint_clear_around_allow,
+    match_tensor_list_clusters,  # clear ops around allow ops may have painted a member
+    choose_loop_variable_types,
+    match_call_boundaries,
+    match_loop_edges,
+    retarget_existing_casts,
+)
+RULES: tuple[Rule, ...] = ROOT_RULES + SPREAD_RULES

@@ -1,22 +1,48 @@
 """``rewrite()``: a float32 GraphDef in, a mixed-precision GraphDef out.
 
-The algorithm, in the order :func:`paint` runs it:
+:func:`_rewrite` copies the graph, turns FusedBatchNorm V1 into V2 so that its
+``T`` can be half, and builds the typed view. :func:`paint` then finds the
+data structures whose ops share a handle, adds the writer → reader edges
+between their element types to the view, and runs the rules of
+:data:`amp_rewrite.painting.RULES` in this order (a test holds this account
+to that tuple):
 
-1. Allow: every float32 vertex of an allow-list op that has a half kernel.
-2. Deny forward: each deny-list op, and the clear/infer ops on its paths to
-   another deny or infer op, stay float32.
-3. Tensor lists: ops sharing a list handle get one element type; a handle
-   that escapes the graph keeps its list float32.
-4. Between allow: clear and infer ops on a path between two allow ops join them.
-5. Infer after allow: an infer op fed by a half op (and no deny op) joins it,
-   repeated to a fixed point.
-6. Clear around allow: clear ops connected to a half op through clear ops join it.
-7. Loops: a NextIteration and its Merges agree; an existing Cast feeding only
-   half ops is retargeted.
+1. ``deny_escaping_tensor_lists``: a data structure whose handle escapes the
+   view keeps a float32 element type.
+2. ``paint_allow_ops``: every float32 vertex of an allow-list op that has a
+   half kernel is painted.
+   With no vertex painted now, there is nothing to do: :func:`paint` stops.
+3. ``paint_deny_forward``: each deny-list op, and the clear/infer ops on its
+   paths to another deny or infer op, stay float32.
+4. ``match_tensor_list_clusters``: the ops of a data structure get one
+   element type.
+5. ``paint_between_allow``: clear and infer ops on a path between two allow
+   ops join them.
+6. ``paint_infer_after_allow``: an infer op fed by a half op (and no deny op)
+   joins it, repeated to a fixed point.
+7. ``paint_clear_around_allow``: clear ops connected to a half op through
+   clear ops join it.
+8. ``match_tensor_list_clusters``: again, for the ops step 7 painted.
+9. ``choose_loop_variable_types``: each While loop variable takes the dtype
+   that needs fewer Casts per iteration.
+10. ``match_call_boundaries``: a call's ports and its callee's arguments and
+    results agree.
+11. ``match_loop_edges``: a NextIteration and its Merges agree.
+12. ``retarget_existing_casts``: an existing Cast feeding only half ops casts
+    to half.
 
-Then :mod:`amp_rewrite.casts` retypes the painted attrs and inserts the Casts.
-Fetched nodes, feeds, variables and their reads are never changed; the
-caller's GraphDef is never mutated.
+Then the batch norms whose ``T`` was not painted turn back into V1;
+:func:`amp_rewrite.casts.apply_painting` retypes the painted attrs, folds
+Consts and inserts the Casts; :func:`amp_rewrite.functions.finalize_functions`
+writes the function instances into the library; :func:`name_changes` names
+what changed, for the report. With ``AMP_REWRITE_CHECK=1`` or
+``AMP_REWRITE_STRICT=1``, :func:`amp_rewrite.checks.ensure` then checks the
+output's structural postconditions. Fetched nodes, feeds, variables and their
+reads are never changed; the caller's GraphDef is never mutated.
+
+Logging: one INFO line per rewrite. At DEBUG, what each rule changed
+(``+allow``, ``+deny``, ``unmarked`` vertices) and then every node's outcome,
+in the sentence :mod:`amp_rewrite.explain` gives for it.
 """
 
 from __future__ import annotations
@@ -30,15 +56,15 @@ from functools import cached_property
 from typing import Callable
 
 from amp_rewrite import painting as rules
-from amp_rewrite.casts import Applied, apply_painting, promote_batch_norms
+from amp_rewrite.casts import Applied, apply_painting, promote_batch_norms, restore_unconverted_batch_norms
 from amp_rewrite.checks import checks_requested, ensure
 from amp_rewrite.config import Config
 from amp_rewrite.op_lists import OpLists, load_lists
 from amp_rewrite.op_registry import OpRegistry, default_device_type, graph_pb2
-from amp_rewrite.painting import PaintContext, Painting
-from amp_rewrite.errors import GraphError
+from amp_rewrite.painting import PaintContext, Painting, Rule
+from amp_rewrite.errors import AmpRewriteError, GraphError, PaintingRuleError
 from amp_rewrite.explain import node_outcomes
-from amp_rewrite.functions import finalize_functions
+from amp_rewrite.functions import LibraryResult, finalize_functions
 from amp_rewrite.graph_facts import DT_BFLOAT16, DT_FLOAT, DT_HALF, node_name, sinks
 from amp_rewrite.typed_graph import TypedGraph
 
@@ -48,24 +74,37 @@ TARGET_DTYPES = {"float16": DT_HALF, "bfloat16": DT_BFLOAT16}
 
 
 def paint(ctx: PaintContext) -> Painting:
-    """Runs the painting rules in order and returns the colours."""
-    painting = Painting()
-    rules.find_tensor_list_clusters(ctx, painting)
-    rules.paint_allow_ops(ctx, painting)
+    """Runs the painting rules in order and returns the colours.
+
+    Raises:
+        PaintingRuleError: a rule failed unexpectedly; the error names it.
+    """
+    clusters, edges = rules.find_tensor_list_clusters(ctx)
+    for writer, reader in edges:
+        ctx.graph.add_edge(writer, reader)
+    logger.debug("find_tensor_list_clusters: %d clusters, %d writer → reader edges added to the view",
+                 len(clusters), len(edges))
+    painting = Painting(tensor_list_clusters=clusters)
+    _run_rules(rules.ROOT_RULES, ctx, painting)
     if not painting.allow:
         logger.debug("no allow-list op can run in half; nothing to do")
         return painting
-    rules.paint_deny_forward(ctx, painting)
-    rules.match_tensor_list_clusters(ctx, painting)
-    rules.paint_between_allow(ctx, painting)
-    rules.paint_infer_after_allow(ctx, painting)
-    rules.paint_clear_around_allow(ctx, painting)
-    rules.match_tensor_list_clusters(ctx, painting)
-    rules.choose_loop_variable_types(ctx, painting)
-    rules.match_call_boundaries(ctx, painting)
-    rules.match_loop_edges(ctx, painting)
-    rules.retarget_existing_casts(ctx, painting)
+    _run_rules(rules.SPREAD_RULES, ctx, painting)
     return painting
+
+
+def _run_rules(schedule: tuple[Rule, ...], ctx: PaintContext, painting: Painting) -> None:
+    """Runs each rule of ``schedule`` and logs what it changed."""
+    for rule in schedule:
+        before = painting.allowed, painting.denied, painting.unmarked
+        try:
+            rule(ctx, painting)
+        except (AmpRewriteError, RecursionError, MemoryError):
+            raise  # bad input, said in one line by whoever raised it
+        except Exception as exc:
+            raise PaintingRuleError(rule.__name__, exc) from exc
+        logger.debug("%s: +allow %d, +deny %d, unmarked %d", rule.__name__, painting.allowed - before[0],
+                     painting.denied - before[1], painting.unmarked - before[2])
 
 
 @dataclass(frozen=True)
@@ -77,6 +116,7 @@ class RewriteResult:
         config: the configuration used.
         lists: the effective op lists.
         seconds: wall time of the rewrite.
+        applied: what changed, by the report's names (:class:`AppliedNames`).
     """
 
     graph_def: object
@@ -84,7 +124,7 @@ class RewriteResult:
     lists: OpLists
     seconds: float
     nodes_total: int
-    applied: Applied
+    applied: AppliedNames
     explain: Callable[[], dict] = field(repr=False)
     unknown_ops: tuple[str, ...] = ()
     validation: object = None
@@ -211,7 +251,6 @@ def _rewrite(graph_def, *, fetches, target, config) -> RewriteResult:
     promoted = promote_batch_norms(work, skip=preserved)
     lap("copy")
     graph = TypedGraph(work, OpRegistry(work.library))
-    graph.promoted_batch_norms = promoted
     lap("typed view")
     ctx = PaintContext(graph, lists, target_dtype=TARGET_DTYPES[config.target],
                        device_type=config.device_type, preserved=preserved,
@@ -219,39 +258,76 @@ def _rewrite(graph_def, *, fetches, target, config) -> RewriteResult:
                        release=frozenset(config.release), fixed_signatures=frozenset(config.fixed_signatures))
     painting = paint(ctx)
     lap("painting")
+    restore_unconverted_batch_norms(graph, painting, promoted)
     was_float32 = [dtype == DT_FLOAT for dtype in ctx.dtypes]
     applied = apply_painting(ctx, painting, was_float32)
     lap("casts")
     library = finalize_functions(graph)
-    applied.converted = library.qualify(applied.converted_by_body)
-    applied.casts = library.qualify(applied.casts_by_body)
-    applied.folded_consts = library.qualify(applied.folded_by_body)
-    applied.consts_out_of_range = library.qualify_map(applied.out_of_range_by_body)
-    applied.functions_rewritten = library.rewritten
-    in_v1_loops = v1_loop_nodes(graph)
-    applied.casts_in_loops = [c for c in applied.casts_by_body.get(0, [])
-                              if applied.cast_sources[(0, c)] in in_v1_loops]
-    applied.casts_in_loops += [c for c in applied.casts if c.split("::")[0] in library.loop_functions]
+    names = name_changes(graph, applied, library)
     lap("functions")
     result = RewriteResult(
         graph_def=work, config=config, lists=lists, seconds=time.perf_counter() - start,
         nodes_total=len(graph_def.node) + sum(len(f.node_def) for f in graph_def.library.function),
-        applied=applied,
+        applied=names,
         explain=lambda: node_outcomes(ctx, painting, applied, was_float32),
         unknown_ops=tuple(graph.unknown_ops),
         step_seconds=lap.seconds,
     )
     if checks_requested():
         left_alone = {graph.nodes[i].name for i in graph.bodies[0].index.values() if ctx.skip_reason[i] is not None}
-        ensure(graph_def, work, casts=applied.casts, fetches=config.fetches, left_alone=left_alone)
+        ensure(graph_def, work, casts=names.casts, fetches=config.fetches, left_alone=left_alone)
     if config.dump_dir:
         from amp_rewrite.graph_io import dump_rewrite
 
         paths = dump_rewrite(config.dump_dir, graph_def, work, lists)
         logger.info("dumped the graph before and after the rewrite to %s", paths[0].parent)
-    logger.info("converted %d/%d nodes to %s, %d casts, in %.3f s", len(applied.converted),
-                result.nodes_total, config.target, len(applied.casts), result.seconds)
+    if logger.isEnabledFor(logging.DEBUG):
+        for outcome in result.node_outcomes.values():
+            logger.debug("%s", outcome["reason"])
+    logger.info("converted %d/%d nodes to %s, %d casts, in %.3f s", len(names.converted),
+                result.nodes_total, config.target, len(names.casts), result.seconds)
     return result
+
+
+@dataclass(frozen=True)
+class AppliedNames:
+    """What a rewrite changed, by the names the report uses.
+
+    Main-graph nodes are named as they are, function nodes as
+    ``function::node`` in the function written for them.
+
+    Attributes:
+        converted: nodes whose type attrs changed, folded Consts included.
+        casts: the Casts inserted.
+        folded_consts: float32 Consts now stored in half.
+        consts_out_of_range: Consts kept float32 because a value exceeds the
+            half range, with their largest magnitude.
+        casts_in_loops: the inserted Casts that run on every loop iteration.
+        functions_rewritten: the functions the library holds in a new version.
+    """
+
+    converted: list[str]
+    casts: list[str]
+    folded_consts: list[str]
+    consts_out_of_range: dict[str, float]
+    casts_in_loops: list[str]
+    functions_rewritten: list[str]
+
+
+def name_changes(graph: TypedGraph, applied: Applied, library: LibraryResult) -> AppliedNames:
+    """Names what :func:`apply_painting` changed, once the library is final: the report's one naming step."""
+    casts = library.qualify(applied.casts_by_body)
+    in_v1_loops = v1_loop_nodes(graph)
+    casts_in_loops = [c for c in applied.casts_by_body.get(0, []) if applied.cast_sources[(0, c)] in in_v1_loops]
+    casts_in_loops += [c for c in casts if c.split("::")[0] in library.loop_functions]
+    return AppliedNames(
+        converted=library.qualify(applied.converted_by_body),
+        casts=casts,
+        folded_consts=library.qualify(applied.folded_by_body),
+        consts_out_of_range=library.qualify_map(applied.out_of_range_by_body),
+        casts_in_loops=casts_in_loops,
+        functions_rewritten=library.rewritten,
+    )
 
 
 class _Laps:

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -224,4 +225,46 @@ def test_a_failing_tensorflow_import_shows_what_tensorflow_wrote(graph_file, tmp
     assert proc.returncode != 0
     assert "Check failed: a broken TensorFlow install" in proc.stderr  # passed on, not dropped
     assert "RuntimeError: TensorFlow failed to load" in proc.stderr
+    assert not (tmp_path / "out.pb").exists()
+
+
+RULE_LINE = re.compile(r"^amp-rewrite: DEBUG: (\w+): \+allow (\d+), \+deny (\d+), unmarked (\d+)$")
+
+
+def test_verbose_levels_log_each_rule_then_each_decision_as_explain_words_it(graph_file, tmp_path):
+    from amp_rewrite.painting import RULES
+
+    common = [graph_file, tmp_path / "out.pb", "--fetch", "logits", "--device-type", "CPU"]
+    info = cli(*common, "-v", cwd=tmp_path)
+    assert info.returncode == 0, info.stderr
+    assert any(line.startswith("amp-rewrite: INFO: converted 4/6") for line in our_lines(info.stderr))
+    assert not [line for line in info.stderr.splitlines() if line.startswith("amp-rewrite: DEBUG: ")]
+    debug = cli(*common, "-vv", cwd=tmp_path)
+    assert debug.returncode == 0, debug.stderr
+    lines = debug.stderr.splitlines()
+    changed = [RULE_LINE.match(line).groups() for line in lines if RULE_LINE.match(line)]
+    assert [name for name, *_ in changed] == [rule.__name__ for rule in RULES]
+    counts = {name: tuple(map(int, numbers)) for name, *numbers in changed}
+    assert counts["paint_allow_ops"] == (2, 0, 0)  # mm and mm2
+    assert counts["paint_between_allow"] == (1, 0, 0)  # relu, between them
+    explained = cli("explain", graph_file, "relu", "--fetch", "logits", "--device-type", "CPU", cwd=tmp_path)
+    assert explained.returncode == 0, explained.stderr
+    sentence = explained.stdout.splitlines()[0]
+    assert sentence.startswith("relu (Relu) → float16: between allow ops")
+    assert f"amp-rewrite: DEBUG: {sentence}" in lines
+
+
+def test_an_unexpected_failure_in_a_painting_rule_is_one_line_naming_the_rule(graph_file, tmp_path, monkeypatch,
+                                                                               capsys):
+    from amp_rewrite import cli as command
+    from amp_rewrite.painting import PaintContext
+
+    def broken(self, vid):
+        raise ValueError("boom")
+
+    monkeypatch.setattr(PaintContext, "can_convert", broken)
+    code = command.main([str(graph_file), str(tmp_path / "out.pb"), "--device-type", "CPU"])
+    assert code == 1
+    line = assert_one_line_error(capsys.readouterr().err, "painting rule paint_allow_ops failed: ValueError: boom")
+    assert line.endswith("(unexpected; run with -v for details)")
     assert not (tmp_path / "out.pb").exists()

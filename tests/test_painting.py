@@ -494,3 +494,53 @@ def test_conv3d_converts():
     out = amp(gd, ["fetch"]).graph_def
     expect_half(out, {"allow1", "clr1"})
     assert_same_outputs_within_half(gd, out, ["fetch"], feed((1, 4, 6, 6, 2)))
+
+
+def test_rules_are_defined_in_the_order_they_run_and_every_rule_is_scheduled():
+    import inspect
+
+    from amp_rewrite import painting
+
+    first_runs = list(dict.fromkeys(painting.RULES))
+    lines = [inspect.getsourcelines(rule)[1] for rule in first_runs]
+    assert lines == sorted(lines), [rule.__name__ for rule in first_runs]
+    shaped_like_a_rule = {f for f in vars(painting).values()
+                          if inspect.isfunction(f) and f.__module__ == painting.__name__
+                          and list(inspect.signature(f).parameters) == ["ctx", "painting"]}
+    assert shaped_like_a_rule == set(painting.RULES)
+    assert painting.RULES == painting.ROOT_RULES + painting.SPREAD_RULES
+
+
+def test_finding_data_structures_changes_nothing_and_the_pipeline_adds_their_edges(monkeypatch):
+    from amp_rewrite import painting
+
+    g = tf.Graph()
+    with g.as_default():
+        x = placeholder()
+        allow1 = tf.matmul(x, x, name="allow1")
+        handle = tf.raw_ops.TensorListFromTensor(tensor=allow1, element_shape=tf.constant([8]), name="tl_from")
+        item = tf.raw_ops.TensorListGetItem(input_handle=handle, index=2, element_shape=tf.constant([8]),
+                                            element_dtype=tf.float32, name="tl_get")
+        tf.identity(tf.matmul(tf.reshape(item, [1, 8]), x, name="allow2"), name="fetch")
+    seen = {}
+    find = painting.find_tensor_list_clusters
+
+    def edges_of(graph):
+        return [list(out) for out in graph.fanout], [list(into) for into in graph.fanin]
+
+    def watched(ctx):
+        before = edges_of(ctx.graph)
+        found = find(ctx)
+        seen.update(graph=ctx.graph, found=found, before=before, after=edges_of(ctx.graph))
+        return found
+
+    monkeypatch.setattr(painting, "find_tensor_list_clusters", watched)
+    amp(g.as_graph_def(), ["fetch"])
+    graph = seen["graph"]
+    assert seen["after"] == seen["before"]  # finding is read-only
+    clusters, edges = seen["found"]
+    writer, reader = graph.vertex("tl_from", "element_dtype"), graph.vertex("tl_get", "element_dtype")
+    assert [(set(c.vertices), c.escapes) for c in clusters] == [({writer, reader}, False)]
+    assert edges == [(writer, reader)]
+    assert reader not in seen["before"][0][writer]
+    assert reader in graph.fanout[writer] and writer in graph.fanin[reader]  # added by the pipeline

@@ -1,10 +1,14 @@
 """rewrite(): purity, determinism, idempotence, fetch handling, levels end to end."""
 
+import logging
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from amp_rewrite import Config, GraphError, rewrite
+from amp_rewrite import Config, GraphError, painting, pipeline, rewrite
+from amp_rewrite.errors import PaintingRuleError
 from helpers import CPU, amp, assert_same_outputs_within_half, half_nodes, rng, tf1
 
 
@@ -114,3 +118,67 @@ def test_bfloat16_on_cpu_runs():
 def test_gpu_device_type_on_a_cpu_build_checks_opdefs_only():
     result = rewrite(mixed_graph(), fetches=["logits", "loss"], config=Config(device_type="GPU"))
     assert "mm0" in result.converted
+
+
+RULE_LINE = re.compile(r"^(\w+): \+allow (\d+), \+deny (\d+), unmarked (\d+)$")
+
+
+def test_the_numbered_account_of_the_algorithm_is_the_schedule():
+    account = pipeline.__doc__
+    items = re.findall(r"^(\d+)\. ``(\w+)``", account, re.M)
+    assert [int(n) for n, _ in items] == list(range(1, len(painting.RULES) + 1))
+    assert [name for _, name in items] == [rule.__name__ for rule in painting.RULES]
+    roots = len(painting.ROOT_RULES)
+    stop = account.index("nothing to do")
+    assert account.index(f"\n{roots}. ``") < stop < account.index(f"\n{roots + 1}. ``")
+
+
+def test_each_rule_logs_what_it_changed_and_every_node_its_reason(caplog):
+    caplog.set_level(logging.DEBUG, logger="amp_rewrite.pipeline")
+    result = amp(mixed_graph(), ["logits", "loss"])
+    messages = [r.getMessage() for r in caplog.records if r.name == "amp_rewrite.pipeline"]
+    changed = [RULE_LINE.match(m).groups() for m in messages if RULE_LINE.match(m)]
+    assert [name for name, *_ in changed] == [rule.__name__ for rule in painting.RULES]
+    allowed = {name: int(a) for name, a, _, _ in changed}
+    assert allowed["paint_allow_ops"] == 3  # mm0, mm1, mm2: one type attr each
+    # no rule here denies a painted vertex, so the changes add up to the half nodes
+    # the rules painted (each has one float type attr; folded Consts are not painted)
+    painted = [name for name, entry in result.node_outcomes.items()
+               if entry["colour"] == "allow" and name not in result.applied.folded_consts]
+    assert sum(int(a) - int(u) for _, a, _, u in changed) == len(painted) > 3
+    reasons = [entry["reason"] for entry in result.node_outcomes.values()]
+    assert [m for m in messages if m in set(reasons)] == reasons
+
+
+def test_decision_sentences_are_built_only_when_debug_is_on(monkeypatch, caplog):
+    built = []
+    outcomes = pipeline.node_outcomes
+    monkeypatch.setattr(pipeline, "node_outcomes", lambda *args: built.append(1) or outcomes(*args))
+    caplog.set_level(logging.INFO, logger="amp_rewrite.pipeline")
+    amp(mixed_graph(), ["logits", "loss"])
+    assert built == []
+    caplog.set_level(logging.DEBUG, logger="amp_rewrite.pipeline")
+    amp(mixed_graph(), ["logits", "loss"])
+    assert built == [1]
+
+
+def test_an_unexpected_failure_inside_a_rule_names_the_rule(monkeypatch):
+    def broken(self, vid):
+        raise ValueError("boom")
+
+    monkeypatch.setattr(painting.PaintContext, "can_convert", broken)
+    with pytest.raises(PaintingRuleError, match=r"^painting rule paint_allow_ops failed: ValueError: boom$") as info:
+        amp(mixed_graph(), ["logits", "loss"])
+    assert info.value.rule == "paint_allow_ops" and isinstance(info.value.__cause__, ValueError)
+
+
+def test_our_own_errors_inside_a_rule_keep_their_text(monkeypatch):
+    message = "node mm0 (op MatMul): attr T holds no DataType"
+
+    def refuses(self, vid):
+        raise GraphError(message)
+
+    monkeypatch.setattr(painting.PaintContext, "can_convert", refuses)
+    with pytest.raises(GraphError) as info:
+        amp(mixed_graph(), ["logits", "loss"])
+    assert str(info.value) == message
