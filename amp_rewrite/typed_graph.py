@@ -74,6 +74,9 @@ class TypedGraph:
             instances' (see :class:`~amp_rewrite.instances.Instances`).
         index: main-graph node name → global index.
         op_defs: the OpDef of each node, or None for unknown ops.
+        unknown_ops: the ops of the nodes with no OpDef, sorted.
+        in_attrs, out_attrs: per node, the TypeAttr of each input / output port (None for unknown ops).
+        out_args: per node, the first output port of each named output arg (how function bodies name outputs).
         inputs: per node, the (source node, source port) of each data input.
         consumers: (node, output port) → [(consumer node, data-input ordinal)].
         control_consumers: per node, whether some node has a control edge from it.
@@ -337,6 +340,26 @@ class TypedGraph:
                         if parents is not None:
                             parents.setdefault(w, v)
         return list(seen)
+
+
+def output_count(node, registry: OpRegistry) -> int | None:
+    """How many outputs ``node`` has, read off its OpDef and attrs without building the view.
+
+    The count is the one the view gives the node. None when neither TensorFlow
+    nor ``registry``'s library knows the op, or when an attr the count needs
+    is missing (building the view names that error).
+    """
+    op_def = registry.op_def(node.op)
+    if op_def is None:
+        return None
+    if registry.is_library_function(node.op):
+        plan = _ArgPlan(op_def, op_def.output_arg)
+    else:
+        plan = _registry_plan(node.op)[1]
+    try:
+        return len(plan.expand(node))
+    except GraphError:
+        return None
 
 
 def unique_name(name: str, taken: set[str]) -> str:
