@@ -94,13 +94,14 @@ def test_output_count_reads_the_op_def_without_the_view():
         pair(x)
     gd = g.as_graph_def()
     call = next(n.name for n in gd.node if n.op in ("PartitionedCall", "StatefulPartitionedCall"))
+    gd.node.add(name="direct", op=gd.library.function[0].signature.name, input=["x"])  # the function as an op
     gd.node.add(name="custom", op="MyCustomOp")
     no_count = gd.node.add(name="no_count", op="Unpack", input=["x"])
     no_count.attr["T"].type = tf.float32.as_datatype_enum  # the "num" attr it needs is missing
     registry = OpRegistry(gd.library)
     counts = {n.name: output_count(n, registry) for n in gd.node}
-    assert {name: counts[name] for name in ("x", "split", "unstack", "idn", "bn", call)} == {
-        "x": 1, "split": 3, "unstack": 6, "idn": 3, "bn": 6, call: 2}
+    assert {name: counts[name] for name in ("x", "split", "unstack", "idn", "bn", call, "direct")} == {
+        "x": 1, "split": 3, "unstack": 6, "idn": 3, "bn": 6, call: 2, "direct": 2}
     assert counts["custom"] is None and counts["no_count"] is None
     del gd.node[-1]
     view = TypedGraph(gd)
