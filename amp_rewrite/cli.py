@@ -182,22 +182,20 @@ def _load_and_rewrite(args):
 def _check_fetch_ports(graph_def, fetches) -> None:
     """A fetch ``name:port`` must name an output the node has (when its op is known)."""
     from amp_rewrite.op_registry import OpRegistry
-    from amp_rewrite.typed_graph import TypedGraph
+    from amp_rewrite.typed_graph import output_count
 
     with_port = [f for f in fetches if ":" in f]
     if not with_port:
         return
     nodes = {node.name: node for node in graph_def.node}
-    view = None
+    registry = OpRegistry(graph_def.library)
     for fetch in with_port:
         name, port, _ = parse_input(fetch)
-        if name not in nodes or OpRegistry(graph_def.library).op_def(nodes[name].op) is None:
-            continue  # a missing node is the rewrite's error; an unknown op's outputs are unknown
-        view = view or TypedGraph(graph_def)
-        outputs = view.out_attrs[view.index[name]]
-        if outputs is not None and not 0 <= port < len(outputs):
+        # None: a missing node is the rewrite's error; an unknown op's outputs are unknown.
+        outputs = output_count(nodes[name], registry) if name in nodes else None
+        if outputs is not None and not 0 <= port < outputs:
             raise GraphError(f"fetch {fetch!r}: node {name} (op {nodes[name].op}) has "
-                             f"{len(outputs)} output{'s' if len(outputs) != 1 else ''}")
+                             f"{outputs} output{'s' if outputs != 1 else ''}")
 
 
 def _validated(args, graph_def, config):

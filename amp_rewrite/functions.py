@@ -1,14 +1,14 @@
 """Folds rewritten function instances back into the GraphDef's function library.
 
 Each call got its own instance of the function it runs (see
-:mod:`amp_rewrite.typed_graph`), and each instance was rewritten by the same
+:mod:`amp_rewrite.instances`), and each instance was rewritten by the same
 rules as the main graph. Here the instances are written back:
 
 - an instance that did not change keeps calling the original function;
 - instances that changed identically share one function;
 - when every call of a function changed the same way, and nothing else names
   it, the function is rewritten in place; otherwise each variant is a renamed
-  copy (``{name}_amp{k}``), so other callers of the original stay correct;
+  copy (``{name}_amp``, ``{name}_amp_1``, ...), so other callers of the original stay correct;
 - the signature follows the instance's virtual ``_Arg``/``_Retval`` types, and
   the calls' function attrs name the variant chosen for them.
 
@@ -24,7 +24,8 @@ import logging
 from dataclasses import dataclass, field
 
 from amp_rewrite.graph_facts import called_functions
-from amp_rewrite.typed_graph import WHILE_OPS, TypedGraph, unique_name
+from amp_rewrite.instances import WHILE_OPS
+from amp_rewrite.typed_graph import TypedGraph, unique_name
 
 logger = logging.getLogger(__name__)
 
@@ -155,8 +156,6 @@ def _variant_names(graph: TypedGraph, keys: list[str | None], pinned: set[str]) 
                 variant[key] = fname if in_place else unique_name(f"{fname}_amp", taken)
             names[b] = variant[key]
     return names
-
-
 
 
 def _set_callees(node, names: dict[str, list[str]]) -> None:

@@ -10,52 +10,33 @@ never retyped but still carries paint across the graph.
 An edge joins the vertex of a producer's output port to the vertex of the
 consumer's input port. Control edges carry no data and are left out.
 
-Functions are seen through, not around. Every call of a library function
-(``PartitionedCall``, ``While``, ``If``, ``Case``, or a direct call) gets its
-own *instance*: a private copy of the FunctionDef, with a virtual ``_Arg``
-node per input and a virtual ``_Retval`` node per output, joined by edges to
-the call's ports. Paint then flows across the boundary like any other edge,
-and each instance can be rewritten on its own; :mod:`amp_rewrite.functions`
-later folds identical instances back into one function. The vertices that
-must hold one dtype across a boundary (a call's ``Tin[i]`` and the callee's
-arg ``i``; a While's ``T[i]`` with its body's arg and result ``i`` and its
-cond's arg ``i``) are recorded as *boundary groups*.
+The view spans the main graph and one instance of a function per call
+(:mod:`amp_rewrite.instances` makes them, and joins each call's ports to
+its instance's virtual args and results), so paint crosses calls and loops
+like any other edge.
 
 Ops that neither TensorFlow nor the graph's function library knows (custom
 ops) get no vertices: they stay as they are, and a Cast is put on any edge
 between them and a retyped neighbour (the dtype of such an edge is read off
 the known side).
+
+This module holds :class:`TypedGraph` (ports, inputs, vertices, edges, their
+dtypes and one traversal, :meth:`TypedGraph.reach`), :func:`output_count`
+(a node's outputs without building the view) and :func:`unique_name`.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass, field
 from typing import Callable, Iterable, NamedTuple
 
 from amp_rewrite.errors import GraphError
 from amp_rewrite.graph_facts import DTYPE_NAMES
+from amp_rewrite.instances import Body, Instances, function_source, link_calls
 from amp_rewrite.op_registry import OpRegistry
 
 logger = logging.getLogger(__name__)
-
-
-# Call-like ops, with the attrs naming the functions they run.
-CALL_FUNCTION_ATTRS = {
-    "PartitionedCall": ("f",),
-    "StatefulPartitionedCall": ("f",),
-    "While": ("cond", "body"),
-    "StatelessWhile": ("cond", "body"),
-    "If": ("then_branch", "else_branch"),
-    "StatelessIf": ("then_branch", "else_branch"),
-    "Case": ("branches",),
-    "StatelessCase": ("branches",),
-}
-WHILE_OPS = frozenset({"While", "StatelessWhile"})
-# Bounds on instantiation: deeper or more calls are treated as opaque.
-MAX_CALL_DEPTH = 32
-MAX_INSTANCES = 4096
 
 
 class TypeAttr(NamedTuple):
@@ -78,49 +59,24 @@ class Vertex(NamedTuple):
     attr: TypeAttr
 
 
-@dataclass
-class Body:
-    """The main graph (``function`` empty) or one instance of a library function.
-
-    Attributes:
-        function: the library function's name; "" for the main graph.
-        fdef: this instance's private copy of the FunctionDef (None for the main graph).
-        call: the global index of the node whose call made this instance, or None.
-        depth: how many calls deep the instance is.
-        index: node name → global node index, for the nodes of this body.
-        args, rets: global indices of the virtual ``_Arg`` / ``_Retval`` nodes.
-        children: per call node of this body, the instances it calls, by attr.
-    """
-
-    function: str
-    fdef: object = None
-    call: int | None = None
-    depth: int = 0
-    index: dict = field(default_factory=dict)
-    args: list = field(default_factory=list)
-    rets: list = field(default_factory=list)
-    children: dict = field(default_factory=dict)
-
-    @property
-    def is_main(self) -> bool:
-        return self.fdef is None
-
-
 class TypedGraph:
     """The typed view of ``graph_def`` and of every function instance it reaches.
 
-    Node indices are global: the main graph's nodes come first, in GraphDef
-    order, then each instance's virtual args, body nodes and virtual results.
-    The view holds references to the NodeDefs (the main graph's working copy
-    and each instance's private FunctionDef copy), which later steps retype.
+    Node indices are global, as :class:`~amp_rewrite.instances.Instances`
+    numbers them: the main graph's nodes first, in GraphDef order, then each
+    instance's virtual args, body nodes and virtual results. The view holds
+    references to the NodeDefs (the main graph's working copy and each
+    instance's private FunctionDef copy), which later steps retype.
 
     Attributes:
         graph_def: the GraphDef viewed (the pipeline passes its own working copy).
-        nodes: every node, by global index.
-        body_of: per node, the index of its body in ``bodies``.
-        bodies: the main graph (index 0) and the function instances.
+        library, nodes, body_of, bodies, virtual, opaque_calls: the function
+            instances' (see :class:`~amp_rewrite.instances.Instances`).
         index: main-graph node name → global index.
         op_defs: the OpDef of each node, or None for unknown ops.
+        unknown_ops: the ops of the nodes with no OpDef, sorted.
+        in_attrs, out_attrs: per node, the TypeAttr of each input / output port (None for unknown ops).
+        out_args: per node, the first output port of each named output arg (how function bodies name outputs).
         inputs: per node, the (source node, source port) of each data input.
         consumers: (node, output port) → [(consumer node, data-input ordinal)].
         control_consumers: per node, whether some node has a control edge from it.
@@ -129,277 +85,30 @@ class TypedGraph:
         fanin, fanout: per vertex, the vertex ids it is joined to.
         groups: boundary groups: vertex ids that must hold one dtype.
         loop_groups: the subset of ``groups`` that are While loop variables.
-        opaque_calls: call nodes whose functions could not be instantiated.
     """
 
     def __init__(self, graph_def, registry: OpRegistry | None = None):
         self.graph_def = graph_def
         self.registry = registry if registry is not None else OpRegistry(graph_def.library)
-        self.library = {f.signature.name: f for f in graph_def.library.function}
-        self.nodes: list = []
-        self.body_of: list[int] = []
-        self.bodies: list[Body] = []
-        self.virtual: set[int] = set()
-        self.opaque_calls: dict[int, str] = {}
         self._facts: dict[str, _OpFacts] = {}
-        main = Body(function="")
-        self._add_body(main, list(graph_def.node))
-        self.index = main.index
-        self._instantiate_calls()
+        instances = Instances(graph_def, self.registry)
+        self.library, self.nodes, self.body_of = instances.library, instances.nodes, instances.body_of
+        self.bodies, self.virtual, self.opaque_calls = instances.bodies, instances.virtual, instances.opaque_calls
+        self.index = self.bodies[0].index
         self.op_defs = [self.registry.op_def(node.op) for node in self.nodes]
         self.unknown_ops = sorted({n.op for n, d in zip(self.nodes, self.op_defs) if d is None})
         for op in self.unknown_ops:
             logger.warning("op %s is not registered in TensorFlow nor in the graph's function library; "
                            "its nodes stay as they are", op)
-        self._expand_ports()
-        self._read_inputs()
-        self._check_acyclic()
+        self.in_attrs, self.out_attrs, self.out_args = _expand_ports(self.nodes, self.op_defs, self.registry)
+        self.inputs, self.consumers, self.control_consumers = _read_inputs(
+            self.bodies, self.nodes, self.in_attrs, self.out_attrs, self.out_args)
+        _check_acyclic(self.nodes, self.inputs, self.bodies, self.body_of)
         self._build_vertices()
         self._build_edges()
-        self._link_calls()
+        self.groups, self.loop_groups = link_calls(self)
 
-    # -- construction: bodies and instances --------------------------------------
-
-    def _add_body(self, body: Body, nodes: list) -> int:
-        body_id = len(self.bodies)
-        self.bodies.append(body)
-        for node in nodes:
-            if node.name in body.index:
-                where = f" in function {body.function}" if body.function else ""
-                raise GraphError(f"duplicate node name {node.name!r} (op {node.op}){where}")
-            body.index[node.name] = len(self.nodes)
-            self.nodes.append(node)
-            self.body_of.append(body_id)
-        return body_id
-
-    def _instantiate_calls(self) -> None:
-        """Gives every call of a library function its own instance, breadth first, in node order.
-
-        A call is instantiated whole or not at all: if one of its functions
-        cannot be (missing, recursive, polymorphic, too deep), the call is
-        opaque and paint does not cross it.
-        """
-        body_id = 0
-        while body_id < len(self.bodies):
-            body = self.bodies[body_id]
-            for i in list(body.index.values()):
-                callees = self._callees(self.nodes[i])
-                if not callees:
-                    continue
-                reason = next(filter(None, (self._cannot_instantiate(f, body)
-                                            for names in callees.values() for f in names)), None)
-                if reason is not None:
-                    self.opaque_calls[i] = reason
-                    continue
-                body.children[i] = {attr: [self._instantiate(f, i, body) for f in names]
-                                    for attr, names in callees.items()}
-            body_id += 1
-
-    def _callees(self, node) -> dict[str, list[str]]:
-        attrs = CALL_FUNCTION_ATTRS.get(node.op)
-        if attrs is None:
-            if node.op in self.library and self.registry.is_library_function(node.op):
-                return {"": [node.op]}
-            return {}
-        found = {}
-        for attr in attrs:
-            if attr not in node.attr:
-                continue
-            value = node.attr[attr]
-            names = [f.name for f in value.list.func] if attr == "branches" else [value.func.name]
-            found[attr] = names
-        return found
-
-    def _cannot_instantiate(self, fname: str, parent: Body) -> str | None:
-        fdef = self.library.get(fname)
-        if fdef is None:
-            return f"function {fname} is not in the graph's library"
-        if parent.depth + 1 > MAX_CALL_DEPTH or len(self.bodies) >= MAX_INSTANCES:
-            return "too many nested or repeated function calls"
-        if self._on_call_path(parent, fname):
-            return f"function {fname} calls itself"
-        if any(a.type_attr or a.number_attr or a.type_list_attr
-               for a in list(fdef.signature.input_arg) + list(fdef.signature.output_arg)):
-            return f"function {fname} has a polymorphic signature"
-        return None
-
-    def _instantiate(self, fname: str, call: int, parent: Body) -> int:
-        from tensorflow.core.framework import node_def_pb2
-
-        fdef = self.library[fname]
-        copy = type(fdef)()
-        copy.CopyFrom(fdef)
-        body = Body(function=fname, fdef=copy, call=call, depth=parent.depth + 1)
-        node_def = node_def_pb2.NodeDef
-        virtual_args = []
-        for k, arg in enumerate(copy.signature.input_arg):
-            node = node_def(name=arg.name, op="_Arg")
-            node.attr["T"].type = arg.type
-            node.attr["index"].i = k
-            virtual_args.append(node)
-        virtual_rets = []
-        for k, arg in enumerate(copy.signature.output_arg):
-            node = node_def(name=f"_retval/{arg.name}", op="_Retval", input=[copy.ret[arg.name]])
-            node.attr["T"].type = arg.type
-            node.attr["index"].i = k
-            virtual_rets.append(node)
-        first = len(self.nodes)
-        body_id = self._add_body(body, virtual_args + list(copy.node_def) + virtual_rets)
-        body.args = list(range(first, first + len(virtual_args)))
-        body.rets = list(range(len(self.nodes) - len(virtual_rets), len(self.nodes)))
-        self.virtual.update(body.args + body.rets)
-        return body_id
-
-    def _on_call_path(self, body: Body, fname: str) -> bool:
-        while body is not None:
-            if body.function == fname:
-                return True
-            body = self.bodies[self.body_of[body.call]] if body.call is not None else None
-        return False
-
-    # -- construction: ports, inputs, vertices, edges ----------------------------
-
-    def _expand_ports(self) -> None:
-        self.in_attrs: list[list[TypeAttr] | None] = []
-        self.out_attrs: list[list[TypeAttr] | None] = []
-        self.out_args: list[dict[str, int] | None] = []
-        plans: dict[str, tuple[_ArgPlan, _ArgPlan]] = {}
-        for node, op_def in zip(self.nodes, self.op_defs):
-            if op_def is None:
-                self.in_attrs.append(None)
-                self.out_attrs.append(None)
-                self.out_args.append(None)
-                continue
-            plan = plans.get(node.op)
-            if plan is None:
-                if self.registry.is_library_function(node.op):
-                    plan = (_ArgPlan(op_def, op_def.input_arg), _ArgPlan(op_def, op_def.output_arg))
-                else:
-                    plan = _registry_plan(node.op)
-                plans[node.op] = plan
-            self.in_attrs.append(plan[0].expand(node))
-            outs, starts = plan[1].expand_with_starts(node)
-            self.out_attrs.append(outs)
-            self.out_args.append(starts)
-
-    def _read_inputs(self) -> None:
-        self.inputs: list[list[tuple[int, int]]] = []
-        self.consumers: dict[tuple[int, int], list[tuple[int, int]]] = {}
-        self.control_consumers = [False] * len(self.nodes)
-        first = 0
-        for body in self.bodies:  # each body's nodes are contiguous, in body order
-            last = first + len(body.index)
-            self._read_body_inputs(body, first, last)
-            first = last
-
-    def _read_body_inputs(self, body: Body, first: int, last: int) -> None:
-        consumers, inputs, nodes, out_attrs, in_attrs = (
-            self.consumers, self.inputs, self.nodes, self.out_attrs, self.in_attrs)
-        control_consumers = self.control_consumers
-        index = body.index
-        find = index.get
-        find_consumers = consumers.get
-        is_main = body.is_main
-        for dst in range(first, last):
-            node = nodes[dst]
-            data = []
-            seen_control = False
-            for ref in node.input:
-                if ref[:1] == "^":
-                    src = find(ref[1:])
-                    if src is None:
-                        self._missing_input(body, node, ref)
-                    seen_control = True
-                    control_consumers[src] = True
-                    continue
-                if is_main:
-                    colon = ref.rfind(":")
-                    if colon < 0:
-                        src, port = find(ref), 0
-                    elif colon > 0 and ref[colon + 1:].isdigit():
-                        src, port = find(ref[:colon]), int(ref[colon + 1:])
-                    else:
-                        src, port = find(ref), 0
-                    if src is None:
-                        self._missing_input(body, node, ref)
-                else:
-                    src, port = self._function_source(body, ref, node)
-                if seen_control:
-                    raise GraphError(f"{self._where(body, node)}: data input {ref!r} follows a control input")
-                outs = out_attrs[src]
-                if outs is not None and port >= len(outs):
-                    raise GraphError(
-                        f"{self._where(body, node)}: input {ref!r} asks for output {port} "
-                        f"of {nodes[src].op} node {nodes[src].name}, which has {len(outs)}"
-                    )
-                key = (src, port)
-                entry = find_consumers(key)
-                if entry is None:
-                    consumers[key] = [(dst, len(data))]
-                else:
-                    entry.append((dst, len(data)))
-                data.append(key)
-            expected = in_attrs[dst]
-            if expected is not None and len(expected) != len(data):
-                raise GraphError(f"{self._where(body, node)}: expected {len(expected)} data inputs, got {len(data)}")
-            inputs.append(data)
-
-    def _check_acyclic(self) -> None:
-        """Refuses a data cycle that is not a v1 loop (whose only back edges end in a Merge).
-
-        Kahn's algorithm finds whether a cycle exists in linear time; only then
-        does networkx name one.
-        """
-        back_edge_sources = ("NextIteration", "RefNextIteration")
-        indegree = [0] * len(self.nodes)
-        succ: list[list[int]] = [[] for _ in self.nodes]
-        for dst, data in enumerate(self.inputs):
-            for src, _ in data:
-                if self.nodes[src].op in back_edge_sources:
-                    continue
-                succ[src].append(dst)
-                indegree[dst] += 1
-        ready = [i for i, d in enumerate(indegree) if d == 0]
-        done = 0
-        while ready:
-            i = ready.pop()
-            done += 1
-            for j in succ[i]:
-                indegree[j] -= 1
-                if indegree[j] == 0:
-                    ready.append(j)
-        if done == len(self.nodes):
-            return
-        import networkx as nx
-
-        cyclic = nx.DiGraph((i, j) for i in range(len(self.nodes)) if indegree[i] > 0
-                            for j in succ[i] if indegree[j] > 0)
-        cycle = [u for u, _ in nx.find_cycle(cyclic)]
-        body = self.bodies[self.body_of[cycle[0]]]
-        where = f" in function {body.function}" if body.function else ""
-        path = " -> ".join(f"{self.nodes[u].name} ({self.nodes[u].op})" for u in cycle + cycle[:1])
-        raise GraphError(f"data cycle that is not a while loop{where}: {path}")
-
-    def _function_source(self, body: Body, ref: str, node) -> tuple[int, int]:
-        """Resolves a FunctionDef input: ``arg`` or ``node:output_arg:k``."""
-        parts = ref.split(":")
-        src = body.index.get(parts[0])
-        if src is None:
-            self._missing_input(body, node, ref)
-        if len(parts) == 1:
-            return src, 0
-        starts = self.out_args[src]
-        if len(parts) != 3 or not parts[2].isdigit() or (starts is not None and parts[1] not in starts):
-            raise GraphError(f"{self._where(body, node)}: malformed function input {ref!r}")
-        return src, (starts[parts[1]] if starts is not None else 0) + int(parts[2])
-
-    def _missing_input(self, body: Body, node, ref: str):
-        raise GraphError(f"{self._where(body, node)}: input {ref!r} names a node that does not exist")
-
-    @staticmethod
-    def _where(body: Body, node) -> str:
-        where = f" in function {body.function}" if body.function else ""
-        return f"node {node.name} (op {node.op}){where}"
+    # -- construction: vertices and edges (ports and data inputs come from the functions below) --
 
     def _build_vertices(self) -> None:
         """Numbers the vertices node by node, and records the vertex of each input and output port.
@@ -468,46 +177,6 @@ class TypedGraph:
         """Joins vertex ``u`` to ``v`` (paint may flow both ways; ``u`` is the producer)."""
         self.fanout[u].append(v)
         self.fanin[v].append(u)
-
-    def _link_calls(self) -> None:
-        """Joins each call's ports to its instances' args and results, and records boundary groups."""
-        self.groups: list[list[int]] = []
-        self.loop_groups: list[list[int]] = []
-        for body in self.bodies:
-            for call, by_attr in body.children.items():
-                node = self.nodes[call]
-                if node.op in WHILE_OPS:
-                    self._link_while(call, by_attr["cond"][0], by_attr["body"][0])
-                    continue
-                offset = 1 if node.op in ("If", "StatelessIf", "Case", "StatelessCase") else 0
-                instances = [b for attr in sorted(by_attr) for b in by_attr[attr]]
-                n_in = len(self.in_attrs[call] or []) - offset
-                n_out = len(self.out_attrs[call] or [])
-                for k in range(n_in):
-                    port = self.input_vertex(call, k + offset)
-                    args = [self.output_vertex(self.bodies[b].args[k], 0) for b in instances]
-                    for arg in args:
-                        self.add_edge(port, arg)
-                    self.groups.append([port, *args])
-                for k in range(n_out):
-                    port = self.output_vertex(call, k)
-                    rets = [self.input_vertex(self.bodies[b].rets[k], 0) for b in instances]
-                    for ret in rets:
-                        self.add_edge(ret, port)
-                    self.groups.append([port, *rets])
-
-    def _link_while(self, call: int, cond: int, body_id: int) -> None:
-        loop, test = self.bodies[body_id], self.bodies[cond]
-        for k in range(len(self.in_attrs[call])):
-            port = self.input_vertex(call, k)
-            arg = self.output_vertex(loop.args[k], 0)
-            ret = self.input_vertex(loop.rets[k], 0)
-            test_arg = self.output_vertex(test.args[k], 0)
-            for u, v in ((port, arg), (port, test_arg), (ret, arg), (ret, test_arg), (ret, port)):
-                self.add_edge(u, v)
-            group = [port, arg, ret, test_arg]
-            self.groups.append(group)
-            self.loop_groups.append(group)
 
     # -- queries --------------------------------------------------------------
 
@@ -673,6 +342,26 @@ class TypedGraph:
         return list(seen)
 
 
+def output_count(node, registry: OpRegistry) -> int | None:
+    """How many outputs ``node`` has, read off its OpDef and attrs without building the view.
+
+    The count is the one the view gives the node. None when neither TensorFlow
+    nor ``registry``'s library knows the op, or when an attr the count needs
+    is missing (building the view names that error).
+    """
+    op_def = registry.op_def(node.op)
+    if op_def is None:
+        return None
+    if registry.is_library_function(node.op):
+        plan = _ArgPlan(op_def, op_def.output_arg)
+    else:
+        plan = _registry_plan(node.op)[1]
+    try:
+        return len(plan.expand(node))
+    except GraphError:
+        return None
+
+
 def unique_name(name: str, taken: set[str]) -> str:
     """``name``, or ``name_1``, ``name_2``, ... if taken; the result is added to ``taken``."""
     candidate, k = name, 1
@@ -681,6 +370,150 @@ def unique_name(name: str, taken: set[str]) -> str:
         k += 1
     taken.add(candidate)
     return candidate
+
+
+# -- construction: ports and data inputs, the node-level graph under the vertices --
+
+
+def _expand_ports(nodes: list, op_defs: list, registry: OpRegistry) -> tuple[list, list, list]:
+    """Per node, the TypeAttr of each input and output port, and each output arg's first port.
+
+    Each is None for a node of an unknown op. Nodes of one op share a plan.
+    """
+    in_attrs: list[list[TypeAttr] | None] = []
+    out_attrs: list[list[TypeAttr] | None] = []
+    out_args: list[dict[str, int] | None] = []
+    plans: dict[str, tuple[_ArgPlan, _ArgPlan]] = {}
+    for node, op_def in zip(nodes, op_defs):
+        if op_def is None:
+            in_attrs.append(None)
+            out_attrs.append(None)
+            out_args.append(None)
+            continue
+        plan = plans.get(node.op)
+        if plan is None:
+            if registry.is_library_function(node.op):
+                plan = (_ArgPlan(op_def, op_def.input_arg), _ArgPlan(op_def, op_def.output_arg))
+            else:
+                plan = _registry_plan(node.op)
+            plans[node.op] = plan
+        in_attrs.append(plan[0].expand(node))
+        outs, starts = plan[1].expand_with_starts(node)
+        out_attrs.append(outs)
+        out_args.append(starts)
+    return in_attrs, out_attrs, out_args
+
+
+def _read_inputs(bodies: list[Body], nodes: list, in_attrs: list, out_attrs: list,
+                 out_args: list) -> tuple[list, dict, list]:
+    """Every node's data inputs as (source node, port), the consumers of each output, and control sources.
+
+    Raises:
+        GraphError: naming the node, for an input that names no node or no
+            output of its source, a data input after a control input, or a
+            wrong number of data inputs.
+    """
+    inputs: list[list[tuple[int, int]]] = []
+    consumers: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    control_consumers = [False] * len(nodes)
+    first = 0
+    for body in bodies:  # each body's nodes are contiguous, in body order
+        last = first + len(body.index)
+        _read_body_inputs(body, range(first, last), nodes, in_attrs, out_attrs, out_args,
+                          inputs, consumers, control_consumers)
+        first = last
+    return inputs, consumers, control_consumers
+
+
+def _read_body_inputs(body: Body, indices: range, nodes: list, in_attrs: list, out_attrs: list, out_args: list,
+                      inputs: list, consumers: dict, control_consumers: list) -> None:
+    """:func:`_read_inputs` for one body's nodes; appends to ``inputs``, ``consumers``, ``control_consumers``."""
+    find = body.index.get
+    find_consumers = consumers.get
+    is_main = body.is_main
+    for dst in indices:
+        node = nodes[dst]
+        data = []
+        seen_control = False
+        for ref in node.input:
+            if ref[:1] == "^":
+                src = find(ref[1:])
+                if src is None:
+                    _missing_input(body, node, ref)
+                seen_control = True
+                control_consumers[src] = True
+                continue
+            if is_main:
+                colon = ref.rfind(":")
+                if colon < 0:
+                    src, port = find(ref), 0
+                elif colon > 0 and ref[colon + 1:].isdigit():
+                    src, port = find(ref[:colon]), int(ref[colon + 1:])
+                else:
+                    src, port = find(ref), 0
+                if src is None:
+                    _missing_input(body, node, ref)
+            else:
+                src, port = function_source(body, ref, node, out_args)
+            if seen_control:
+                raise GraphError(f"{body.where(node)}: data input {ref!r} follows a control input")
+            outs = out_attrs[src]
+            if outs is not None and port >= len(outs):
+                raise GraphError(
+                    f"{body.where(node)}: input {ref!r} asks for output {port} "
+                    f"of {nodes[src].op} node {nodes[src].name}, which has {len(outs)}"
+                )
+            key = (src, port)
+            entry = find_consumers(key)
+            if entry is None:
+                consumers[key] = [(dst, len(data))]
+            else:
+                entry.append((dst, len(data)))
+            data.append(key)
+        expected = in_attrs[dst]
+        if expected is not None and len(expected) != len(data):
+            raise GraphError(f"{body.where(node)}: expected {len(expected)} data inputs, got {len(data)}")
+        inputs.append(data)
+
+
+def _check_acyclic(nodes: list, inputs: list, bodies: list[Body], body_of: list[int]) -> None:
+    """Refuses a data cycle that is not a v1 loop (whose only back edges end in a Merge).
+
+    Kahn's algorithm finds whether a cycle exists in linear time; only then
+    does networkx name one.
+    """
+    back_edge_sources = ("NextIteration", "RefNextIteration")
+    indegree = [0] * len(nodes)
+    succ: list[list[int]] = [[] for _ in nodes]
+    for dst, data in enumerate(inputs):
+        for src, _ in data:
+            if nodes[src].op in back_edge_sources:
+                continue
+            succ[src].append(dst)
+            indegree[dst] += 1
+    ready = [i for i, d in enumerate(indegree) if d == 0]
+    done = 0
+    while ready:
+        i = ready.pop()
+        done += 1
+        for j in succ[i]:
+            indegree[j] -= 1
+            if indegree[j] == 0:
+                ready.append(j)
+    if done == len(nodes):
+        return
+    import networkx as nx
+
+    cyclic = nx.DiGraph((i, j) for i in range(len(nodes)) if indegree[i] > 0
+                        for j in succ[i] if indegree[j] > 0)
+    cycle = [u for u, _ in nx.find_cycle(cyclic)]
+    body = bodies[body_of[cycle[0]]]
+    path = " -> ".join(f"{nodes[u].name} ({nodes[u].op})" for u in cycle + cycle[:1])
+    raise GraphError(f"data cycle that is not a while loop{body.suffix}: {path}")
+
+
+def _missing_input(body: Body, node, ref: str):
+    raise GraphError(f"{body.where(node)}: input {ref!r} names a node that does not exist")
 
 
 def _default_type(op_def, attr_name: str) -> int:

@@ -241,3 +241,78 @@ def test_flop_share_counts_matmuls_inside_functions():
     assert result.half_flop_share == pytest.approx(1.0)
     from amp_rewrite.flops import half_flop_share
     assert half_flop_share(gd) == 0.0
+
+
+# --- instancing, seen without painting ------------------------------------------------------------
+
+def _relu_function(name, *, polymorphic=False):
+    """y = relu(x); with ``polymorphic`` the argument's type is an attr ``T`` instead of float32."""
+    from tensorflow.core.framework import function_pb2
+
+    fdef = function_pb2.FunctionDef()
+    fdef.signature.name = name
+    arg = fdef.signature.input_arg.add(name="x")
+    if polymorphic:
+        arg.type_attr = "T"
+    else:
+        arg.type = F32
+    fdef.signature.output_arg.add(name="y", type=F32)
+    relu = fdef.node_def.add(name="relu", op="Relu", input=["x"])
+    relu.attr["T"].type = F32
+    fdef.ret["y"] = "relu:activations:0"
+    return fdef
+
+
+def _call(graph_def_or_fdef, name, function, source):
+    nodes = graph_def_or_fdef.node if hasattr(graph_def_or_fdef, "node") else graph_def_or_fdef.node_def
+    node = nodes.add(name=name, op="PartitionedCall", input=[source])
+    node.attr["f"].func.name = function
+    node.attr["Tin"].list.type.append(F32)
+    node.attr["Tout"].list.type.append(F32)
+    return node
+
+
+def test_each_call_gets_its_own_numbered_instance_and_unfit_calls_stay_opaque():
+    from amp_rewrite.instances import Instances
+    from amp_rewrite.op_registry import OpRegistry
+
+    gd = tf1.GraphDef()
+    gd.node.add(name="x", op="Placeholder").attr["dtype"].type = F32
+    gd.library.function.add().CopyFrom(_relu_function("f"))
+    gd.library.function.add().CopyFrom(_relu_function("poly", polymorphic=True))
+    recursive = _relu_function("rec")
+    _call(recursive, "again", "rec", "relu:activations:0")
+    recursive.ret["y"] = "again:output:0"
+    gd.library.function.add().CopyFrom(recursive)
+    _call(gd, "call1", "f", "x")
+    _call(gd, "call2", "f", "call1")
+    direct = gd.node.add(name="direct", op="f", input=["call2"])
+    _call(gd, "missing", "nope", "x")
+    _call(gd, "polymorphic", "poly", "x")
+    _call(gd, "recursion", "rec", "x")
+
+    view = Instances(gd, OpRegistry(gd.library))
+    main = {node.name: i for i, node in enumerate(gd.node)}
+    assert view.bodies[0].index == main and view.nodes[:len(gd.node)] == list(gd.node)
+    callers = [view.nodes[b.call].name for b in view.bodies[1:]]
+    assert callers == ["call1", "call2", "direct", "recursion"]  # breadth first, in node order
+    first = len(gd.node)
+    for body_id, body in enumerate(view.bodies[1:], start=1):
+        names = [view.nodes[i].name for i in range(first, first + len(body.index))]
+        inner = ["again"] if body.function == "rec" else []
+        assert names == ["x", "relu", *inner, "_retval/y"]  # virtual args, the body's nodes, virtual results
+        assert body.args == [first] and body.rets == [first + len(body.index) - 1]
+        assert [view.nodes[i].op for i in body.args + body.rets] == ["_Arg", "_Retval"]
+        assert view.body_of[first:first + len(body.index)] == [body_id] * len(body.index)
+        assert body.fdef is not None and body.fdef is not view.library[body.function]  # a private copy
+        first += len(body.index)
+    assert first == len(view.nodes)
+    assert view.virtual == {i for b in view.bodies[1:] for i in b.args + b.rets}
+    assert view.bodies[0].children[main["direct"]] == {"": [3]} and direct.op == "f"
+    rec = view.bodies[4]
+    assert (rec.function, rec.depth) == ("rec", 1)
+    assert view.opaque_calls == {
+        main["missing"]: "function nope is not in the graph's library",
+        main["polymorphic"]: "function poly has a polymorphic signature",
+        rec.index["again"]: "function rec calls itself",
+    }

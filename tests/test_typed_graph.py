@@ -73,3 +73,37 @@ def test_malformed_graphs_name_node_and_op(mutate, message):
     mutate(gd)
     with pytest.raises(GraphError, match=message):
         TypedGraph(gd)
+
+
+def test_output_count_reads_the_op_def_without_the_view():
+    from amp_rewrite.op_registry import OpRegistry
+    from amp_rewrite.typed_graph import output_count
+
+    @tf.function
+    def pair(a):
+        return a + 1.0, a * 2.0
+
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [6, 3], name="x")
+        tf.split(x, 3, axis=0, name="split")
+        tf.unstack(x, num=6, axis=0, name="unstack")
+        tf.raw_ops.IdentityN(input=[x, tf.constant(1), x], name="idn")
+        tf.raw_ops.FusedBatchNormV3(x=tf.reshape(x, [1, 1, 6, 3]), scale=tf.ones([3]), offset=tf.zeros([3]),
+                                    mean=tf.zeros([3]), variance=tf.ones([3]), is_training=False, name="bn")
+        pair(x)
+    gd = g.as_graph_def()
+    call = next(n.name for n in gd.node if n.op in ("PartitionedCall", "StatefulPartitionedCall"))
+    gd.node.add(name="direct", op=gd.library.function[0].signature.name, input=["x"])  # the function as an op
+    gd.node.add(name="custom", op="MyCustomOp")
+    no_count = gd.node.add(name="no_count", op="Unpack", input=["x"])
+    no_count.attr["T"].type = tf.float32.as_datatype_enum  # the "num" attr it needs is missing
+    registry = OpRegistry(gd.library)
+    counts = {n.name: output_count(n, registry) for n in gd.node}
+    assert {name: counts[name] for name in ("x", "split", "unstack", "idn", "bn", call, "direct")} == {
+        "x": 1, "split": 3, "unstack": 6, "idn": 3, "bn": 6, call: 2, "direct": 2}
+    assert counts["custom"] is None and counts["no_count"] is None
+    del gd.node[-1]
+    view = TypedGraph(gd)
+    assert all(counts[n.name] == len(view.out_attrs[view.index[n.name]] or [])
+               for n in gd.node if n.name != "custom")
