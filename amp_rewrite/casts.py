@@ -17,8 +17,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from amp_rewrite.painting import PaintContext, Painting
 from amp_rewrite.graph_facts import DT_BFLOAT16, DT_FLOAT, DT_HALF, HALF_MAX
+from amp_rewrite.painting import PaintContext, Painting
 from amp_rewrite.typed_graph import TypedGraph, unique_name
 
 logger = logging.getLogger(__name__)

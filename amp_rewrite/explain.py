@@ -109,7 +109,6 @@ def disagreements(result) -> list[str]:
     they disagree: a half verdict needs that half type among them, a float32
     one needs float32 and no half type. An empty list is the expected answer.
     """
-    target = result.config.target
     defs = {node.name: node for node in result.graph_def.node}
     for fdef in result.graph_def.library.function:
         defs.update((f"{fdef.signature.name}::{node.name}", node) for node in fdef.node_def)

@@ -39,8 +39,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from amp_rewrite.graph_facts import (DT_BFLOAT16, DT_FLOAT, DT_HALF, DTYPE_NAMES, function_input_source,
-                                     node_name)
+from amp_rewrite.graph_facts import DT_BFLOAT16, DT_FLOAT, DT_HALF, DTYPE_NAMES, function_input_source, node_name
 
 if TYPE_CHECKING:
     from amp_rewrite.pipeline import RewriteResult

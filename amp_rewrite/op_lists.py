@@ -14,10 +14,11 @@ import difflib
 import functools
 import logging
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Iterable, Mapping, NamedTuple
+from typing import NamedTuple
 
 from amp_rewrite.errors import ListError
 

@@ -403,7 +403,7 @@ def find_tensor_list_clusters(ctx: PaintContext, painting: Painting) -> None:
             i = graph.vertices[v].node
             if graph.dtype(v) == DT_VARIANT or _carries_handles(ctx, i):
                 return True
-            escapes.append(v)
+            escapes.append(v)  # noqa: B023 -- called by graph.reach within this iteration only
             return False
 
         reached = graph.reach(handles, forward=True, backward=True, enter=follows)

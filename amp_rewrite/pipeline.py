@@ -24,22 +24,22 @@ from __future__ import annotations
 import gc
 import logging
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Callable
 
 from amp_rewrite import painting as rules
 from amp_rewrite.casts import Applied, apply_painting, promote_batch_norms
 from amp_rewrite.checks import checks_requested, ensure
 from amp_rewrite.config import Config
-from amp_rewrite.op_lists import OpLists, load_lists
-from amp_rewrite.op_registry import OpRegistry, default_device_type, graph_pb2
-from amp_rewrite.painting import PaintContext, Painting
 from amp_rewrite.errors import GraphError
 from amp_rewrite.explain import node_outcomes
 from amp_rewrite.functions import finalize_functions
 from amp_rewrite.graph_facts import DT_BFLOAT16, DT_FLOAT, DT_HALF, node_name, sinks
+from amp_rewrite.op_lists import OpLists, load_lists
+from amp_rewrite.op_registry import OpRegistry, default_device_type, graph_pb2
+from amp_rewrite.painting import PaintContext, Painting
 from amp_rewrite.typed_graph import TypedGraph
 
 logger = logging.getLogger(__name__)

@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, NamedTuple
+from typing import NamedTuple
 
 from amp_rewrite.errors import GraphError
 from amp_rewrite.graph_facts import DTYPE_NAMES
@@ -421,7 +422,8 @@ class TypedGraph:
                 continue
             ins, outs = self.in_attrs[i], self.out_attrs[i]
             layout = layouts.get(node.op)
-            if layout is None or not (layout[0] is ins or layout[0] == ins) or not (layout[1] is outs or layout[1] == outs):
+            if (layout is None or not (layout[0] is ins or layout[0] == ins)
+                    or not (layout[1] is outs or layout[1] == outs)):
                 layout = self._layout(i, ins, outs)
                 if not self.op_facts(i).lists:
                     layouts[node.op] = layout
@@ -750,13 +752,13 @@ def _facts_of(op_def) -> _OpFacts:
     )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _registry_facts(op: str) -> _OpFacts:
     """Facts of a registered op; TensorFlow's registry does not change within a process."""
     return _facts_of(OpRegistry.registry_op_def(op))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _registry_plan(op: str) -> tuple[_ArgPlan, _ArgPlan]:
     """Port plans of a registered op; TensorFlow's registry does not change within a process."""
     op_def = OpRegistry.registry_op_def(op)

@@ -28,15 +28,16 @@ from __future__ import annotations
 import logging
 import math
 import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Callable, Mapping, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
 from amp_rewrite.config import Config
 from amp_rewrite.errors import AmpRewriteError, UsageError
-from amp_rewrite.pipeline import RewriteResult, rewrite, v1_loop_nodes
 from amp_rewrite.graph_facts import DT_BFLOAT16, DT_DOUBLE, DT_FLOAT, DT_HALF, FLOAT16_MAX, node_name, parse_input
+from amp_rewrite.pipeline import RewriteResult, rewrite, v1_loop_nodes
 from amp_rewrite.typed_graph import TypedGraph
 
 logger = logging.getLogger(__name__)

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import functools
 import logging
-import sys
 import os
+import sys
 import threading
 from dataclasses import dataclass, replace
 

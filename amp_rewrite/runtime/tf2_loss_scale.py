@@ -130,8 +130,9 @@ def is_finding_overflow() -> bool:
 
 def install(runtime_settings: RuntimeSettings) -> None:
     """Patches the tape now and Keras' optimizers once their modules are imported."""
-    import _amp_rewrite_autoload as autoload
     from tensorflow.python.eager import backprop
+
+    import _amp_rewrite_autoload as autoload
 
     with _PATCHES.lock:
         if _PATCHES.settings is not None:

@@ -224,9 +224,8 @@ def _on_concrete_function(concrete_function) -> None:
 
 
 def _swap_in(concrete_function, config: Config, *, is_explicit: bool) -> None:
-    from amp_rewrite.runtime.concrete import rewrite_concrete
-
     from amp_rewrite.runtime import tf2_loss_scale
+    from amp_rewrite.runtime.concrete import rewrite_concrete
 
     start = time.perf_counter()
     name = _function_name(concrete_function)
