@@ -37,7 +37,7 @@ import json
 import logging
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from amp_rewrite.graph_facts import DT_BFLOAT16, DT_FLOAT, DT_HALF, DTYPE_NAMES, function_input_source, node_name
 
@@ -101,7 +101,7 @@ class FlatNode:
     """A node of the main graph, or of a function body under ``function::node``."""
 
     name: str
-    node_def: object
+    node_def: Any
     inputs: tuple[tuple[str, bool], ...]  # (source's name, is a control input)
 
 
@@ -142,7 +142,7 @@ def _describe_nodes(flat: list[FlatNode], report: dict) -> list[_Node]:
         types = _float_types(node)
         if item.name in casts:
             data_inputs = [source for source, control in item.inputs if not control]
-            entry = {"colour": "cast", "rule": "inserted by the rewrite",
+            entry: dict[str, Any] = {"colour": "cast", "rule": "inserted by the rewrite",
                      "cause": data_inputs[0] if data_inputs else None}
         else:
             entry = outcomes.get(item.name, {"colour": "none", "rule": ""})
@@ -199,7 +199,8 @@ def _dtype_name(enum: int) -> str:
 def _edges(flat: list[FlatNode]) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """(data edges, control edges) as (source index, destination index), in input order."""
     index = {item.name: i for i, item in enumerate(flat)}
-    data, control = [], []
+    data: list[tuple[int, int]] = []
+    control: list[tuple[int, int]] = []
     for dst, item in enumerate(flat):
         for name, is_control in item.inputs:
             src = index.get(name)

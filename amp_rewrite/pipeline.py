@@ -28,6 +28,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from typing import Any
 
 from amp_rewrite import painting as rules
 from amp_rewrite.casts import Applied, apply_painting, promote_batch_norms
@@ -79,7 +80,7 @@ class RewriteResult:
         seconds: wall time of the rewrite.
     """
 
-    graph_def: object
+    graph_def: Any
     config: Config
     lists: OpLists
     seconds: float
@@ -87,7 +88,7 @@ class RewriteResult:
     applied: Applied
     explain: Callable[[], dict] = field(repr=False)
     unknown_ops: tuple[str, ...] = ()
-    validation: object = None
+    validation: Any = None
     step_seconds: dict[str, float] = field(default_factory=dict, repr=False)
 
     @cached_property
@@ -211,7 +212,7 @@ def _rewrite(graph_def, *, fetches, target, config) -> RewriteResult:
     promoted = promote_batch_norms(work, skip=preserved)
     lap("copy")
     graph = TypedGraph(work, OpRegistry(work.library))
-    graph.promoted_batch_norms = promoted
+    graph.promoted_batch_norms = promoted  # type: ignore[attr-defined]  # read back in casts.py
     lap("typed view")
     ctx = PaintContext(graph, lists, target_dtype=TARGET_DTYPES[config.target],
                        device_type=config.device_type, preserved=preserved,

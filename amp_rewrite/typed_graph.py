@@ -33,7 +33,7 @@ import functools
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 from amp_rewrite.errors import GraphError
 from amp_rewrite.graph_facts import DTYPE_NAMES
@@ -63,7 +63,7 @@ class TypeAttr(NamedTuple):
     """Identifies one type within a node: an attr, an entry of a list attr, or a fixed type."""
 
     name: str
-    index: int = -1
+    index: int = -1  # type: ignore[assignment]  # shadows tuple.index, which nothing here calls
     fixed: int = 0
 
     def __str__(self) -> str:
@@ -94,7 +94,7 @@ class Body:
     """
 
     function: str
-    fdef: object = None
+    fdef: Any = None
     call: int | None = None
     depth: int = 0
     index: dict = field(default_factory=dict)
@@ -251,7 +251,7 @@ class TypedGraph:
         self.virtual.update(body.args + body.rets)
         return body_id
 
-    def _on_call_path(self, body: Body, fname: str) -> bool:
+    def _on_call_path(self, body: Body | None, fname: str) -> bool:
         while body is not None:
             if body.function == fname:
                 return True
@@ -303,7 +303,7 @@ class TypedGraph:
         is_main = body.is_main
         for dst in range(first, last):
             node = nodes[dst]
-            data = []
+            data: list[tuple[int, int]] = []
             seen_control = False
             for ref in node.input:
                 if ref[:1] == "^":
@@ -394,7 +394,7 @@ class TypedGraph:
             raise GraphError(f"{self._where(body, node)}: malformed function input {ref!r}")
         return src, (starts[parts[1]] if starts is not None else 0) + int(parts[2])
 
-    def _missing_input(self, body: Body, node, ref: str):
+    def _missing_input(self, body: Body, node, ref: str) -> NoReturn:
         raise GraphError(f"{self._where(body, node)}: input {ref!r} names a node that does not exist")
 
     @staticmethod
@@ -572,7 +572,7 @@ class TypedGraph:
 
     def dtypes(self) -> list[int]:
         """The DataType every vertex holds now, by vertex id (what :meth:`dtype` gives, in one pass)."""
-        result = []
+        result: list[int] = []
         append = result.append
         nodes = self.nodes
         for node_idx, attr in self.vertices:
@@ -697,7 +697,7 @@ class _ArgPlan:
 
     def __init__(self, op_def, args):
         self.op_def = op_def
-        self.entries = []
+        self.entries: list[tuple] = []
         for arg in args:
             if arg.type_list_attr:
                 self.entries.append((arg.name, arg.type_list_attr, None, True))
@@ -707,7 +707,7 @@ class _ArgPlan:
         defaults = {a.name for a in op_def.attr if a.HasField("default_value")}
         self.required = sorted({attr.name for _, _, attr, _ in self.entries
                                 if attr is not None and attr.name and attr.name not in defaults})
-        self.fixed = None
+        self.fixed: list[TypeAttr] | None = None
         if all(count == "" and not is_list for _, count, _, is_list in self.entries):
             self.fixed = [attr for _, _, attr, _ in self.entries]
             self.fixed_starts = {name: k for k, (name, _, _, _) in enumerate(self.entries)}
@@ -723,7 +723,8 @@ class _ArgPlan:
                 raise GraphError(f"node {node.name} (op {node.op}): type attr {name} is missing")
         if self.fixed is not None:
             return self.fixed, self.fixed_starts
-        result, starts = [], {}
+        result: list[TypeAttr] = []
+        starts: dict[str, int] = {}
         for arg_name, count_attr, attr, is_list in self.entries:
             starts[arg_name] = len(result)
             if is_list:

@@ -125,7 +125,7 @@ def settings() -> RuntimeSettings | None:
 
 def is_finding_overflow() -> bool:
     """Whether rewritten functions get finiteness probes (``AMP_REWRITE_FIND_OVERFLOW=1``)."""
-    return loss_scaling_wanted() and _PATCHES.settings.is_finding_overflow
+    return _PATCHES.settings is not None and _PATCHES.settings.is_finding_overflow
 
 
 def install(runtime_settings: RuntimeSettings) -> None:
@@ -307,7 +307,7 @@ def _is_scalable(target, sources) -> bool:
     """
     import tensorflow as tf
 
-    if not loss_scaling_wanted() or getattr(_PATCHES.local, "unscaled", 0):
+    if not loss_scaling_wanted() or getattr(_PATCHES.local, "unscaled", False):
         return False
     if not isinstance(target, (tf.Tensor, tf.Variable)) or not target.dtype.is_floating:
         return False

@@ -37,6 +37,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field
+from typing import Any
 
 from amp_rewrite.config import Config
 from amp_rewrite.errors import AmpRewriteError
@@ -275,7 +276,7 @@ def _first_eager_call_guard(concrete_function, record: SwapRecord):
     def call_flat(tensor_inputs, captured_inputs):
         from tensorflow.python.eager import context
 
-        cf = function_ref()
+        cf: Any = function_ref()
         run = type(cf)._call_flat
         if not context.executing_eagerly():
             return run(cf, tensor_inputs, captured_inputs)  # builds a call; nothing runs yet
