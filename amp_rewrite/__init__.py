@@ -10,8 +10,7 @@ optimizers and Keras ``compile`` scale the loss. :func:`function` is a
 """
 
 from amp_rewrite.config import Config
-from amp_rewrite.errors import (AmpRewriteError, GraphError, InputFileError, ListError,
-                                RuntimeRewriteError, UsageError)
+from amp_rewrite.errors import AmpRewriteError, GraphError, InputFileError, ListError, RuntimeRewriteError, UsageError
 from amp_rewrite.op_lists import OpLists, load_lists
 from amp_rewrite.pipeline import RewriteResult, rewrite
 

@@ -15,10 +15,12 @@ Guarantees, for a painting from :mod:`amp_rewrite.painting`:
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass, field
+from typing import Any
 
-from amp_rewrite.painting import PaintContext, Painting
 from amp_rewrite.graph_facts import DT_BFLOAT16, DT_FLOAT, DT_HALF, HALF_MAX
+from amp_rewrite.painting import PaintContext, Painting
 from amp_rewrite.typed_graph import TypedGraph, unique_name
 
 logger = logging.getLogger(__name__)
@@ -94,7 +96,7 @@ def retype_allow_vertices(graph: TypedGraph, painting: Painting, was_float32: li
     return changed
 
 
-def promote_batch_norms(graph_def, skip: set[str]) -> list[str]:
+def promote_batch_norms(graph_def, skip: Collection[str]) -> list[str]:
     """Renames FusedBatchNorm(Grad) V1 nodes to V2 with ``U=float``, so their ``T`` can be half.
 
     V1 ties the scale, offset and statistics to ``T``; V2 types them with
@@ -221,7 +223,7 @@ def _reads_past_widening_cast(ctx: PaintContext, src: int, needing: list[tuple[i
     return True
 
 
-def bypass_widening_casts(ctx: PaintContext, widening: dict[tuple[int, str], tuple[object, list]]) -> set:
+def bypass_widening_casts(ctx: PaintContext, widening: dict[tuple[int, str], tuple[Any, list]]) -> set:
     """Lets a Cast read past one of our half → float32 Casts: ``half -> f32 -> X`` becomes ``half -> X``.
 
     Widening is exact, so casting the half value straight to X gives the same

@@ -19,7 +19,8 @@ TensorFlow runs it.
 from __future__ import annotations
 
 import os
-from typing import Iterable, NamedTuple
+from collections.abc import Iterable
+from typing import NamedTuple
 
 from amp_rewrite.errors import AmpRewriteError
 from amp_rewrite.graph_facts import DT_BFLOAT16, DT_FLOAT, DT_HALF, node_name, parse_input, sinks

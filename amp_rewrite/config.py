@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Mapping
 
 from amp_rewrite.errors import UsageError
 from amp_rewrite.op_lists import ENV_PREFIX, TARGETS, ListEdit, env_edits
@@ -68,7 +68,7 @@ class Config:
             raise UsageError("level UNSAFE_FORCE_ALL is only available for float16")
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **fields) -> "Config":
+    def from_env(cls, environ: Mapping[str, str] | None = None, **fields) -> Config:
         """A config whose level and list edits come from TensorFlow's environment variables.
 
         Explicit ``fields`` win over the environment; ``list_edits`` given here

@@ -59,7 +59,7 @@ def first_line(exc: BaseException, *, with_type: bool = False, if_empty: str | N
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     if not lines and if_empty is None:
         return type(exc).__name__
-    text = next((line for line in lines if not line.startswith(skipping)), lines[0]) if lines else if_empty
+    text = next((line for line in lines if not line.startswith(skipping)), lines[0]) if lines else (if_empty or "")
     return f"{type(exc).__name__}: {text}" if with_type else text
 
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 from amp_rewrite.graph_facts import DT_BFLOAT16, DT_FLOAT, DT_HALF, DTYPE_NAMES
 from amp_rewrite.op_lists import Colour
 
-_ALLOW, _INFER, _DENY, _CLEAR = Colour  # plain names: per-node loops compare against them
+# Plain names: per-node loops compare against them.
+_ALLOW, _INFER, _DENY, _CLEAR = Colour.ALLOW, Colour.INFER, Colour.DENY, Colour.CLEAR
 
 _NOT_CONNECTED = "not connected to a half op"
 
@@ -110,7 +111,6 @@ def disagreements(result) -> list[str]:
     they disagree: a half verdict needs that half type among them, a float32
     one needs float32 and no half type. An empty list is the expected answer.
     """
-    target = result.config.target
     defs = {node.name: node for node in result.graph_def.node}
     for fdef in result.graph_def.library.function:
         defs.update((f"{fdef.signature.name}::{node.name}", node) for node in fdef.node_def)
@@ -184,7 +184,7 @@ def _cause_name(graph, qualified: dict[int, str], cause, node: int) -> str | Non
     return qualified.get(source)
 
 
-def explain_chain(outcomes: dict[str, dict], node: str, origins: dict | None = None) -> list[str]:
+def explain_chain(outcomes: dict[str, dict], node: str | None, origins: dict | None = None) -> list[str]:
     """The reasons from ``node`` back along its causes to the rule that started the paint.
 
     Args:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import Any
 
 from amp_rewrite.graph_facts import DT_BFLOAT16, DT_HALF, called_functions
 
@@ -48,8 +49,8 @@ def _numel(dims: list[int]) -> int:
 def op_flops(op) -> int | None:
     """FLOPs (2 per multiply-add) of one ``tf.Operation``, or None when shapes are unknown."""
     kind = op.type
-    ins = [_dims(t.shape) for t in op.inputs]
-    out = _dims(op.outputs[0].shape) if op.outputs else None
+    ins: list[Any] = [_dims(t.shape) for t in op.inputs]  # None where unknown: indexing it raises TypeError
+    out: Any = _dims(op.outputs[0].shape) if op.outputs else None
     try:
         if kind in _MATMULS:
             a = ins[0]

@@ -120,7 +120,7 @@ def _canonical(fdef) -> bytes:
 
 def _pinned_functions(graph: TypedGraph) -> set[str]:
     """Functions named by something other than an instantiated call: their content must stay."""
-    pinned = set()
+    pinned: set[str] = set()
     for gradient in graph.graph_def.library.gradient:
         pinned.update((gradient.function_name, gradient.gradient_func))
     linked = {call for body in graph.bodies for call in body.children}

@@ -234,7 +234,7 @@ class Outputs:
         self._staged: list[tuple[Path, Path, str, bool]] = []  # (staged, target, name given, is a directory)
         self._committed = False
 
-    def __enter__(self) -> "Outputs":
+    def __enter__(self) -> Outputs:
         return self
 
     def __exit__(self, *exc) -> None:

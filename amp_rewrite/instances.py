@@ -27,7 +27,7 @@ The typed view (:mod:`amp_rewrite.typed_graph`) is built over these nodes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from amp_rewrite.errors import GraphError
 
@@ -69,7 +69,7 @@ class Body:
     """
 
     function: str
-    fdef: object = None
+    fdef: Any = None
     call: int | None = None
     depth: int = 0
     index: dict = field(default_factory=dict)

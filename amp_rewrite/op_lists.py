@@ -14,10 +14,11 @@ import difflib
 import functools
 import logging
 import os
-from dataclasses import dataclass
-from enum import StrEnum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
-from typing import Iterable, Mapping, NamedTuple
+from typing import NamedTuple
 
 from amp_rewrite.errors import ListError
 
@@ -25,13 +26,20 @@ logger = logging.getLogger(__name__)
 
 
 
-class Colour(StrEnum):
+class Colour(str, Enum):
     """The list an op is on; each member is equal to (and prints as) its lower-case name."""
 
     ALLOW = "allow"
     INFER = "infer"
     DENY = "deny"
     CLEAR = "clear"
+
+    # What enum.StrEnum (Python 3.11) does: print and format as the value.
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+    def __format__(self, format_spec: str) -> str:
+        return str.__format__(self, format_spec)
 
 
 COLOURS = tuple(Colour)
@@ -71,6 +79,7 @@ class OpLists:
     deny: frozenset[str]
     clear: frozenset[str]
     origins: Mapping[tuple[str, str], str]
+    _colour_by_op: dict[str, Colour] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         by_op = {op: colour for colour in COLOURS for op in getattr(self, colour)}
@@ -175,12 +184,13 @@ def load_lists(
             members[edit.colour].pop(edit.op, None)
     _check_overlap(members)
     if level == "TENSOR_CORES_ONLY":
-        for colour in ("infer", "deny", "clear"):
-            members[colour] = {}
+        for name in ("infer", "deny", "clear"):
+            members[name] = {}
     elif level == "TREAT_INFER_AS_DENY":
         members["deny"].update(members["infer"])
         members["infer"] = {}
-    origins = {(colour, op): src for colour in COLOURS for op, src in members[colour].items()}
+    origins: dict[tuple[str, str], str] = {
+        (colour, op): src for colour in COLOURS for op, src in members[colour].items()}
     return OpLists(
         target=target,
         origins=origins,

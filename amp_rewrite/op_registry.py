@@ -13,6 +13,7 @@ import functools
 
 from amp_rewrite.errors import TensorFlowMissingError
 
+
 def _tf_modules():
     try:
         from tensorflow.core.framework import function_pb2, graph_pb2, op_def_pb2
@@ -31,12 +32,12 @@ def graph_pb2():
     return _tf_modules()[2]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _registry_op_def(op: str):
     return _tf_modules()[0].get(op)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _kernels(op: str) -> tuple:
     """(device_type, {attr: frozenset(allowed dtypes)}) for each registered kernel of ``op``."""
     kernel_list = _tf_modules()[1].get_registered_kernels_for_op(op)
@@ -47,7 +48,7 @@ def _kernels(op: str) -> tuple:
     return tuple(result)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def build_has_device_type(device_type: str) -> bool:
     """Whether this TensorFlow build registers kernels for ``device_type`` at all.
 

@@ -20,9 +20,10 @@ name the list an op is on; ``ALLOW``/``DENY`` the colour painted.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Callable
+from typing import Any
 
 from amp_rewrite.graph_facts import DT_FLOAT, DT_RESOURCE, DT_VARIANT
 from amp_rewrite.op_lists import Colour, OpLists
@@ -33,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 # The list colours as plain names: per-vertex loops compare against them, and an
 # Enum member's lookup through its class costs several times a comparison.
-_ALLOW, _INFER, _DENY, _CLEAR = Colour
+_ALLOW, _INFER, _DENY, _CLEAR = Colour.ALLOW, Colour.INFER, Colour.DENY, Colour.CLEAR
 
 # Ops the tensor-list rule cannot see past: a list handle that reaches one of
 # these may be read or written somewhere this graph does not show.
@@ -231,7 +232,7 @@ class PaintContext:
         graph = self.graph
         node = graph.nodes[node_idx]
         device_type = device_type_of(node.device) or self.device_type
-        attrs = {}
+        attrs: dict[str, Any] = {}
         for other in graph.node_vertices[node_idx]:
             other_attr = graph.vertices[other].attr
             dtype = self.target_dtype if other == vid else self.dtypes[other]
@@ -304,9 +305,9 @@ def find_tensor_list_clusters(ctx: PaintContext) -> tuple[list[TensorListCluster
         structure.
     """
     graph = ctx.graph
-    element = {i: _element_vertex(ctx, i) for i, node in enumerate(graph.nodes)
-               if node.op in _ELEMENT_ATTR or "TensorList" in node.op}
-    element = {i: v for i, v in element.items() if v is not None}
+    candidates = {i: _element_vertex(ctx, i) for i, node in enumerate(graph.nodes)
+                  if node.op in _ELEMENT_ATTR or "TensorList" in node.op}
+    element = {i: v for i, v in candidates.items() if v is not None}
     clustered: set[int] = set()
     clusters: list[TensorListCluster] = []
     edges: dict[tuple[int, int], None] = {}  # a dict keeps the order found and drops repeats
@@ -320,7 +321,7 @@ def find_tensor_list_clusters(ctx: PaintContext) -> tuple[list[TensorListCluster
             i = graph.vertices[v].node
             if graph.dtype(v) == DT_VARIANT or _carries_handles(ctx, i):
                 return True
-            escapes.append(v)
+            escapes.append(v)  # noqa: B023 -- called by graph.reach within this iteration only
             return False
 
         reached = graph.reach(handles, forward=True, backward=True, enter=follows)
@@ -603,8 +604,8 @@ def match_loop_edges(ctx: PaintContext, painting: Painting) -> None:
         if node.op != "NextIteration":
             continue
         nxt = graph.vertex_of(i, "T")
-        merges = [graph.vertex_of(dst, "T") for dst, _ in graph.consumers.get((i, 0), [])]
-        merges = [m for m in merges if m is not None]
+        found = [graph.vertex_of(dst, "T") for dst, _ in graph.consumers.get((i, 0), [])]
+        merges = [m for m in found if m is not None]
         if nxt is None or not merges:
             continue
         blocker = next((m for m in merges if m not in painting.allow), None)

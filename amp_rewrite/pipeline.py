@@ -50,22 +50,23 @@ from __future__ import annotations
 import gc
 import logging
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Callable
+from typing import Any
 
 from amp_rewrite import painting as rules
 from amp_rewrite.casts import Applied, apply_painting, promote_batch_norms, restore_unconverted_batch_norms
 from amp_rewrite.checks import checks_requested, ensure
 from amp_rewrite.config import Config
-from amp_rewrite.op_lists import OpLists, load_lists
-from amp_rewrite.op_registry import OpRegistry, default_device_type, graph_pb2
-from amp_rewrite.painting import PaintContext, Painting, Rule
 from amp_rewrite.errors import AmpRewriteError, GraphError, PaintingRuleError
 from amp_rewrite.explain import node_outcomes
 from amp_rewrite.functions import LibraryResult, finalize_functions
 from amp_rewrite.graph_facts import DT_BFLOAT16, DT_FLOAT, DT_HALF, node_name, sinks
+from amp_rewrite.op_lists import OpLists, load_lists
+from amp_rewrite.op_registry import OpRegistry, default_device_type, graph_pb2
+from amp_rewrite.painting import PaintContext, Painting, Rule
 from amp_rewrite.typed_graph import TypedGraph
 
 logger = logging.getLogger(__name__)
@@ -119,7 +120,7 @@ class RewriteResult:
         applied: what changed, by the report's names (:class:`AppliedNames`).
     """
 
-    graph_def: object
+    graph_def: Any
     config: Config
     lists: OpLists
     seconds: float
@@ -127,7 +128,7 @@ class RewriteResult:
     applied: AppliedNames
     explain: Callable[[], dict] = field(repr=False)
     unknown_ops: tuple[str, ...] = ()
-    validation: object = None
+    validation: Any = None
     step_seconds: dict[str, float] = field(default_factory=dict, repr=False)
 
     @cached_property

@@ -96,7 +96,7 @@ def _v1_interface(meta) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """
     names = {node.name for node in meta.graph_def.node}
     fetched = sinks(meta.graph_def)
-    fed = set()
+    fed: set[str] = set()
     for signature in meta.signature_def.values():
         fetched.update(node_name(t.name) for t in signature.outputs.values() if t.name)
         fed.update(node_name(t.name) for t in signature.inputs.values() if t.name)

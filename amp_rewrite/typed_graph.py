@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Callable, Iterable, NamedTuple
+from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
 from amp_rewrite.errors import GraphError
 from amp_rewrite.graph_facts import DTYPE_NAMES
@@ -43,7 +44,7 @@ class TypeAttr(NamedTuple):
     """Identifies one type within a node: an attr, an entry of a list attr, or a fixed type."""
 
     name: str
-    index: int = -1
+    index: int = -1  # type: ignore[assignment]  # shadows tuple.index, which nothing here calls
     fixed: int = 0
 
     def __str__(self) -> str:
@@ -130,7 +131,8 @@ class TypedGraph:
                 continue
             ins, outs = self.in_attrs[i], self.out_attrs[i]
             layout = layouts.get(node.op)
-            if layout is None or not (layout[0] is ins or layout[0] == ins) or not (layout[1] is outs or layout[1] == outs):
+            if (layout is None or not (layout[0] is ins or layout[0] == ins)
+                    or not (layout[1] is outs or layout[1] == outs)):
                 layout = self._layout(i, ins, outs)
                 if not self.op_facts(i).lists:
                     layouts[node.op] = layout
@@ -239,7 +241,7 @@ class TypedGraph:
 
     def dtypes(self) -> list[int]:
         """The DataType every vertex holds now, by vertex id (what :meth:`dtype` gives, in one pass)."""
-        result = []
+        result: list[int] = []
         append = result.append
         nodes = self.nodes
         for node_idx, attr in self.vertices:
@@ -433,7 +435,7 @@ def _read_body_inputs(body: Body, indices: range, nodes: list, in_attrs: list, o
     is_main = body.is_main
     for dst in indices:
         node = nodes[dst]
-        data = []
+        data: list[tuple[int, int]] = []
         seen_control = False
         for ref in node.input:
             if ref[:1] == "^":
@@ -528,7 +530,7 @@ class _ArgPlan:
 
     def __init__(self, op_def, args):
         self.op_def = op_def
-        self.entries = []
+        self.entries: list[tuple] = []
         for arg in args:
             if arg.type_list_attr:
                 self.entries.append((arg.name, arg.type_list_attr, None, True))
@@ -538,7 +540,7 @@ class _ArgPlan:
         defaults = {a.name for a in op_def.attr if a.HasField("default_value")}
         self.required = sorted({attr.name for _, _, attr, _ in self.entries
                                 if attr is not None and attr.name and attr.name not in defaults})
-        self.fixed = None
+        self.fixed: list[TypeAttr] | None = None
         if all(count == "" and not is_list for _, count, _, is_list in self.entries):
             self.fixed = [attr for _, _, attr, _ in self.entries]
             self.fixed_starts = {name: k for k, (name, _, _, _) in enumerate(self.entries)}
@@ -554,7 +556,8 @@ class _ArgPlan:
                 raise GraphError(f"node {node.name} (op {node.op}): type attr {name} is missing")
         if self.fixed is not None:
             return self.fixed, self.fixed_starts
-        result, starts = [], {}
+        result: list[TypeAttr] = []
+        starts: dict[str, int] = {}
         for arg_name, count_attr, attr, is_list in self.entries:
             starts[arg_name] = len(result)
             if is_list:
@@ -583,13 +586,13 @@ def _facts_of(op_def) -> _OpFacts:
     )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _registry_facts(op: str) -> _OpFacts:
     """Facts of a registered op; TensorFlow's registry does not change within a process."""
     return _facts_of(OpRegistry.registry_op_def(op))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _registry_plan(op: str) -> tuple[_ArgPlan, _ArgPlan]:
     """Port plans of a registered op; TensorFlow's registry does not change within a process."""
     op_def = OpRegistry.registry_op_def(op)

@@ -28,15 +28,16 @@ from __future__ import annotations
 import logging
 import math
 import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Callable, Mapping, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
 from amp_rewrite.config import Config
 from amp_rewrite.errors import AmpRewriteError, UsageError
-from amp_rewrite.pipeline import RewriteResult, rewrite, v1_loop_nodes
 from amp_rewrite.graph_facts import DT_BFLOAT16, DT_DOUBLE, DT_FLOAT, DT_HALF, FLOAT16_MAX, node_name, parse_input
+from amp_rewrite.pipeline import RewriteResult, rewrite, v1_loop_nodes
 from amp_rewrite.typed_graph import TypedGraph
 
 logger = logging.getLogger(__name__)
@@ -554,11 +555,12 @@ def _observable_tensors(graph_def) -> list[str]:
     hidden = v1_loop_nodes(view) | view.main_nodes_after(("Switch", "RefSwitch"), ("Merge", "RefMerge"))
     tensors = []
     for i, node in enumerate(graph_def.node):
-        if i in hidden or node.op in ("Placeholder", "Const") or view.out_attrs[i] is None:
+        outs = view.out_attrs[i]
+        if i in hidden or node.op in ("Placeholder", "Const") or outs is None:
             continue
-        for port in range(len(view.out_attrs[i])):
+        for port in range(len(outs)):
             vid = view.output_vertex(i, port)
-            if view.dtype(vid) in (DT_FLOAT, DT_HALF, DT_BFLOAT16, DT_DOUBLE):
+            if vid is not None and view.dtype(vid) in (DT_FLOAT, DT_HALF, DT_BFLOAT16, DT_DOUBLE):
                 tensors.append(f"{node.name}:{port}")
     return tensors
 

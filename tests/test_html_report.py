@@ -1,5 +1,6 @@
 """html_report: one self-contained page, every node in its data, deterministic, laid out left to right."""
 
+import importlib.resources
 import json
 import re
 import shutil
@@ -54,6 +55,18 @@ def test_page_is_self_contained(result):
     assert not re.search(r"https?://", page, re.I)
     assert "<link" not in page and "@import" not in page and "url(" not in page
     assert not re.search(r"<script[^>]*\ssrc=", page, re.I)
+
+
+def test_page_is_the_installed_template_with_title_and_data_filled_in(result):
+    folder = importlib.resources.files("amp_rewrite") / "report_template"
+    skeleton, style, script = ((folder / name).read_text(encoding="utf-8")
+                               for name in ("report.html", "report.css", "report.js"))
+    assert skeleton.count("{{STYLE}}") == skeleton.count("{{SCRIPT}}") == skeleton.count("{{DATA}}") == 1
+    page = render_html(result, title="loop graph")
+    assert f"<style>\n{style}</style>" in page and f"<script>\n{script}</script>" in page
+    assert "{{" not in page and page.count("loop graph") == 2  # <title> and the header
+    before, after = skeleton.split("{{STYLE}}")[0], skeleton.split("{{SCRIPT}}")[1]
+    assert page.startswith(before.replace("{{TITLE}}", "loop graph")) and page.endswith(after)
 
 
 def test_embedded_data_names_every_node_of_the_rewritten_graph(result):

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from amp_rewrite import Config, ListError
-from amp_rewrite.op_lists import COLOURS, ListEdit, default_lists_root, env_edits, load_lists
+from amp_rewrite.op_lists import COLOURS, Colour, ListEdit, default_lists_root, env_edits, load_lists
 
 # TensorFlow 2.21's float16 lists as Grappler reports them, kept beside the tests.
 REFERENCE = Path(__file__).resolve().parent / "fixtures" / "grappler_lists_tf221_fp16.json"
@@ -101,3 +101,12 @@ def test_level_from_environment_and_bad_level():
     from amp_rewrite import UsageError
     with pytest.raises(UsageError, match="LEVEL"):
         Config.from_env({"TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LEVEL": "FAST"})
+
+
+def test_colours_equal_print_and_format_as_their_list_names():
+    assert [str(colour) for colour in COLOURS] == ["allow", "infer", "deny", "clear"]
+    for colour in Colour:
+        name = colour.name.lower()
+        assert colour == name and hash(colour) == hash(name) and Colour(name) is colour
+        assert f"{colour}" == "%s" % colour == name and f"{colour:>6}" == name.rjust(6)
+        assert json.dumps({colour: [colour]}) == json.dumps({name: [name]})

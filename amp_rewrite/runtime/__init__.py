@@ -115,7 +115,7 @@ def current_target() -> str | None:
 
 def _apply_patches(_module=None) -> None:
     with LEDGER.lock:
-        if _RUNTIME.choice is not None or not _RUNTIME.is_requested:
+        if _RUNTIME.choice is not None or not _RUNTIME.is_requested or _RUNTIME.settings is None:
             return
         choice = choose_target(_RUNTIME.settings.target)
         _RUNTIME.choice = choice

@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, replace
+from typing import Any
 
 from amp_rewrite.config import Config
 from amp_rewrite.graph_facts import called_functions, function_input_source
@@ -86,7 +87,7 @@ def rewrite_concrete(concrete_function, config: Config, *,
     if is_probing_overflow and entry.attr["_XlaMustCompile"].b:
         logger.warning("amp-rewrite: tf.function %s is XLA-compiled, which cannot print: no overflow "
                        "probes (trace it with jit_compile=False to find the op)",
-                       _GENERATED_NAME.match(entry.signature.name).group(1))
+                       _GENERATED_NAME.match(entry.signature.name).group(1))  # type: ignore[union-attr]
         is_probing_overflow = False
     originals = _library_functions(concrete_function.graph)
     graph_def = _entry_graph_def(entry, [f.definition for f in originals.values()])
@@ -197,7 +198,7 @@ class _Callees:
 
     def __init__(self, originals: dict):
         self.originals = originals
-        self.rebuilt: dict[str, object] = {}  # registered name → ConcreteFunction
+        self.rebuilt: dict[str, Any] = {}  # registered name → ConcreteFunction
         self._wrapped: dict[str, object] = {}
 
     def __contains__(self, registered: str) -> bool:
@@ -264,7 +265,7 @@ class _Loader:
         fdef = type(self.library[name])()
         fdef.CopyFrom(self.library[name])
         _rename_callees(fdef, self.renamed)
-        fdef.signature.name = _GENERATED_NAME.match(name).group(1) + "_amp"
+        fdef.signature.name = _GENERATED_NAME.match(name).group(1) + "_amp"  # type: ignore[union-attr]
         functions = [self.callees.function(c) for c in sorted(_callees(fdef, self.callees))]
         functions = [f for f in functions if f is not None]
         with ops.Graph().as_default() as outer:
@@ -280,7 +281,7 @@ class _Loader:
         if self.is_probing_overflow:
             from amp_rewrite.runtime.overflow_probe import add_probes
 
-            add_probes(graph, _GENERATED_NAME.match(name).group(1))
+            add_probes(graph, _GENERATED_NAME.match(name).group(1))  # type: ignore[union-attr]
         return graph
 
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ class Ledger:
 
 
 def _qualified(owner) -> str:
-    return getattr(owner, "__qualname__", None) or getattr(owner, "__name__", repr(owner))
+    return str(getattr(owner, "__qualname__", None) or getattr(owner, "__name__", repr(owner)))
 
 
 LEDGER = Ledger()

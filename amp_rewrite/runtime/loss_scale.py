@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from amp_rewrite.runtime.settings import LossScaleSettings
 
@@ -47,17 +48,17 @@ SCALED_ELSEWHERE_ATTR = "_amp_rewrite_loss_scaled_elsewhere"
 class LossScaleState:
     """The loss-scale variables of one graph: scale, finite steps in a row, skipped steps."""
 
-    scale: object
-    good_steps: object
-    skipped_steps: object
+    scale: Any
+    good_steps: Any
+    skipped_steps: Any
 
 
 @dataclass(frozen=True)
 class Report:
     """A tensor ``[scale, skipped_steps, good_steps]`` read after the guarded update ``op``."""
 
-    op: object
-    tensor: object
+    op: Any
+    tensor: Any
 
 
 def mark_scaled_elsewhere(optimizer) -> None:
@@ -111,15 +112,15 @@ def scaled_compute_gradients(original, settings: LossScaleSettings, optimizer, l
 
     if callable(loss) or tf.executing_eagerly() or is_scaled_elsewhere(optimizer):
         return original(optimizer, loss, *args, **kwargs)
-    args, kwargs = list(args), dict(kwargs)
-    user_grad_loss = _pop_argument(args, kwargs, "grad_loss", position=5)
+    positional, kwargs = list(args), dict(kwargs)
+    user_grad_loss = _pop_argument(positional, kwargs, "grad_loss", position=5)
     state = state_for_graph(settings)
     scale = tf.cast(state.scale, loss.dtype)
     if user_grad_loss is None:
         grad_loss = tf.fill(tf.shape(loss), scale)
     else:
         grad_loss = tf.math.multiply_no_nan(user_grad_loss, scale)
-    grads_and_vars = original(optimizer, loss, *args, grad_loss=grad_loss, **kwargs)
+    grads_and_vars = original(optimizer, loss, *positional, grad_loss=grad_loss, **kwargs)
     inverse = tf.math.divide_no_nan(tf.ones_like(state.scale), state.scale)
     return [(unscale(g, inverse), v) for g, v in grads_and_vars]
 

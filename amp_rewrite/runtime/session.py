@@ -41,6 +41,7 @@ import logging
 import os
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -131,11 +132,13 @@ class ShadowRunner:
 
     def __init__(self, session, settings: RuntimeSettings):
         self.graph = session.graph
+        self.target: str
+        self.config: Any
         self.target, self.config = getattr(session, SESSION_ARGS_ATTR, ("", None))
         self.settings = settings
         self.lock = threading.RLock()
-        self.shadow_graph = None
-        self.shadow_session = None
+        self.shadow_graph: Any = None
+        self.shadow_session: Any = None
         self.imported: set[str] = set()
         self.version = -1
         self.plans: dict = {}
@@ -146,7 +149,7 @@ class ShadowRunner:
         self.fed: set[str] = set()
         self.allow: frozenset = frozenset()
         self.rewrites = 0
-        self.result = None
+        self.result: Any = None
         self.partial_handles: dict = {}
         self._cast_back: dict = {}
         self._control_proxies: dict = {}
@@ -167,7 +170,7 @@ class ShadowRunner:
                 if feeds is not None:
                     return self._run_fast(call, feeds, original_run, session, fetches, feed_dict)
         flat = _flat_fetch_names(self.graph, fetches)
-        mapper = None if flat is not None else _fetch_mapper(self.graph, fetches)
+        mapper: Any = None if flat is not None else _fetch_mapper(self.graph, fetches)
         fetch_names = flat if flat is not None else tuple(e.name for e in mapper.unique_fetches())
         feeds = _flatten_feeds(self.graph, feed_dict)
         feed_names = tuple(name for name, _ in feeds)
@@ -708,7 +711,7 @@ def _call_key(fetches, feed_dict) -> tuple:
     """The identity of a call's fetch elements and feed keys (not of a container the script may change)."""
     kind = type(fetches)
     if kind is list or kind is tuple:
-        fetch_key = (kind, *map(id, fetches))
+        fetch_key: object = (kind, *map(id, fetches))
     else:
         fetch_key = id(fetches)
     return fetch_key, tuple(map(id, feed_dict)) if feed_dict else ()

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import numpy as np
 
@@ -96,7 +96,7 @@ class RuntimeSettings:
             raise UsageError(f"unknown target {self.target!r}; choose one of {', '.join(TARGETS)}")
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> "RuntimeSettings":
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> RuntimeSettings:
         """Reads the ``AMP_*`` variables; a malformed value raises :class:`UsageError`."""
         environ = os.environ if environ is None else environ
         dump_dir = environ.get(DUMP_DIR_ENV) or environ.get(TF_LOG_PATH_ENV) or None

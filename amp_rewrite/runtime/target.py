@@ -17,8 +17,8 @@ short reason that goes into the runtime's log line.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 from amp_rewrite.runtime.settings import TARGETS
 

@@ -144,7 +144,8 @@ def settings() -> RuntimeSettings | None:
 
 def is_finding_overflow() -> bool:
     """Whether rewritten functions get finiteness probes (``AMP_REWRITE_FIND_OVERFLOW=1``)."""
-    return loss_scaling_wanted() and _PATCHES.settings.is_finding_overflow
+    settings = _PATCHES.settings
+    return loss_scaling_wanted() and settings is not None and settings.is_finding_overflow
 
 
 def install(runtime_settings: RuntimeSettings) -> None:
@@ -154,8 +155,9 @@ def install(runtime_settings: RuntimeSettings) -> None:
     :func:`amp_rewrite.disable`: the methods are restored, and the state
     starts afresh (its variables stay with the optimizers that track them).
     """
-    import _amp_rewrite_autoload as autoload
     from tensorflow.python.eager import backprop
+
+    import _amp_rewrite_autoload as autoload
 
     with LEDGER.lock:
         if _PATCHES.settings is not None:
@@ -324,7 +326,7 @@ def _is_scalable(target, sources) -> bool:
     """
     import tensorflow as tf
 
-    if not loss_scaling_wanted() or getattr(_PATCHES.local, "unscaled", 0):
+    if not loss_scaling_wanted() or getattr(_PATCHES.local, "unscaled", False):
         return False
     if not isinstance(target, (tf.Tensor, tf.Variable)) or not target.dtype.is_floating:
         return False

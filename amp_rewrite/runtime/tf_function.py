@@ -37,6 +37,7 @@ import os
 import time
 import weakref
 from dataclasses import dataclass, field
+from typing import Any
 
 from amp_rewrite.config import Config
 from amp_rewrite.errors import RuntimeRewriteError, first_line
@@ -228,9 +229,8 @@ def _on_concrete_function(concrete_function) -> None:
 
 
 def _swap_in(concrete_function, config: Config, *, is_explicit: bool) -> None:
-    from amp_rewrite.runtime.concrete import rewrite_concrete
-
     from amp_rewrite.runtime import tf2_loss_scale
+    from amp_rewrite.runtime.concrete import rewrite_concrete
 
     start = time.perf_counter()
     name = _function_name(concrete_function)
@@ -280,7 +280,7 @@ def _first_eager_call_guard(concrete_function, record: SwapRecord):
     def call_flat(tensor_inputs, captured_inputs):
         from tensorflow.python.eager import context
 
-        cf = function_ref()
+        cf: Any = function_ref()
         run = type(cf)._call_flat
         if not context.executing_eagerly():
             return run(cf, tensor_inputs, captured_inputs)  # builds a call; nothing runs yet
