@@ -363,7 +363,8 @@ def test_deny_feeding_a_merge_forces_the_loop_variable_float32():
     assert_same_outputs_within_half(gd, out, ["fetch"], feed(scale=0.5))
 
 
-def test_tensor_list_writer_and_reader_share_the_element_type():
+def tensor_list_between_matmuls() -> tf.Graph:
+    """allow1 -> TensorListFromTensor -> TensorListGetItem -> allow2 -> fetch."""
     g = tf.Graph()
     with g.as_default():
         x = placeholder()
@@ -371,9 +372,12 @@ def test_tensor_list_writer_and_reader_share_the_element_type():
         handle = tf.raw_ops.TensorListFromTensor(tensor=allow1, element_shape=tf.constant([8]), name="tl_from")
         item = tf.raw_ops.TensorListGetItem(input_handle=handle, index=2, element_shape=tf.constant([8]),
                                             element_dtype=tf.float32, name="tl_get")
-        allow2 = tf.matmul(tf.reshape(item, [1, 8]), x, name="allow2")
-        tf.identity(allow2, name="fetch")
-    gd = g.as_graph_def()
+        tf.identity(tf.matmul(tf.reshape(item, [1, 8]), x, name="allow2"), name="fetch")
+    return g
+
+
+def test_tensor_list_writer_and_reader_share_the_element_type():
+    gd = tensor_list_between_matmuls().as_graph_def()
     out = amp(gd, ["fetch"]).graph_def
     ops = {n.name: n for n in out.node}
     assert ops["tl_from"].attr["element_dtype"].type == F16
@@ -514,14 +518,7 @@ def test_rules_are_defined_in_the_order_they_run_and_every_rule_is_scheduled():
 def test_finding_data_structures_changes_nothing_and_the_pipeline_adds_their_edges(monkeypatch):
     from amp_rewrite import painting
 
-    g = tf.Graph()
-    with g.as_default():
-        x = placeholder()
-        allow1 = tf.matmul(x, x, name="allow1")
-        handle = tf.raw_ops.TensorListFromTensor(tensor=allow1, element_shape=tf.constant([8]), name="tl_from")
-        item = tf.raw_ops.TensorListGetItem(input_handle=handle, index=2, element_shape=tf.constant([8]),
-                                            element_dtype=tf.float32, name="tl_get")
-        tf.identity(tf.matmul(tf.reshape(item, [1, 8]), x, name="allow2"), name="fetch")
+    g = tensor_list_between_matmuls()
     seen = {}
     find = painting.find_tensor_list_clusters
 
