@@ -18,7 +18,7 @@ import logging
 from dataclasses import dataclass, field
 
 from amp_rewrite.painting import PaintContext, Painting
-from amp_rewrite.graph_facts import DT_BFLOAT16, DT_FLOAT, DT_HALF, HALF_MAX
+from amp_rewrite.graph_facts import DT_BFLOAT16, DT_FLOAT, DT_HALF
 from amp_rewrite.typed_graph import TypedGraph, unique_name
 
 logger = logging.getLogger(__name__)
@@ -126,6 +126,7 @@ def fold_half_consts(ctx: PaintContext, painting: Painting, applied: Applied) ->
 
     graph = ctx.graph
     folded: set[int] = set()
+    converter = tensors.HalfConverter(ctx.target_dtype)
     for i, node in enumerate(graph.nodes):
         if node.op != "Const" or ctx.skip_reason[i] is not None:
             continue
@@ -134,11 +135,10 @@ def fold_half_consts(ctx: PaintContext, painting: Painting, applied: Applied) ->
         consumers = graph.consumers.get((i, 0), [])
         if not consumers or not all(graph.input_vertex(d, k) in painting.allow for d, k in consumers):
             continue
-        peak = tensors.max_abs(node.attr["value"].tensor, f"node {node.name} (op Const)")
-        if peak > HALF_MAX[ctx.target_dtype]:
+        peak = converter.convert_const(node)
+        if peak is not None:
             applied.out_of_range_by_body.setdefault(graph.body_of[i], {})[node.name] = peak
             continue
-        tensors.convert_const(node, ctx.target_dtype)
         folded.add(i)
         applied.folded_by_body.setdefault(graph.body_of[i], []).append(node.name)
     return folded
