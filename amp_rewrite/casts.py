@@ -155,8 +155,10 @@ def insert_casts(ctx: PaintContext, painting: Painting, was_float32: list[bool],
     names: dict[int, set[str]] = {}
     new_nodes = []
     widening = {}
-    allow, in_vids = painting.allow, graph.in_vids
-    for (src, port), consumers in sorted(graph.consumers.items()):
+    allow, in_vids, all_consumers = painting.allow, graph.in_vids, graph.consumers
+    for key in sorted(all_consumers):  # keys only: no (key, list) pair per source port
+        src, port = key
+        consumers = all_consumers[key]
         if src in folded:
             continue
         src_vid = graph.output_vertex(src, port)

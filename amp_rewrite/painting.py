@@ -100,7 +100,7 @@ class PaintContext:
         self.device_type = device_type
         self.preserved = preserved
         self.force_all = force_all
-        self._supports: dict[int, bool] = {}
+        self._supports: list[bool | None] = [None] * len(graph.vertices)
         self.boundary = set(graph.virtual).union(*(b.children for b in graph.bodies))
         self.node_list = [
             _CLEAR if i in self.boundary else lists.colour_of(node.op) for i, node in enumerate(graph.nodes)
@@ -174,7 +174,7 @@ class PaintContext:
 
     def supports_target(self, vid: int) -> bool:
         """Whether the OpDef admits the target type for this attr and a kernel exists for it."""
-        cached = self._supports.get(vid)
+        cached = self._supports[vid]
         if cached is None:
             cached = self._supports[vid] = self._check_support(vid)
         return cached
@@ -218,7 +218,7 @@ class PaintContext:
         """Processable, float32 now, and the target type is supported."""
         if self.dtypes[vid] != DT_FLOAT or self.skip_reason[self.graph.vertices[vid].node] is not None:
             return False
-        cached = self._supports.get(vid)
+        cached = self._supports[vid]
         return cached if cached is not None else self.supports_target(vid)
 
     def can_force(self, vid: int) -> bool:

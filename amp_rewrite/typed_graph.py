@@ -413,24 +413,32 @@ class TypedGraph:
         self.out_vids: list[list[int] | None] = []
         layouts: dict[str, tuple] = {}
         vertices = self.vertices
+        node_vertices, in_vids, out_vids = self.node_vertices, self.in_vids, self.out_vids
+        in_attrs, out_attrs = self.in_attrs, self.out_attrs
+        # The three lists of a node share its vertex ids, and share one list when
+        # their ports are its attrs in order (most ops: one attr, one output).
         for i, (node, op_def) in enumerate(zip(self.nodes, self.op_defs)):
             if op_def is None:
-                self.node_vertices.append([])
-                self.in_vids.append(None)
-                self.out_vids.append(None)
+                node_vertices.append([])
+                in_vids.append(None)
+                out_vids.append(None)
                 continue
-            ins, outs = self.in_attrs[i], self.out_attrs[i]
+            ins, outs = in_attrs[i], out_attrs[i]
             layout = layouts.get(node.op)
             if layout is None or not (layout[0] is ins or layout[0] == ins) or not (layout[1] is outs or layout[1] == outs):
                 layout = self._layout(i, ins, outs)
+                whole = list(range(len(layout[2])))
+                layout += (layout[3] == whole, layout[4] == whole)
                 if not self.op_facts(i).lists:
                     layouts[node.op] = layout
-            attrs, in_pos, out_pos = layout[2:]
+            attrs, in_pos, out_pos, same_in, same_out = layout[2:]
             base = len(vertices)
-            vertices.extend(Vertex(i, attr) for attr in attrs)
-            self.node_vertices.append(list(range(base, base + len(attrs))))
-            self.in_vids.append([base + k for k in in_pos])
-            self.out_vids.append([base + k for k in out_pos])
+            for attr in attrs:
+                vertices.append(Vertex(i, attr))
+            vids = list(range(base, base + len(attrs)))
+            node_vertices.append(vids)
+            in_vids.append(vids if same_in else [vids[k] for k in in_pos])
+            out_vids.append(vids if same_out else [vids[k] for k in out_pos])
 
     def _layout(self, i: int, ins: list[TypeAttr], outs: list[TypeAttr]) -> tuple:
         """(ins, outs, the node's type attrs in vertex order, each input's and output's position)."""
