@@ -102,9 +102,15 @@ class PaintContext:
         self.force_all = force_all
         self._supports: list[bool | None] = [None] * len(graph.vertices)
         self.boundary = set(graph.virtual).union(*(b.children for b in graph.bodies))
-        self.node_list = [
-            _CLEAR if i in self.boundary else lists.colour_of(node.op) for i, node in enumerate(graph.nodes)
-        ]
+        colour_of = lists.colour_of
+        colours = {}  # by op: most of a graph's nodes share a few ops
+        node_list = self.node_list = []
+        for i, node in enumerate(graph.nodes):
+            op = node.op
+            colour = colours.get(op, colours)
+            if colour is colours:
+                colour = colours[op] = colour_of(op)
+            node_list.append(_CLEAR if i in self.boundary else colour)
         self.skip_reason: list[str | None] = self._skip_reasons()
         # The rules never retype, so the dtypes read once hold while painting.
         self.dtypes = graph.dtypes()
@@ -119,9 +125,10 @@ class PaintContext:
         opaque = graph.opaque_calls
         fixed = {i for i in graph.virtual
                  if graph.bodies[graph.body_of[i]].function in self.fixed_signatures} if self.fixed_signatures else ()
-        main_nodes = len(graph.bodies[0].index)
+        index = graph.bodies[0].index
+        special = {index[name] for name in special if name in index}  # main-graph nodes, by index
         for i, node in enumerate(graph.nodes):
-            if (i < main_nodes and node.name in special) or i in opaque or i in fixed:
+            if i in special or i in opaque or i in fixed:
                 append(self._skip_reason(i))
                 continue
             device = node.device

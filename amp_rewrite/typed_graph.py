@@ -263,24 +263,41 @@ class TypedGraph:
         self.in_attrs: list[list[TypeAttr] | None] = []
         self.out_attrs: list[list[TypeAttr] | None] = []
         self.out_args: list[dict[str, int] | None] = []
-        plans: dict[str, tuple[_ArgPlan, _ArgPlan]] = {}
+        plans: dict[str, tuple] = {}
+        in_attrs, out_attrs, out_args = self.in_attrs, self.out_attrs, self.out_args
         for node, op_def in zip(self.nodes, self.op_defs):
             if op_def is None:
-                self.in_attrs.append(None)
-                self.out_attrs.append(None)
-                self.out_args.append(None)
+                in_attrs.append(None)
+                out_attrs.append(None)
+                out_args.append(None)
                 continue
-            plan = plans.get(node.op)
+            op = node.op
+            plan = plans.get(op)
             if plan is None:
-                if self.registry.is_library_function(node.op):
+                if self.registry.is_library_function(op):
                     plan = (_ArgPlan(op_def, op_def.input_arg), _ArgPlan(op_def, op_def.output_arg))
                 else:
-                    plan = _registry_plan(node.op)
-                plans[node.op] = plan
-            self.in_attrs.append(plan[0].expand(node))
+                    plan = _registry_plan(op)
+                # Ports that no attr value changes are the same list for every node of the op.
+                fixed = plan[0].fixed is not None and plan[1].fixed is not None
+                plan += ((plan[0].fixed, plan[1].fixed, plan[1].fixed_starts,
+                          sorted(set(plan[0].required) | set(plan[1].required))) if fixed else None,)
+                plans[op] = plan
+            fixed = plan[2]
+            if fixed is not None:
+                if fixed[3]:
+                    attr = node.attr
+                    if any(name not in attr for name in fixed[3]):
+                        plan[0].expand(node)
+                        plan[1].expand(node)  # one of them names the missing attr
+                in_attrs.append(fixed[0])
+                out_attrs.append(fixed[1])
+                out_args.append(fixed[2])
+                continue
+            in_attrs.append(plan[0].expand(node))
             outs, starts = plan[1].expand_with_starts(node)
-            self.out_attrs.append(outs)
-            self.out_args.append(starts)
+            out_attrs.append(outs)
+            out_args.append(starts)
 
     def _read_inputs(self) -> None:
         self.inputs: list[list[tuple[int, int]]] = []
@@ -351,11 +368,12 @@ class TypedGraph:
         does networkx name one.
         """
         back_edge_sources = ("NextIteration", "RefNextIteration")
+        back = {i for i, node in enumerate(self.nodes) if node.op in back_edge_sources}
         indegree = [0] * len(self.nodes)
         succ: list[list[int]] = [[] for _ in self.nodes]
         for dst, data in enumerate(self.inputs):
             for src, _ in data:
-                if self.nodes[src].op in back_edge_sources:
+                if src in back:
                     continue
                 succ[src].append(dst)
                 indegree[dst] += 1
@@ -415,6 +433,7 @@ class TypedGraph:
         vertices = self.vertices
         node_vertices, in_vids, out_vids = self.node_vertices, self.in_vids, self.out_vids
         in_attrs, out_attrs = self.in_attrs, self.out_attrs
+        new_vertex = tuple.__new__
         # The three lists of a node share its vertex ids, and share one list when
         # their ports are its attrs in order (most ops: one attr, one output).
         for i, (node, op_def) in enumerate(zip(self.nodes, self.op_defs)):
@@ -434,7 +453,7 @@ class TypedGraph:
             attrs, in_pos, out_pos, same_in, same_out = layout[2:]
             base = len(vertices)
             for attr in attrs:
-                vertices.append(Vertex(i, attr))
+                vertices.append(new_vertex(Vertex, (i, attr)))  # Vertex(i, attr), without its Python __new__
             vids = list(range(base, base + len(attrs)))
             node_vertices.append(vids)
             in_vids.append(vids if same_in else [vids[k] for k in in_pos])
