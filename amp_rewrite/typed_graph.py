@@ -163,13 +163,15 @@ class TypedGraph:
     def _add_body(self, body: Body, nodes: list) -> int:
         body_id = len(self.bodies)
         self.bodies.append(body)
+        index, all_nodes = body.index, self.nodes
         for node in nodes:
-            if node.name in body.index:
+            name = node.name
+            if name in index:
                 where = f" in function {body.function}" if body.function else ""
-                raise GraphError(f"duplicate node name {node.name!r} (op {node.op}){where}")
-            body.index[node.name] = len(self.nodes)
-            self.nodes.append(node)
-            self.body_of.append(body_id)
+                raise GraphError(f"duplicate node name {name!r} (op {node.op}){where}")
+            index[name] = len(all_nodes)
+            all_nodes.append(node)
+        self.body_of.extend([body_id] * len(nodes))
         return body_id
 
     def _instantiate_calls(self) -> None:
@@ -321,7 +323,7 @@ class TypedGraph:
             node = nodes[dst]
             data = []
             seen_control = False
-            for ref in node.input:
+            for ref in node.input[:]:  # one list: iterating the field itself costs more per string
                 if ref[:1] == "^":
                     src = find(ref[1:])
                     if src is None:
