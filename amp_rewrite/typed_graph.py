@@ -30,6 +30,7 @@ the known side).
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, NamedTuple
@@ -319,7 +320,7 @@ class TypedGraph:
         find = index.get
         find_consumers = consumers.get
         is_main = body.is_main
-        for dst in range(first, last):
+        for dst in index.values():  # first .. last - 1, the int objects the index holds
             node = nodes[dst]
             data = []
             seen_control = False
@@ -438,7 +439,9 @@ class TypedGraph:
         new_vertex = tuple.__new__
         # The three lists of a node share its vertex ids, and share one list when
         # their ports are its attrs in order (most ops: one attr, one output).
-        for i, (node, op_def) in enumerate(zip(self.nodes, self.op_defs)):
+        # Node indices as the int objects the bodies' indexes hold, not one more per vertex.
+        indices = itertools.chain.from_iterable(body.index.values() for body in self.bodies)
+        for i, node, op_def in zip(indices, self.nodes, self.op_defs):
             if op_def is None:
                 node_vertices.append([])
                 in_vids.append(None)
