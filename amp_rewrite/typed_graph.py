@@ -183,10 +183,14 @@ class TypedGraph:
         opaque and paint does not cross it.
         """
         body_id = 0
+        library, nodes = self.library, self.nodes
         while body_id < len(self.bodies):
             body = self.bodies[body_id]
             for i in list(body.index.values()):
-                callees = self._callees(self.nodes[i])
+                op = nodes[i].op
+                if op not in CALL_FUNCTION_ATTRS and op not in library:
+                    continue  # calls nothing (what _callees would find)
+                callees = self._callees(nodes[i])
                 if not callees:
                     continue
                 reason = next(filter(None, (self._cannot_instantiate(f, body)
