@@ -101,3 +101,20 @@ def test_level_from_environment_and_bad_level():
     from amp_rewrite import UsageError
     with pytest.raises(UsageError, match="LEVEL"):
         Config.from_env({"TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LEVEL": "FAST"})
+
+
+def test_bundled_lists_are_parsed_once_and_list_files_every_time(tmp_path, monkeypatch):
+    from amp_rewrite import op_lists
+
+    parsed = []
+    real = op_lists._parse_list_file
+    monkeypatch.setattr(op_lists, "_parse_list_file", lambda path: parsed.append(path) or real(path))
+    first = load_lists("float16")
+    parsed.clear()
+    assert load_lists("float16") == first
+    assert parsed == []  # the bundled files are unchanged
+    (tmp_path / "allow.txt").write_text("MatMul\n")
+    assert "Conv2D" not in load_lists("float16", lists_dir=tmp_path).allow
+    (tmp_path / "allow.txt").write_text("Conv2D\n")  # same size, maybe the same mtime
+    assert load_lists("float16", lists_dir=tmp_path).allow == {"Conv2D"}
+    assert parsed == [tmp_path / "allow.txt"] * 2
