@@ -294,9 +294,10 @@ class TypedGraph:
             if fixed is not None:
                 if fixed[3]:
                     attr = node.attr
-                    if any(name not in attr for name in fixed[3]):
-                        plan[0].expand(node)
-                        plan[1].expand(node)  # one of them names the missing attr
+                    for name in fixed[3]:
+                        if name not in attr:
+                            plan[0].expand(node)
+                            plan[1].expand(node)  # one of them names the missing attr
                 in_attrs.append(fixed[0])
                 out_attrs.append(fixed[1])
                 out_args.append(fixed[2])
@@ -337,13 +338,15 @@ class TypedGraph:
                     control_consumers[src] = True
                     continue
                 if is_main:
-                    colon = ref.rfind(":")
-                    if colon < 0:
-                        src, port = find(ref), 0
-                    elif colon > 0 and ref[colon + 1:].isdigit():
-                        src, port = find(ref[:colon]), int(ref[colon + 1:])
+                    if ":" not in ref:
+                        src = find(ref)
+                        port = 0
                     else:
-                        src, port = find(ref), 0
+                        colon = ref.rfind(":")
+                        if colon > 0 and ref[colon + 1:].isdigit():
+                            src, port = find(ref[:colon]), int(ref[colon + 1:])
+                        else:
+                            src, port = find(ref), 0
                     if src is None:
                         self._missing_input(body, node, ref)
                 else:
