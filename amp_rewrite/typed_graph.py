@@ -374,11 +374,14 @@ class TypedGraph:
     def _check_acyclic(self) -> None:
         """Refuses a data cycle that is not a v1 loop (whose only back edges end in a Merge).
 
-        Kahn's algorithm finds whether a cycle exists in linear time; only then
-        does networkx name one.
+        When some edge points backwards in node order, Kahn's algorithm finds
+        whether a cycle exists in linear time; only then does networkx name one.
         """
         back_edge_sources = ("NextIteration", "RefNextIteration")
         back = {i for i, node in enumerate(self.nodes) if node.op in back_edge_sources}
+        # Most GraphDefs list every node after its inputs: then no edge can close a cycle.
+        if all(src < dst or src in back for dst, data in enumerate(self.inputs) for src, _ in data):
+            return
         indegree = [0] * len(self.nodes)
         succ: list[list[int]] = [[] for _ in self.nodes]
         for dst, data in enumerate(self.inputs):
