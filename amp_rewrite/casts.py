@@ -19,7 +19,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from amp_rewrite.graph_facts import DT_BFLOAT16, DT_FLOAT, DT_HALF, HALF_MAX
+from amp_rewrite.graph_facts import DT_BFLOAT16, DT_FLOAT, DT_HALF
 from amp_rewrite.painting import PaintContext, Painting
 from amp_rewrite.typed_graph import TypedGraph, unique_name
 
@@ -139,6 +139,7 @@ def fold_half_consts(ctx: PaintContext, painting: Painting) -> tuple[set[int], d
     graph = ctx.graph
     folded: set[int] = set()
     out_of_range: dict[int, dict[str, float]] = {}
+    converter = tensors.HalfConverter(ctx.target_dtype)
     for i, node in enumerate(graph.nodes):
         if node.op != "Const" or ctx.skip_reason[i] is not None:
             continue
@@ -147,11 +148,10 @@ def fold_half_consts(ctx: PaintContext, painting: Painting) -> tuple[set[int], d
         consumers = graph.consumers.get((i, 0), [])
         if not consumers or not all(graph.input_vertex(d, k) in painting.allow for d, k in consumers):
             continue
-        peak = tensors.max_abs(node.attr["value"].tensor, f"node {node.name} (op Const)")
-        if peak > HALF_MAX[ctx.target_dtype]:
+        peak = converter.convert_const(node)
+        if peak is not None:
             out_of_range.setdefault(graph.body_of[i], {})[node.name] = peak
             continue
-        tensors.convert_const(node, ctx.target_dtype)
         folded.add(i)
     return folded, out_of_range
 
@@ -167,8 +167,10 @@ def insert_casts(ctx: PaintContext, painting: Painting, was_float32: list[bool],
     names: dict[int, set[str]] = {}
     new_nodes = []
     widening = {}
-    allow, in_vids = painting.allow, graph.in_vids
-    for (src, port), consumers in sorted(graph.consumers.items()):
+    allow, in_vids, all_consumers = painting.allow, graph.in_vids, graph.consumers
+    for key in sorted(all_consumers):  # keys only: no (key, list) pair per source port
+        src, port = key
+        consumers = all_consumers[key]
         if src in folded:
             continue
         src_vid = graph.output_vertex(src, port)

@@ -122,12 +122,14 @@ class Instances:
     def _add_body(self, body: Body, nodes: list) -> int:
         body_id = len(self.bodies)
         self.bodies.append(body)
+        index, all_nodes = body.index, self.nodes
         for node in nodes:
-            if node.name in body.index:
-                raise GraphError(f"duplicate node name {node.name!r} (op {node.op}){body.suffix}")
-            body.index[node.name] = len(self.nodes)
-            self.nodes.append(node)
-            self.body_of.append(body_id)
+            name = node.name
+            if name in index:
+                raise GraphError(f"duplicate node name {name!r} (op {node.op}){body.suffix}")
+            index[name] = len(all_nodes)
+            all_nodes.append(node)
+        self.body_of.extend([body_id] * len(nodes))
         return body_id
 
     def _instantiate_calls(self) -> None:
@@ -138,10 +140,14 @@ class Instances:
         opaque and paint does not cross it.
         """
         body_id = 0
+        library, nodes = self.library, self.nodes
         while body_id < len(self.bodies):
             body = self.bodies[body_id]
             for i in list(body.index.values()):
-                callees = self._callees(self.nodes[i])
+                op = nodes[i].op
+                if op not in CALL_FUNCTION_ATTRS and op not in library:
+                    continue  # calls nothing (what _callees would find)
+                callees = self._callees(nodes[i])
                 if not callees:
                     continue
                 reason = next(filter(None, (self._cannot_instantiate(f, body)

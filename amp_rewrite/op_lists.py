@@ -94,6 +94,7 @@ class OpLists:
         return {colour: sorted(getattr(self, colour)) for colour in COLOURS}
 
 
+@functools.lru_cache(maxsize=1)
 def default_lists_root() -> Path:
     """Where the bundled lists live: inside the installed package, or at the top of a checkout."""
     installed = Path(__file__).resolve().parent / "lists"
@@ -103,7 +104,33 @@ def default_lists_root() -> Path:
 
 
 def parse_list_file(path: Path) -> list[str]:
-    """Reads one list file: op names, one per line, ``#`` comments ignored."""
+    """Reads one list file: op names, one per line, ``#`` comments ignored.
+
+    The bundled lists are parsed once per process while their size,
+    modification time and inode stay the same (every rewrite loads the
+    lists); a ``--lists`` file is read every time.
+    """
+    key = None
+    if path.parent.parent == default_lists_root():
+        try:
+            info = os.stat(path)
+            key = (str(path), info.st_mtime_ns, info.st_size, info.st_ino, info.st_dev)
+        except OSError:
+            pass  # reading it says why
+    if key in _PARSED:
+        return list(_PARSED[key])
+    ops = _parse_list_file(path)
+    if key is not None:
+        if len(_PARSED) >= 64:
+            _PARSED.clear()
+        _PARSED[key] = tuple(ops)
+    return ops
+
+
+_PARSED: dict[tuple, tuple[str, ...]] = {}
+
+
+def _parse_list_file(path: Path) -> list[str]:
     try:
         text = path.read_bytes().decode("utf-8-sig")
     except OSError as exc:

@@ -130,11 +130,18 @@ class PaintContext:
         self.device_type = device_type
         self.preserved = preserved
         self.force_all = force_all
-        self._supports: dict[int, bool] = {}
+        self._supports: list[bool | None] = [None] * len(graph.vertices)
         self.boundary = set(graph.virtual).union(*(b.children for b in graph.bodies))
-        self.node_list = [
-            _CLEAR if i in self.boundary else lists.colour_of(node.op) for i, node in enumerate(graph.nodes)
-        ]
+        colour_of = lists.colour_of
+        colours: dict[str, Any] = {}  # by op: most of a graph's nodes share a few ops
+        node_list: list[Colour | None] = []
+        self.node_list = node_list
+        for i, node in enumerate(graph.nodes):
+            op = node.op
+            colour = colours.get(op, colours)
+            if colour is colours:
+                colour = colours[op] = colour_of(op)
+            node_list.append(_CLEAR if i in self.boundary else colour)
         self.skip_reason: list[str | None] = self._skip_reasons()
         # The rules never retype, so the dtypes read once hold while painting.
         self.dtypes = graph.dtypes()
@@ -149,9 +156,10 @@ class PaintContext:
         opaque = graph.opaque_calls
         fixed = {i for i in graph.virtual
                  if graph.bodies[graph.body_of[i]].function in self.fixed_signatures} if self.fixed_signatures else ()
-        main_nodes = len(graph.bodies[0].index)
+        index = graph.bodies[0].index
+        special = {index[name] for name in special if name in index}  # main-graph nodes, by index
         for i, node in enumerate(graph.nodes):
-            if (i < main_nodes and node.name in special) or i in opaque or i in fixed:
+            if i in special or i in opaque or i in fixed:
                 append(self._skip_reason(i))
                 continue
             device = node.device
@@ -204,7 +212,7 @@ class PaintContext:
 
     def supports_target(self, vid: int) -> bool:
         """Whether the OpDef admits the target type for this attr and a kernel exists for it."""
-        cached = self._supports.get(vid)
+        cached = self._supports[vid]
         if cached is None:
             cached = self._supports[vid] = self._check_support(vid)
         return cached
@@ -248,7 +256,7 @@ class PaintContext:
         """Processable, float32 now, and the target type is supported."""
         if self.dtypes[vid] != DT_FLOAT or self.skip_reason[self.graph.vertices[vid].node] is not None:
             return False
-        cached = self._supports.get(vid)
+        cached = self._supports[vid]
         return cached if cached is not None else self.supports_target(vid)
 
     def can_force(self, vid: int) -> bool:

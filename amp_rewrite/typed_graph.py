@@ -28,6 +28,7 @@ dtypes and one traversal, :meth:`TypedGraph.reach`), :func:`output_count`
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
@@ -123,25 +124,36 @@ class TypedGraph:
         self.out_vids: list[list[int] | None] = []
         layouts: dict[str, tuple] = {}
         vertices = self.vertices
-        for i, (node, op_def) in enumerate(zip(self.nodes, self.op_defs)):
+        node_vertices, in_vids, out_vids = self.node_vertices, self.in_vids, self.out_vids
+        in_attrs, out_attrs = self.in_attrs, self.out_attrs
+        new_vertex = tuple.__new__
+        # The three lists of a node share its vertex ids, and share one list when
+        # their ports are its attrs in order (most ops: one attr, one output).
+        # Node indices as the int objects the bodies' indexes hold, not one more per vertex.
+        indices = itertools.chain.from_iterable(body.index.values() for body in self.bodies)
+        for i, node, op_def in zip(indices, self.nodes, self.op_defs):
             if op_def is None:
-                self.node_vertices.append([])
-                self.in_vids.append(None)
-                self.out_vids.append(None)
+                node_vertices.append([])
+                in_vids.append(None)
+                out_vids.append(None)
                 continue
-            ins, outs = self.in_attrs[i], self.out_attrs[i]
+            ins, outs = in_attrs[i], out_attrs[i]
             layout = layouts.get(node.op)
             if (layout is None or not (layout[0] is ins or layout[0] == ins)
                     or not (layout[1] is outs or layout[1] == outs)):
                 layout = self._layout(i, ins, outs)
+                whole = list(range(len(layout[2])))
+                layout += (layout[3] == whole, layout[4] == whole)
                 if not self.op_facts(i).lists:
                     layouts[node.op] = layout
-            attrs, in_pos, out_pos = layout[2:]
+            attrs, in_pos, out_pos, same_in, same_out = layout[2:]
             base = len(vertices)
-            vertices.extend(Vertex(i, attr) for attr in attrs)
-            self.node_vertices.append(list(range(base, base + len(attrs))))
-            self.in_vids.append([base + k for k in in_pos])
-            self.out_vids.append([base + k for k in out_pos])
+            for attr in attrs:
+                vertices.append(new_vertex(Vertex, (i, attr)))  # Vertex(i, attr), without its Python __new__
+            vids = list(range(base, base + len(attrs)))
+            node_vertices.append(vids)
+            in_vids.append(vids if same_in else [vids[k] for k in in_pos])
+            out_vids.append(vids if same_out else [vids[k] for k in out_pos])
 
     def _layout(self, i: int, ins: list[TypeAttr], outs: list[TypeAttr]) -> tuple:
         """(ins, outs, the node's type attrs in vertex order, each input's and output's position)."""
@@ -385,20 +397,37 @@ def _expand_ports(nodes: list, op_defs: list, registry: OpRegistry) -> tuple[lis
     in_attrs: list[list[TypeAttr] | None] = []
     out_attrs: list[list[TypeAttr] | None] = []
     out_args: list[dict[str, int] | None] = []
-    plans: dict[str, tuple[_ArgPlan, _ArgPlan]] = {}
+    plans: dict[str, tuple] = {}
     for node, op_def in zip(nodes, op_defs):
         if op_def is None:
             in_attrs.append(None)
             out_attrs.append(None)
             out_args.append(None)
             continue
-        plan = plans.get(node.op)
+        op = node.op
+        plan = plans.get(op)
         if plan is None:
-            if registry.is_library_function(node.op):
+            if registry.is_library_function(op):
                 plan = (_ArgPlan(op_def, op_def.input_arg), _ArgPlan(op_def, op_def.output_arg))
             else:
-                plan = _registry_plan(node.op)
-            plans[node.op] = plan
+                plan = _registry_plan(op)
+            # Ports that no attr value changes are the same list for every node of the op.
+            fixed = plan[0].fixed is not None and plan[1].fixed is not None
+            plan += ((plan[0].fixed, plan[1].fixed, plan[1].fixed_starts,
+                      sorted(set(plan[0].required) | set(plan[1].required))) if fixed else None,)
+            plans[op] = plan
+        fixed = plan[2]
+        if fixed is not None:
+            if fixed[3]:
+                attr = node.attr
+                for name in fixed[3]:
+                    if name not in attr:
+                        plan[0].expand(node)
+                        plan[1].expand(node)  # one of them names the missing attr
+            in_attrs.append(fixed[0])
+            out_attrs.append(fixed[1])
+            out_args.append(fixed[2])
+            continue
         in_attrs.append(plan[0].expand(node))
         outs, starts = plan[1].expand_with_starts(node)
         out_attrs.append(outs)
@@ -418,26 +447,23 @@ def _read_inputs(bodies: list[Body], nodes: list, in_attrs: list, out_attrs: lis
     inputs: list[list[tuple[int, int]]] = []
     consumers: dict[tuple[int, int], list[tuple[int, int]]] = {}
     control_consumers = [False] * len(nodes)
-    first = 0
-    for body in bodies:  # each body's nodes are contiguous, in body order
-        last = first + len(body.index)
-        _read_body_inputs(body, range(first, last), nodes, in_attrs, out_attrs, out_args,
+    for body in bodies:  # each body's nodes are contiguous, in body order, as its index lists them
+        _read_body_inputs(body, body.index.values(), nodes, in_attrs, out_attrs, out_args,
                           inputs, consumers, control_consumers)
-        first = last
     return inputs, consumers, control_consumers
 
 
-def _read_body_inputs(body: Body, indices: range, nodes: list, in_attrs: list, out_attrs: list, out_args: list,
+def _read_body_inputs(body: Body, indices: Iterable[int], nodes: list, in_attrs: list, out_attrs: list, out_args: list,
                       inputs: list, consumers: dict, control_consumers: list) -> None:
     """:func:`_read_inputs` for one body's nodes; appends to ``inputs``, ``consumers``, ``control_consumers``."""
     find = body.index.get
     find_consumers = consumers.get
     is_main = body.is_main
-    for dst in indices:
+    for dst in indices:  # the int objects the body's index holds, in node order
         node = nodes[dst]
         data: list[tuple[int, int]] = []
         seen_control = False
-        for ref in node.input:
+        for ref in node.input[:]:  # one list: iterating the field itself costs more per string
             if ref[:1] == "^":
                 src = find(ref[1:])
                 if src is None:
@@ -446,13 +472,15 @@ def _read_body_inputs(body: Body, indices: range, nodes: list, in_attrs: list, o
                 control_consumers[src] = True
                 continue
             if is_main:
-                colon = ref.rfind(":")
-                if colon < 0:
-                    src, port = find(ref), 0
-                elif colon > 0 and ref[colon + 1:].isdigit():
-                    src, port = find(ref[:colon]), int(ref[colon + 1:])
+                if ":" not in ref:
+                    src = find(ref)
+                    port = 0
                 else:
-                    src, port = find(ref), 0
+                    colon = ref.rfind(":")
+                    if colon > 0 and ref[colon + 1:].isdigit():
+                        src, port = find(ref[:colon]), int(ref[colon + 1:])
+                    else:
+                        src, port = find(ref), 0
                 if src is None:
                     _missing_input(body, node, ref)
             else:
@@ -481,15 +509,19 @@ def _read_body_inputs(body: Body, indices: range, nodes: list, in_attrs: list, o
 def _check_acyclic(nodes: list, inputs: list, bodies: list[Body], body_of: list[int]) -> None:
     """Refuses a data cycle that is not a v1 loop (whose only back edges end in a Merge).
 
-    Kahn's algorithm finds whether a cycle exists in linear time; only then
-    does networkx name one.
+    When some edge points backwards in node order, Kahn's algorithm finds
+    whether a cycle exists in linear time; only then does networkx name one.
     """
     back_edge_sources = ("NextIteration", "RefNextIteration")
+    back = {i for i, node in enumerate(nodes) if node.op in back_edge_sources}
+    # Most GraphDefs list every node after its inputs: then no edge can close a cycle.
+    if all(src < dst or src in back for dst, data in enumerate(inputs) for src, _ in data):
+        return
     indegree = [0] * len(nodes)
     succ: list[list[int]] = [[] for _ in nodes]
     for dst, data in enumerate(inputs):
         for src, _ in data:
-            if nodes[src].op in back_edge_sources:
+            if src in back:
                 continue
             succ[src].append(dst)
             indegree[dst] += 1

@@ -97,3 +97,61 @@ def test_custom_op_neighbour_gets_a_cast_typed_from_the_known_side():
     custom = next(n for n in out.node if n.name == "custom")
     assert custom.input[0] == "mm-0-CastToFp32-AmpRewrite"
     assert "mm" in half_nodes(out)
+
+
+def _matmul_with_const(weights):
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [2, weights.shape[0]], name="x")
+        w = tf.constant(weights, name="w")
+        tf.reduce_sum(tf.matmul(x, w, name="mm"), name="total")
+    return g.as_graph_def()
+
+
+def _edge_values() -> np.ndarray:
+    """float32 values around every place float16 rounding changes behaviour, both signs."""
+    points = [0.0, 1.0, 2.0 ** -14, 2.0 ** -24, 2.0 ** -25, 65504.0, 1.0 + 2.0 ** -11, 1.0 + 3 * 2.0 ** -11,
+              2.0 ** -14 - 2.0 ** -25, 1e-8, 0.1, 3.14159, 1000.5]
+    bits = np.array(points, np.float32).view(np.uint32)
+    near = (bits[:, None].astype(np.int64) + np.arange(-3, 4)).clip(0, 0x477FE000).astype(np.uint32)
+    values = near.ravel().view(np.float32)
+    return np.concatenate([values, -values])
+
+
+def test_large_const_folds_to_the_same_half_bits_as_numpy():
+    values = np.concatenate([_edge_values(), rng().standard_normal(4096).astype(np.float32) * 0.05])
+    weights = values.reshape(-1, 2)
+    result = amp(_matmul_with_const(weights), ["total"])
+    w = next(n for n in result.graph_def.node if n.name == "w")
+    assert w.attr["dtype"].type == F16
+    stored = np.frombuffer(w.attr["value"].tensor.tensor_content, "<u2")
+    np.testing.assert_array_equal(stored, weights.astype(np.float16).view(np.uint16).ravel())
+
+
+def test_float16_conversion_matches_numpy_on_random_bit_patterns():
+    from amp_rewrite.graph_facts import DT_HALF
+    from amp_rewrite.tensors import HalfConverter
+
+    bits = rng(3).integers(0, 2 ** 32, size=200_000, dtype=np.uint64).astype(np.uint32)
+    in_range = bits[(bits & 0x7FFFFFFF) <= 0x477FE000]  # finite, |value| <= 65504
+    values = in_range.view(np.float32)
+    converter = HalfConverter(DT_HALF)
+    np.testing.assert_array_equal(converter.convert(values), values.astype(np.float16).view(np.uint16))
+    # NaN, infinities and values just past 65504 that round to it: numpy's result or "out of range".
+    special = np.array([np.nan, np.inf, -np.inf, 65505.0, 65519.0, -65510.0, 70000.0], np.float32)
+    for value in special:
+        block = np.full(100, 0.5, np.float32)
+        block[7] = value
+        got = converter.convert(block)
+        if np.isfinite(value):
+            assert got is None and converter.peak == abs(float(value))
+        else:
+            np.testing.assert_array_equal(got, block.astype(np.float16).view(np.uint16))
+
+
+def test_large_const_just_beyond_the_half_range_stays_float32():
+    weights = np.full((64, 4), 0.25, np.float32)
+    weights[10, 1] = -65510.0  # rounds to -65504 in half, yet lies beyond it
+    result = amp(_matmul_with_const(weights), ["total"])
+    assert next(n for n in result.graph_def.node if n.name == "w").attr["dtype"].type == F32
+    assert result.applied.consts_out_of_range == {"w": 65510.0}

@@ -110,3 +110,20 @@ def test_colours_equal_print_and_format_as_their_list_names():
         assert colour == name and hash(colour) == hash(name) and Colour(name) is colour
         assert f"{colour}" == "%s" % colour == name and f"{colour:>6}" == name.rjust(6)
         assert json.dumps({colour: [colour]}) == json.dumps({name: [name]})
+
+
+def test_bundled_lists_are_parsed_once_and_list_files_every_time(tmp_path, monkeypatch):
+    from amp_rewrite import op_lists
+
+    parsed = []
+    real = op_lists._parse_list_file
+    monkeypatch.setattr(op_lists, "_parse_list_file", lambda path: parsed.append(path) or real(path))
+    first = load_lists("float16")
+    parsed.clear()
+    assert load_lists("float16") == first
+    assert parsed == []  # the bundled files are unchanged
+    (tmp_path / "allow.txt").write_text("MatMul\n")
+    assert "Conv2D" not in load_lists("float16", lists_dir=tmp_path).allow
+    (tmp_path / "allow.txt").write_text("Conv2D\n")  # same size, maybe the same mtime
+    assert load_lists("float16", lists_dir=tmp_path).allow == {"Conv2D"}
+    assert parsed == [tmp_path / "allow.txt"] * 2
