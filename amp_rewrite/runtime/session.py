@@ -1,10 +1,11 @@
 """Sessions that run the rewritten graph while the script keeps its own.
 
 Each patched ``Session`` gets a :class:`ShadowRunner` on its first ``run``.
-The runner rewrites the session's graph (preserving the fetches and feeds
-seen so far and every node without consumers), imports the result into a
-shadow ``tf.Graph`` (node names are preserved), and runs everything in a
-shadow ``Session`` from then on, so variables live there. Guarantees:
+The runner has a :class:`~amp_rewrite.runtime.shadow_graph.ShadowGraph`
+rewrite the session's graph (preserving the fetches and feeds seen so far
+and every node without consumers) and import the result into a shadow
+``tf.Graph`` (node names are preserved); it runs everything in the shadow's
+``Session`` from then on, so variables live there. Guarantees:
 
 - ``sess.graph`` is the script's graph; fetched values come back in the dtype
   the script built (half values are cast back on the host); any tensor the
@@ -38,31 +39,26 @@ shadow ``Session`` from then on, so variables live there. Guarantees:
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from amp_rewrite.config import Config
 from amp_rewrite.errors import RuntimeRewriteError, first_line
-from amp_rewrite.graph_facts import node_name, parse_input, sinks
-from amp_rewrite.op_registry import default_device_type
+from amp_rewrite.graph_facts import node_name
 from amp_rewrite.pipeline import rewrite
 from amp_rewrite.runtime import loss_scale
 from amp_rewrite.runtime.settings import RuntimeSettings
+from amp_rewrite.runtime.shadow_graph import CAST_BACK_SUFFIX as CAST_BACK_SUFFIX  # re-exported
+from amp_rewrite.runtime.shadow_graph import SHADOW_ATTR, ShadowGraph
 
 logger = logging.getLogger(__name__)
 
 RUNNER_ATTR = "_amp_rewrite_runner"
 SESSION_ARGS_ATTR = "_amp_rewrite_session_args"
-SHADOW_ATTR = "_amp_rewrite_is_shadow"
-CAST_BACK_SUFFIX = "CastBack-AmpRewrite"
-COPY_SCOPE = "Copy-AmpRewrite"
 # Rewrites of one session's graph (the first included) before later ops run as added.
 MAX_REWRITES = 8
-VARIABLE_OPS = ("VarHandleOp", "VariableV2", "Variable")
 # Errors a script meets in float32 as well: never blamed on the rewrite.
 SCRIPT_ERRORS = ("OutOfRangeError", "CancelledError", "AbortedError", "UnavailableError",
                  "DeadlineExceededError")
@@ -96,7 +92,8 @@ class _FastCall:
             this call's key stay theirs.
         version: the script graph's version the plan was made for.
         plan: the call's :class:`RunPlan`.
-        run: the shadow session's callable for the step: feed values in, fetched values out.
+        session: the shadow session the call was resolved in.
+        run: that session's callable for the step: feed values in, fetched values out.
         feeds: per fed tensor, in feed order: (numpy dtype, dims or None).
         results: per script fetch: (index into the fetched values or -1 for an
             op, numpy dtype to cast back to or None).
@@ -107,6 +104,7 @@ class _FastCall:
     keep: tuple
     version: int
     plan: RunPlan
+    session: Any
     run: object
     feeds: list
     results: list
@@ -121,51 +119,102 @@ MAX_FAST_CALLS = 256
 
 @dataclass
 class _LossScaleLog:
+    """What the loss-scale reports said so far, and which warnings they have had.
+
+    Attributes:
+        every: an INFO line every this many steps with reports (0: only on skips).
+        steps: steps whose reports were recorded.
+        skipped, scales: per report, the last skipped-step count and loss scale.
+        at_floor: reports already warned about at scale 1.
+    """
+
+    every: int = 0
     steps: int = 0
     skipped: dict = field(default_factory=dict)
     scales: dict = field(default_factory=dict)
-    at_floor: set = field(default_factory=set)  # reports already warned about at scale 1
+    at_floor: set = field(default_factory=set)
+
+    def record(self, reports) -> None:
+        """Logs what one step's (scale, skipped, good steps) reports say."""
+        if not len(reports):
+            return
+        self.steps += 1
+        for index, (scale, skipped, _good) in enumerate(reports):
+            before = self.skipped.get(index, 0.0)
+            self.skipped[index] = skipped
+            was_at_floor = self.scales.get(index, 2.0) <= 1.0
+            self.scales[index] = scale
+            if skipped > before and was_at_floor and index in self.at_floor:
+                # Said once below; a NaN loss would otherwise warn on every step.
+                logger.debug("amp-rewrite: step skipped at loss scale 1, %d steps skipped so far", skipped)
+            elif skipped > before and was_at_floor:
+                self.at_floor.add(index)
+                logger.warning("amp-rewrite: step skipped with the loss scale at its floor of 1: the gradients "
+                               "are not finite even unscaled, so no scale helps: the loss itself is not finite, "
+                               "or an op overflows in half whatever the scale (compare a run without "
+                               "ENABLE_AUTO_MP; keep such an op float32 with "
+                               "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_DENYLIST_ADD); every such step is skipped "
+                               "and global_step does not advance; said once, %d steps skipped so far", skipped)
+            elif skipped > before:
+                self.at_floor.discard(index)
+                logger.warning("amp-rewrite: step skipped, gradients not finite; "
+                               "loss scale now %g, %d steps skipped so far", scale, skipped)
+            elif self.every and self.steps % self.every == 0:
+                logger.info("amp-rewrite: loss scale %g, %d steps skipped so far", scale, skipped)
 
 
 class ShadowRunner:
-    """Runs one session's graph as a rewritten shadow copy."""
+    """Runs one session's steps on its :class:`ShadowGraph`; falls back to float32.
+
+    It owns what running needs: a :class:`RunPlan` per kind of call and a
+    :class:`_FastCall` per plain call, the fetches and feeds seen so far (the
+    shadow keeps them), partial-run handles, the loss-scale log and the
+    fallback state. It asks the shadow to be built, grown or replaced by a
+    float32 copy; the shadow graph itself is :attr:`shadow`'s.
+    """
 
     def __init__(self, session, settings: RuntimeSettings):
         self.graph = session.graph
-        self.target: str
-        self.config: Any
-        self.target, self.config = getattr(session, SESSION_ARGS_ATTR, ("", None))
+        target, config = getattr(session, SESSION_ARGS_ATTR, ("", None))
         self.settings = settings
         self.lock = threading.RLock()
-        self.shadow_graph: Any = None
-        self.shadow_session: Any = None
-        self.imported: set[str] = set()
-        self.version = -1
+        self.shadow = ShadowGraph(self.graph, settings, target, config)
         self.plans: dict = {}
         self.fallback_reason: str | None = None
         self.has_run = False
         self.fetched: set[str] = set()
-        self._initialised_state: set[str] = set()
         self.fed: set[str] = set()
-        self.allow: frozenset = frozenset()
-        self.rewrites = 0
-        self.result: Any = None
         self.partial_handles: dict = {}
-        self._cast_back: dict = {}
-        self._control_proxies: dict = {}
         self._calls: dict = {}
-        self._log = _LossScaleLog()
+        self._stopped_rewriting = False
+        self._log = _LossScaleLog(every=settings.loss_scale.log_every)
+
+    @property
+    def shadow_graph(self):
+        return self.shadow.graph
+
+    @property
+    def shadow_session(self):
+        return self.shadow.session
+
+    @property
+    def rewrites(self) -> int:
+        return self.shadow.rewrites
+
+    @property
+    def result(self):
+        """The last rewrite's :class:`~amp_rewrite.pipeline.RewriteResult`."""
+        return self.shadow.result
 
     # --- running ---------------------------------------------------------
 
     def run(self, original_run, session, fetches, feed_dict=None, options=None, run_metadata=None):
         """``Session.run`` on the shadow graph; the float32 graph after a fallback."""
-        if self.fallback_reason is not None and self.shadow_session is None:
+        if self.fallback_reason is not None and self.shadow.session is None:
             return original_run(session, fetches, feed_dict, options, run_metadata)
         if options is None and run_metadata is None:
             call = self._calls.get(_call_key(fetches, feed_dict))
-            if call is not None and call.version == self.graph.version \
-                    and not self.shadow_session._closed:
+            if call is not None and call.version == self.graph.version and not call.session._closed:
                 feeds = _fast_feeds(call, feed_dict)
                 if feeds is not None:
                     return self._run_fast(call, feeds, original_run, session, fetches, feed_dict)
@@ -181,7 +230,7 @@ class ShadowRunner:
         shadow_feeds = {plan.feeds[name][0]: _to_shadow(value, plan.feeds[name][1])
                         for name, value in feeds}
         try:
-            values = self.shadow_session.run(plan.fetches, shadow_feeds, options, run_metadata)
+            values = self.shadow.session.run(plan.fetches, shadow_feeds, options, run_metadata)
         except Exception as exc:
             if self.fallback_reason is not None or type(exc).__name__ in SCRIPT_ERRORS:
                 raise
@@ -196,14 +245,14 @@ class ShadowRunner:
     def _run_fast(self, call, feeds, original_run, session, fetches, feed_dict):
         try:
             # _do_call names the failing node in the error, as run() does.
-            values = self.shadow_session._do_call(call.run, *feeds)
+            values = call.session._do_call(call.run, *feeds)
         except Exception as exc:
             if self.fallback_reason is not None or type(exc).__name__ in SCRIPT_ERRORS:
                 raise
             return self._run_failed(exc, original_run, session, fetches, feed_dict, None, None)
         self.has_run = True
         if call.reports:
-            self._log_reports([values[i] for i in call.reports])
+            self._log.record([values[i] for i in call.reports])
         results = [None if i < 0 else values[i] if dtype is None
                    else np.asarray(values[i]).astype(dtype)
                    for i, dtype in call.results]
@@ -220,7 +269,7 @@ class ShadowRunner:
         feed_keys = tuple(feed_dict) if feed_dict else ()
         if set(key[1]) & set(key[2]) or not all(_is_plain_tensor(f, self.graph) for f in feed_keys):
             return  # a fetch that is fed comes back from the feed, which only run() knows
-        shadow_session = self.shadow_session
+        shadow_session = self.shadow.session
         if not all(hasattr(shadow_session, name) for name in
                    ("_closed", "_do_call", "_make_callable_from_options")):
             return
@@ -235,7 +284,7 @@ class ShadowRunner:
 
     def _results(self, plan, mapper, fetches, values):
         n_script = len(plan.fetch_dtypes)
-        self._log_reports(values[n_script:])
+        self._log.record(values[n_script:])
         results = [_to_script(v, d) for v, d in zip(values[:n_script], plan.fetch_dtypes)]
         if mapper is not None:
             return mapper.build_results(results)
@@ -257,8 +306,8 @@ class ShadowRunner:
                 float32 = self._float32_copy()
             except Exception:
                 raise exc from None
-            saved = self._shadow_state()
-            self._use_shadow(*float32)
+            saved = (self.shadow.state(), self.plans)
+            self._use_shadow(float32)
             self.fallback_reason = reason  # a failure now is the script's, not the rewrite's
             try:
                 result = self.run(original_run, session, fetches, feed_dict, options,
@@ -269,14 +318,25 @@ class ShadowRunner:
             if self.settings.is_strict:
                 self._discard_float32(float32, saved)
                 raise RuntimeRewriteError(reason) from exc
-            if saved[1] is not None:
-                saved[1].close()
+            saved_session = saved[0][1]
+            if saved_session is not None:
+                saved_session.close()
             self._fall_back(reason, keep_shadow=True)
             return result
 
-    def _shadow_state(self) -> tuple:
-        return (self.shadow_graph, self.shadow_session, self.imported, self.version,
-                self.plans, self._cast_back, self._control_proxies)
+    def _float32_copy(self) -> tuple:
+        return self.shadow.float32_copy(has_run=self.has_run)
+
+    def _use_shadow(self, state, plans=None) -> None:
+        """Makes a shadow :meth:`ShadowGraph.state` current, with its plans; fast calls start afresh."""
+        self.shadow.use(*state)
+        self._start_afresh(plans)
+
+    def _start_afresh(self, plans=None) -> None:
+        """Plans, fast calls and partial runs are made on one shadow: a new one starts without them."""
+        self.plans = {} if plans is None else plans
+        self._calls = {}
+        self.partial_handles.clear()
 
     def _discard_float32(self, float32, saved) -> None:
         float32[1].close()
@@ -285,13 +345,13 @@ class ShadowRunner:
 
     def partial_run_setup(self, original_setup, session, fetches, feeds):
         """``Session.partial_run_setup`` on the shadow graph; remembers the handle's plan."""
-        if self.fallback_reason is None or self.shadow_session is not None:
+        if self.fallback_reason is None or self.shadow.session is not None:
             fetch_names = _element_names(self.graph, fetches)
             feed_names = _element_names(self.graph, feeds or [])
             plan = self._plan((self.graph.version, fetch_names, feed_names), fetch_names, feed_names)
             if plan is not None:
                 n_script = len(plan.fetch_dtypes)
-                handle = self.shadow_session.partial_run_setup(plan.fetches[:n_script],
+                handle = self.shadow.session.partial_run_setup(plan.fetches[:n_script],
                                                                [t for t, _ in plan.feeds.values()])
                 self.partial_handles[handle] = True
                 return handle
@@ -303,37 +363,37 @@ class ShadowRunner:
             return original_partial_run(session, handle, fetches, feed_dict)
         mapper = _fetch_mapper(self.graph, fetches)
         fetch_names = tuple(e.name for e in mapper.unique_fetches())
-        shadow_fetches = [self.shadow_graph.as_graph_element(n) for n in fetch_names]
+        shadow_graph = self.shadow.graph
+        shadow_fetches = [shadow_graph.as_graph_element(n) for n in fetch_names]
         changes = [_dtype_change(self.graph.as_graph_element(n), e)
                    for n, e in zip(fetch_names, shadow_fetches)]
         feeds = {}
         for name, value in _flatten_feeds(self.graph, feed_dict):
-            shadow_tensor = self.shadow_graph.get_tensor_by_name(name)
+            shadow_tensor = shadow_graph.get_tensor_by_name(name)
             change = _dtype_change(self.graph.get_tensor_by_name(name), shadow_tensor)
             feeds[shadow_tensor] = _to_shadow(value, change)
-        values = self.shadow_session.partial_run(handle, shadow_fetches, feeds)
+        values = self.shadow.session.partial_run(handle, shadow_fetches, feeds)
         return mapper.build_results([_to_script(v, c) for v, c in zip(values, changes)])
 
     def close(self) -> None:
         with self.lock:
-            if self.shadow_session is not None:
-                self.shadow_session.close()
+            self.shadow.close()
 
     # --- planning --------------------------------------------------------
 
     def _plan(self, key, fetch_names, feed_names):
         with self.lock:
-            if self.fallback_reason is not None and self.shadow_session is None:
+            if self.fallback_reason is not None and self.shadow.session is None:
                 return None
             self.fetched.update(node_name(n) for n in fetch_names)
             self.fed.update(node_name(n) for n in feed_names)
             try:
-                if self.shadow_graph is None:
+                if self.shadow.graph is None:
                     self._build()
-                elif self.graph.version != self.version:
+                elif self.graph.version != self.shadow.version:
                     self._grow()
-                plan = self._make_plan(fetch_names, feed_names)
-                self._initialise_loss_scale_state()
+                plan = _make_plan(self.graph, self.shadow.graph, fetch_names, feed_names)
+                self.shadow.initialise_loss_scale_state()
             except Exception as exc:
                 reason = f"rewrite failed: {_error_line(exc)}"
                 if self.settings.is_strict:
@@ -345,6 +405,31 @@ class ShadowRunner:
             self.plans[key] = plan
             return plan
 
+    def _build(self) -> None:
+        """Has the whole graph rewritten into a new shadow, which starts without plans."""
+        result, target_reason = self.shadow.build(self.fetched, self.fed, rewrite)
+        self._start_afresh()
+        logger.info("amp-rewrite: %s%s (%s)", "rewrote again: " if self.shadow.rewrites > 1 else "",
+                    result.summary(), target_reason)
+
+    def _grow(self) -> None:
+        """Takes in the ops added since the last import: a new rewrite when they convert.
+
+        A script that builds ops inside its training loop would pay a whole
+        rewrite every step: after :data:`MAX_REWRITES`, new ops run as added.
+        """
+        if self.fallback_reason is None and self.shadow.new_ops_convert():
+            if self.shadow.rewrites < MAX_REWRITES:
+                self._build()
+                return
+            if not self._stopped_rewriting:
+                self._stopped_rewriting = True
+                logger.info("amp-rewrite: the graph keeps growing after %d rewrites; "
+                            "ops added from now on run in float32", MAX_REWRITES)
+        self.shadow.extend()
+
+    # --- falling back ----------------------------------------------------
+
     def _fall_back_keeping_values(self, reason: str) -> None:
         """Falls back to a float32 copy of the script's graph holding the shadow's values."""
         try:
@@ -353,274 +438,18 @@ class ShadowRunner:
             logger.debug("no float32 copy: %s", exc)
             self._fall_back(reason)
             return
-        if self.shadow_session is not None:
-            self.shadow_session.close()
-        self._use_shadow(*float32)
+        self.shadow.close()
+        self._use_shadow(float32)
         self._fall_back(reason, keep_shadow=True)
-
-    def _make_plan(self, fetch_names, feed_names) -> RunPlan:
-        shadow = self.shadow_graph
-        fetches, fetch_dtypes = [], []
-        for name in fetch_names:
-            original = self.graph.as_graph_element(name)
-            element = shadow.as_graph_element(name)
-            fetches.append(element)
-            fetch_dtypes.append(_dtype_change(original, element))
-        feeds = {}
-        for name in feed_names:
-            element = shadow.get_tensor_by_name(name)
-            feeds[name] = (element, _dtype_change(self.graph.get_tensor_by_name(name), element))
-        reports = self._reports_for(fetch_names)
-        fetches += [shadow.get_tensor_by_name(report.tensor.name) for report in reports]
-        return RunPlan(fetches, fetch_dtypes, feeds, len(reports))
-
-    def _reports_for(self, fetch_names):
-        """The loss-scale reports whose guarded update this run executes anyway."""
-        reports = loss_scale.reports_of(self.graph)
-        if not reports:
-            return []
-        wanted = {report.op.name: report for report in reports}
-        found = []
-        for op in _ancestors(self.graph.as_graph_element(n) for n in fetch_names):
-            if op.name in wanted:
-                found.append(wanted[op.name])
-        return found
-
-    # --- building and extending the shadow -------------------------------
-
-    def _build(self) -> None:
-        """Rewrites the whole graph into a new shadow, copying the old shadow's variables."""
-        from amp_rewrite.op_lists import load_lists
-
-        version = self.graph.version  # before the snapshot: later ops trigger an extension
-        graph_def = self.graph.as_graph_def(add_shapes=True)
-        fetched = self.fetched | sinks(graph_def)
-        config = Config.from_env(preserve=tuple(sorted(self.fed)),
-                                 device_type=default_device_type(runs_here=True),
-                                 target=self._target())
-        result = rewrite(graph_def, fetches=sorted(fetched), config=config)
-        self._dump(config, graph_def, result.graph_def)
-        shadow, shadow_session = self._import(result.graph_def)
-        old_session = self.shadow_session
-        if old_session is not None:
-            copied = copy_variables(old_session, self.shadow_graph, shadow_session, shadow)
-            logger.debug("copied %d variables into the new rewritten graph", copied)
-        self._use_shadow(shadow, shadow_session, {node.name for node in graph_def.node}, version)
-        if old_session is not None:
-            old_session.close()
-        self.result = result
-        self.allow = load_lists(config.target, lists_dir=config.lists_dir,
-                                edits=config.list_edits, level=config.level).allow
-        self.rewrites += 1
-        logger.info("amp-rewrite: %s%s (%s)", "rewrote again: " if self.rewrites > 1 else "",
-                    result.summary(), self._target_reason(config.target))
-
-    def _import(self, graph_def):
-        """A new graph holding ``graph_def``, and a session on it."""
-        import tensorflow as tf
-        from tensorflow.python.client import session as session_lib
-
-        shadow = tf.Graph()
-        with shadow.as_default():
-            tf.compat.v1.import_graph_def(graph_def, name="")
-        shadow_session = session_lib.Session(self.target, graph=shadow, config=self.config)
-        setattr(shadow_session, SHADOW_ATTR, True)
-        return shadow, shadow_session
-
-    def _use_shadow(self, shadow, shadow_session, imported, version, plans=None,
-                    cast_back=None, control_proxies=None) -> None:
-        self.shadow_graph, self.shadow_session = shadow, shadow_session
-        self.imported, self.version = imported, version
-        self.plans = {} if plans is None else plans
-        self._cast_back = {} if cast_back is None else cast_back
-        self._control_proxies = {} if control_proxies is None else control_proxies
-        self._calls = {}
-        self.partial_handles.clear()
-
-    def _float32_copy(self):
-        """The script's graph as it is, in a new shadow holding the current shadow's variables."""
-        version = self.graph.version
-        graph_def = self.graph.as_graph_def()
-        shadow, shadow_session = self._import(graph_def)
-        try:
-            if self.shadow_session is not None:
-                copy_variables(self.shadow_session, self.shadow_graph, shadow_session, shadow)
-        except Exception:
-            if self.has_run:  # the shadow holds trained values that cannot be read
-                shadow_session.close()
-                raise
-            logger.debug("the rewritten graph never ran; its variables are not copied")
-        return shadow, shadow_session, {node.name for node in graph_def.node}, version
-
-    def _target(self) -> str:
-        if self.settings.target != "auto":
-            return self.settings.target
-        from amp_rewrite.runtime.target import choose_target
-
-        return choose_target().target or "float16"
-
-    @staticmethod
-    def _target_reason(target: str) -> str:
-        from amp_rewrite import runtime
-
-        choice = runtime.target_choice()
-        if choice is not None and choice.target == target:
-            return choice.reason
-        return f"{target} was requested"
-
-    def _grow(self) -> None:
-        """Takes in the ops added since the last import: a new rewrite when they convert.
-
-        A script that builds ops inside its training loop would pay a whole
-        rewrite every step: after :data:`MAX_REWRITES`, new ops run as added.
-        """
-        if self.fallback_reason is None and self._new_ops_convert():
-            if self.rewrites < MAX_REWRITES:
-                self._build()
-                return
-            if self.rewrites == MAX_REWRITES:
-                self.rewrites += 1
-                logger.info("amp-rewrite: the graph keeps growing after %d rewrites; "
-                            "ops added from now on run in float32", MAX_REWRITES)
-        self._extend()
-
-    def _new_ops_convert(self) -> bool:
-        return any(op.type in self.allow for op in self.graph.get_operations()
-                   if op.name not in self.imported)
-
-    def _initialise_loss_scale_state(self) -> None:
-        """Initialises loss-scale variables that no initialiser the script ran covered."""
-        state = _state_components(self.graph.get_collection(loss_scale.STATE_COLLECTION))
-        if all(name in self._initialised_state for name, _ in state):
-            return
-        import tensorflow as tf
-
-        shadow = self.shadow_graph
-        with shadow.as_default(), tf.compat.v1.name_scope(COPY_SCOPE + "/"):
-            checks = [_is_initialized(shadow.get_operation_by_name(name).outputs[0])
-                      for name, _ in state]
-            flags = self.shadow_session.run(checks)
-            missing = [init for (_, init), is_set in zip(state, flags) if not is_set]
-            if missing:
-                self.shadow_session.run([shadow.get_operation_by_name(init) for init in missing])
-                logger.debug("initialised %d loss-scale variables", len(missing))
-        self._initialised_state.update(name for name, _ in state)
-
-    def _extend(self) -> None:
-        """Imports the ops added to the script's graph since the last import, as they are."""
-        import tensorflow as tf
-        from tensorflow.core.framework import graph_pb2
-
-        version = self.graph.version
-        full = self.graph.as_graph_def()
-        new_nodes = [node for node in full.node if node.name not in self.imported]
-        if new_nodes:
-            delta = graph_pb2.GraphDef()
-            delta.versions.CopyFrom(full.versions)
-            delta.library.CopyFrom(_new_functions(full.library, self.shadow_graph))
-            delta.node.extend(new_nodes)
-            new_names = {node.name for node in new_nodes}
-            input_map = self._input_map(new_nodes, new_names)
-            with self.shadow_graph.as_default():
-                tf.compat.v1.import_graph_def(delta, input_map=input_map, name="")
-            self.imported |= new_names
-            logger.debug("imported %d ops added after the rewrite, unchanged", len(new_nodes))
-        self.version = version
-
-    def _input_map(self, new_nodes, new_names) -> dict:
-        """Existing shadow tensors for the delta's references to already imported nodes."""
-        input_map = {}
-        for node in new_nodes:
-            for ref in node.input:
-                name, port, is_control = parse_input(ref)
-                if ref in input_map or name in new_names:
-                    continue
-                if is_control:
-                    input_map[ref] = self._control_proxy(name)
-                else:
-                    input_map[ref] = self._tensor_as_built(name, port)
-        return input_map
-
-    def _tensor_as_built(self, op_name: str, port: int):
-        """The shadow tensor ``op_name:port``, cast back to the script's dtype if it became half."""
-        import tensorflow as tf
-
-        name = f"{op_name}:{port}"
-        shadow_tensor = self.shadow_graph.get_tensor_by_name(name)
-        want = self.graph.get_tensor_by_name(name).dtype.base_dtype
-        if shadow_tensor.dtype.base_dtype == want:
-            return shadow_tensor
-        if name not in self._cast_back:
-            with self.shadow_graph.as_default(), tf.compat.v1.name_scope(None):
-                self._cast_back[name] = tf.cast(shadow_tensor, want,
-                                                name=f"{op_name}-{port}-{CAST_BACK_SUFFIX}")
-        return self._cast_back[name]
-
-    def _control_proxy(self, op_name: str):
-        """A tensor whose op runs after ``op_name``: import maps control inputs to ops with outputs."""
-        import tensorflow as tf
-
-        op = self.shadow_graph.get_operation_by_name(op_name)
-        if op.outputs:
-            return op.outputs[0]
-        if op_name not in self._control_proxies:
-            with self.shadow_graph.as_default(), tf.compat.v1.name_scope(None), \
-                    tf.control_dependencies([op]):
-                self._control_proxies[op_name] = tf.constant(0, name=f"{op_name}-Done-AmpRewrite")
-        return self._control_proxies[op_name]
-
-    # --- reporting -------------------------------------------------------
 
     def _fall_back(self, reason: str, *, keep_shadow: bool = False) -> None:
         """Runs float32 from now on: the script's session, or (``keep_shadow``) a float32 shadow."""
         self.fallback_reason = reason
         logger.warning("amp-rewrite: running the float32 graph: %s", reason)
         if not keep_shadow:
-            if self.shadow_session is not None:
-                self.shadow_session.close()
-            self.shadow_graph = self.shadow_session = None
+            self.shadow.discard()
             self.plans.clear()
             self._calls = {}
-
-    def _dump(self, config, before, after) -> None:
-        directory = self.settings.dump_dir
-        if not directory or getattr(config, "dump_dir", None):
-            return  # nothing asked, or the rewrite itself dumps
-        os.makedirs(directory, exist_ok=True)
-        stem = os.path.join(directory, f"amp_rewrite_{os.getpid()}_{id(self.graph):x}")
-        for label, graph_def in (("before", before), ("after", after)):
-            with open(f"{stem}_{label}.pb", "wb") as f:
-                f.write(graph_def.SerializeToString(deterministic=True))
-        logger.debug("wrote %s_{before,after}.pb", stem)
-
-    def _log_reports(self, reports) -> None:
-        if not len(reports):
-            return
-        log = self._log
-        log.steps += 1
-        every = self.settings.loss_scale.log_every
-        for index, (scale, skipped, _good) in enumerate(reports):
-            before = log.skipped.get(index, 0.0)
-            log.skipped[index] = skipped
-            was_at_floor = log.scales.get(index, 2.0) <= 1.0
-            log.scales[index] = scale
-            if skipped > before and was_at_floor and index in log.at_floor:
-                # Said once below; a NaN loss would otherwise warn on every step.
-                logger.debug("amp-rewrite: step skipped at loss scale 1, %d steps skipped so far", skipped)
-            elif skipped > before and was_at_floor:
-                log.at_floor.add(index)
-                logger.warning("amp-rewrite: step skipped with the loss scale at its floor of 1: the gradients "
-                               "are not finite even unscaled, so no scale helps: the loss itself is not finite, "
-                               "or an op overflows in half whatever the scale (compare a run without "
-                               "ENABLE_AUTO_MP; keep such an op float32 with "
-                               "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_DENYLIST_ADD); every such step is skipped "
-                               "and global_step does not advance; said once, %d steps skipped so far", skipped)
-            elif skipped > before:
-                log.at_floor.discard(index)
-                logger.warning("amp-rewrite: step skipped, gradients not finite; "
-                               "loss scale now %g, %d steps skipped so far", scale, skipped)
-            elif every and log.steps % every == 0:
-                logger.info("amp-rewrite: loss scale %g, %d steps skipped so far", scale, skipped)
 
 
 # --- session patches -------------------------------------------------------
@@ -707,6 +536,36 @@ def patched_close(original, session):
 
 # --- helpers ---------------------------------------------------------------
 
+def _make_plan(graph, shadow, fetch_names, feed_names) -> RunPlan:
+    """The :class:`RunPlan` of a call to ``graph`` with these fetches and feeds, on its ``shadow``."""
+    fetches, fetch_dtypes = [], []
+    for name in fetch_names:
+        original = graph.as_graph_element(name)
+        element = shadow.as_graph_element(name)
+        fetches.append(element)
+        fetch_dtypes.append(_dtype_change(original, element))
+    feeds = {}
+    for name in feed_names:
+        element = shadow.get_tensor_by_name(name)
+        feeds[name] = (element, _dtype_change(graph.get_tensor_by_name(name), element))
+    reports = _reports_for(graph, fetch_names)
+    fetches += [shadow.get_tensor_by_name(report.tensor.name) for report in reports]
+    return RunPlan(fetches, fetch_dtypes, feeds, len(reports))
+
+
+def _reports_for(graph, fetch_names):
+    """The loss-scale reports whose guarded update this run executes anyway."""
+    reports = loss_scale.reports_of(graph)
+    if not reports:
+        return []
+    wanted = {report.op.name: report for report in reports}
+    found = []
+    for op in _ancestors(graph.as_graph_element(n) for n in fetch_names):
+        if op.name in wanted:
+            found.append(wanted[op.name])
+    return found
+
+
 def _call_key(fetches, feed_dict) -> tuple:
     """The identity of a call's fetch elements and feed keys (not of a container the script may change)."""
     kind = type(fetches)
@@ -751,7 +610,7 @@ def _resolve_call(shadow_session, fetches, feed_keys, key, plan) -> _FastCall:
         options.feed.append(name)
     run = shadow_session._make_callable_from_options(options)
     keep = (tuple(fetches) if kind else (fetches,), feed_keys)
-    return _FastCall(keep, key[0], plan, run, feeds, results, reports, kind)
+    return _FastCall(keep, key[0], plan, shadow_session, run, feeds, results, reports, kind)
 
 
 # Feed values the fast path converts as ``Session.run`` would; others (Python
@@ -888,93 +747,6 @@ def _ancestors(elements):
         stack.extend(t.op for t in op.inputs)
         stack.extend(op.control_inputs)
     return seen.values()
-
-
-def copy_variables(source_session, source_graph, target_session, target_graph) -> int:
-    """Copies every initialised variable of ``source_graph`` to its namesake in ``target_graph``.
-
-    Returns how many were copied. Variables the source never initialised stay
-    as they are in the target; values are cast when the two dtypes differ.
-    """
-    import tensorflow as tf
-
-    pairs = []
-    for op in source_graph.get_operations():
-        if op.type not in VARIABLE_OPS:
-            continue
-        try:
-            other = target_graph.get_operation_by_name(op.name)
-        except KeyError:
-            continue
-        if other.type == op.type:
-            pairs.append((op, other))
-    if not pairs:
-        return 0
-    with source_graph.as_default(), tf.compat.v1.name_scope(COPY_SCOPE + "/"):
-        flags = source_session.run([_is_initialized(op.outputs[0]) for op, _ in pairs])
-        pairs = [pair for pair, is_set in zip(pairs, flags) if is_set]
-        values = source_session.run([_read(op) for op, _ in pairs])
-    if not pairs:
-        return 0
-    feeds, assigns = {}, []
-    with target_graph.as_default(), tf.compat.v1.name_scope(COPY_SCOPE + "/"):
-        for (_, other), value in zip(pairs, values):
-            dtype = other.get_attr("dtype")
-            holder = tf.compat.v1.placeholder(dtype.base_dtype)
-            feeds[holder] = np.asarray(value).astype(dtype.base_dtype.as_numpy_dtype, copy=False)
-            assigns.append(_assign(other, holder))
-    target_session.run(assigns, feeds)
-    return len(pairs)
-
-
-def _state_components(variables) -> list:
-    """(variable op name, initializer op name) of each variable, per replica when mirrored."""
-    out = []
-    for variable in variables:
-        for component in getattr(variable, "_values", None) or (variable,):
-            out.append((component.op.name, component.initializer.name))
-    return out
-
-
-def _is_initialized(handle):
-    import tensorflow as tf
-    from tensorflow.python.ops import gen_resource_variable_ops
-
-    if handle.op.type == "VarHandleOp":
-        return gen_resource_variable_ops.var_is_initialized_op(handle)
-    return tf.compat.v1.is_variable_initialized(handle)
-
-
-def _read(op):
-    from tensorflow.python.ops import gen_resource_variable_ops
-
-    if op.type == "VarHandleOp":
-        return gen_resource_variable_ops.read_variable_op(op.outputs[0], op.get_attr("dtype"))
-    return op.outputs[0]
-
-
-def _assign(op, value):
-    import tensorflow as tf
-    from tensorflow.python.ops import gen_resource_variable_ops
-
-    if op.type == "VarHandleOp":
-        return gen_resource_variable_ops.assign_variable_op(op.outputs[0], value)
-    return tf.compat.v1.assign(op.outputs[0], value, validate_shape=False).op
-
-
-def _new_functions(library, shadow_graph):
-    from tensorflow.core.framework import function_pb2
-
-    out = function_pb2.FunctionDefLibrary()
-    for function in library.function:
-        if not shadow_graph._is_function(function.signature.name):
-            out.function.add().CopyFrom(function)
-    known = {g.function_name for g in out.gradient}
-    for gradient in library.gradient:
-        if gradient.function_name not in known and any(
-                f.signature.name == gradient.function_name for f in out.function):
-            out.gradient.add().CopyFrom(gradient)
-    return out
 
 
 # Lines of TensorFlow's error messages that say nothing about the error itself.

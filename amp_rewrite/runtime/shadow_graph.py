@@ -1,0 +1,348 @@
+"""The shadow graph a patched session runs in place of its script's graph.
+
+A :class:`ShadowGraph` builds the shadow (the script's graph rewritten, or a
+float32 copy of it) and keeps it in step with the script's graph as ops are
+added. Running steps on it, and deciding when to rebuild or fall back, is
+:class:`~amp_rewrite.runtime.session.ShadowRunner`'s work.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import numpy as np
+
+from amp_rewrite.config import Config
+from amp_rewrite.graph_facts import parse_input, sinks
+from amp_rewrite.op_registry import default_device_type
+from amp_rewrite.runtime import loss_scale
+from amp_rewrite.runtime.settings import RuntimeSettings
+
+logger = logging.getLogger(__name__)
+
+SHADOW_ATTR = "_amp_rewrite_is_shadow"
+CAST_BACK_SUFFIX = "CastBack-AmpRewrite"
+COPY_SCOPE = "Copy-AmpRewrite"
+VARIABLE_OPS = ("VarHandleOp", "VariableV2", "Variable")
+
+
+class ShadowGraph:
+    """One script graph's shadow: a ``tf.Graph`` and the ``Session`` that runs it.
+
+    It owns the shadow graph and session, the names of the script's ops the
+    shadow holds and the script graph version it is current with, the casts
+    back and control proxies made for ops imported unchanged, the loss-scale
+    variables known to be initialised, and what the last rewrite made
+    (``result``, the ``allow`` list it used, the count of ``rewrites``).
+    ``graph`` and ``session`` are None until :meth:`build` or :meth:`use`.
+    """
+
+    def __init__(self, script_graph, settings: RuntimeSettings, session_target: str = "",
+                 session_config: Any = None):
+        self.script_graph = script_graph
+        self.settings = settings
+        self.session_target = session_target
+        self.session_config = session_config
+        self.graph: Any = None
+        self.session: Any = None
+        self.imported: set[str] = set()
+        self.version = -1
+        self.cast_back: dict = {}
+        self.control_proxies: dict = {}
+        self.initialised_state: set[str] = set()
+        self.allow: frozenset = frozenset()
+        self.rewrites = 0
+        self.result: Any = None
+
+    def state(self) -> tuple:
+        """The arguments :meth:`use` takes to make this shadow current again."""
+        return (self.graph, self.session, self.imported, self.version, self.cast_back,
+                self.control_proxies)
+
+    def use(self, graph, session, imported, version, cast_back=None, control_proxies=None) -> None:
+        """Makes ``graph`` and ``session`` the shadow; it holds the script ops ``imported`` at ``version``."""
+        self.graph, self.session = graph, session
+        self.imported, self.version = imported, version
+        self.cast_back = {} if cast_back is None else cast_back
+        self.control_proxies = {} if control_proxies is None else control_proxies
+
+    def discard(self) -> None:
+        """Closes the session and forgets the shadow (the script's own session runs from now on)."""
+        if self.session is not None:
+            self.session.close()
+        self.graph = self.session = None
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
+
+    def build(self, fetched, fed, rewrite) -> tuple:
+        """Rewrites the whole script graph into a new shadow holding the old shadow's variables.
+
+        Args:
+            fetched: names of the nodes fetched so far; they keep their dtype, as
+                do the nodes without consumers.
+            fed: names of the nodes fed so far; they are preserved.
+            rewrite: the offline pass, called as ``rewrite(graph_def, fetches=, config=)``.
+
+        Returns:
+            The rewrite's result, and a phrase saying why its target was chosen.
+            The old session is closed.
+        """
+        from amp_rewrite.op_lists import load_lists
+
+        version = self.script_graph.version  # before the snapshot: later ops trigger an extension
+        graph_def = self.script_graph.as_graph_def(add_shapes=True)
+        config = Config.from_env(preserve=tuple(sorted(fed)),
+                                 device_type=default_device_type(runs_here=True),
+                                 target=self._target())
+        result = rewrite(graph_def, fetches=sorted(set(fetched) | sinks(graph_def)), config=config)
+        self._dump(config, graph_def, result.graph_def)
+        shadow, shadow_session = self._import(result.graph_def)
+        old_session = self.session
+        if old_session is not None:
+            copied = copy_variables(old_session, self.graph, shadow_session, shadow)
+            logger.debug("copied %d variables into the new rewritten graph", copied)
+        self.use(shadow, shadow_session, {node.name for node in graph_def.node}, version)
+        if old_session is not None:
+            old_session.close()
+        self.result = result
+        self.allow = load_lists(config.target, lists_dir=config.lists_dir,
+                                edits=config.list_edits, level=config.level).allow
+        self.rewrites += 1
+        return result, _target_reason(config.target)
+
+    def float32_copy(self, *, has_run: bool) -> tuple:
+        """The script's graph as it is, in a new graph and session holding this shadow's variables.
+
+        Returns the arguments :meth:`use` takes; the copy is not made current.
+        When the variables cannot be copied, the copy is closed and the error
+        raised if the shadow ``has_run`` (it holds trained values), else ignored.
+        """
+        version = self.script_graph.version
+        graph_def = self.script_graph.as_graph_def()
+        shadow, shadow_session = self._import(graph_def)
+        try:
+            if self.session is not None:
+                copy_variables(self.session, self.graph, shadow_session, shadow)
+        except Exception:
+            if has_run:
+                shadow_session.close()
+                raise
+            logger.debug("the rewritten graph never ran; its variables are not copied")
+        return shadow, shadow_session, {node.name for node in graph_def.node}, version
+
+    def new_ops_convert(self) -> bool:
+        """Whether an op added to the script's graph since the last import is on the allow list."""
+        return any(op.type in self.allow for op in self.script_graph.get_operations()
+                   if op.name not in self.imported)
+
+    def extend(self) -> None:
+        """Imports the ops added to the script's graph since the last import, as they are."""
+        import tensorflow as tf
+        from tensorflow.core.framework import graph_pb2
+
+        version = self.script_graph.version
+        full = self.script_graph.as_graph_def()
+        new_nodes = [node for node in full.node if node.name not in self.imported]
+        if new_nodes:
+            delta = graph_pb2.GraphDef()
+            delta.versions.CopyFrom(full.versions)
+            delta.library.CopyFrom(_new_functions(full.library, self.graph))
+            delta.node.extend(new_nodes)
+            new_names = {node.name for node in new_nodes}
+            input_map = self._input_map(new_nodes, new_names)
+            with self.graph.as_default():
+                tf.compat.v1.import_graph_def(delta, input_map=input_map, name="")
+            self.imported |= new_names
+            logger.debug("imported %d ops added after the rewrite, unchanged", len(new_nodes))
+        self.version = version
+
+    def initialise_loss_scale_state(self) -> None:
+        """Initialises loss-scale variables that no initialiser the script ran covered."""
+        state = _state_components(self.script_graph.get_collection(loss_scale.STATE_COLLECTION))
+        if all(name in self.initialised_state for name, _ in state):
+            return
+        import tensorflow as tf
+
+        shadow = self.graph
+        with shadow.as_default(), tf.compat.v1.name_scope(COPY_SCOPE + "/"):
+            checks = [_is_initialized(shadow.get_operation_by_name(name).outputs[0])
+                      for name, _ in state]
+            flags = self.session.run(checks)
+            missing = [init for (_, init), is_set in zip(state, flags) if not is_set]
+            if missing:
+                self.session.run([shadow.get_operation_by_name(init) for init in missing])
+                logger.debug("initialised %d loss-scale variables", len(missing))
+        self.initialised_state.update(name for name, _ in state)
+
+    def _import(self, graph_def):
+        """A new graph holding ``graph_def``, and a session on it."""
+        import tensorflow as tf
+        from tensorflow.python.client import session as session_lib
+
+        shadow = tf.Graph()
+        with shadow.as_default():
+            tf.compat.v1.import_graph_def(graph_def, name="")
+        shadow_session = session_lib.Session(self.session_target, graph=shadow,
+                                             config=self.session_config)
+        setattr(shadow_session, SHADOW_ATTR, True)
+        return shadow, shadow_session
+
+    def _target(self) -> str:
+        if self.settings.target != "auto":
+            return self.settings.target
+        from amp_rewrite.runtime.target import choose_target
+
+        return choose_target().target or "float16"
+
+    def _input_map(self, new_nodes, new_names) -> dict:
+        """Existing shadow tensors for the delta's references to already imported nodes."""
+        input_map = {}
+        for node in new_nodes:
+            for ref in node.input:
+                name, port, is_control = parse_input(ref)
+                if ref in input_map or name in new_names:
+                    continue
+                if is_control:
+                    input_map[ref] = self._control_proxy(name)
+                else:
+                    input_map[ref] = self._tensor_as_built(name, port)
+        return input_map
+
+    def _tensor_as_built(self, op_name: str, port: int):
+        """The shadow tensor ``op_name:port``, cast back to the script's dtype if it became half."""
+        import tensorflow as tf
+
+        name = f"{op_name}:{port}"
+        shadow_tensor = self.graph.get_tensor_by_name(name)
+        want = self.script_graph.get_tensor_by_name(name).dtype.base_dtype
+        if shadow_tensor.dtype.base_dtype == want:
+            return shadow_tensor
+        if name not in self.cast_back:
+            with self.graph.as_default(), tf.compat.v1.name_scope(None):
+                self.cast_back[name] = tf.cast(shadow_tensor, want,
+                                               name=f"{op_name}-{port}-{CAST_BACK_SUFFIX}")
+        return self.cast_back[name]
+
+    def _control_proxy(self, op_name: str):
+        """A tensor whose op runs after ``op_name``: import maps control inputs to ops with outputs."""
+        import tensorflow as tf
+
+        op = self.graph.get_operation_by_name(op_name)
+        if op.outputs:
+            return op.outputs[0]
+        if op_name not in self.control_proxies:
+            with self.graph.as_default(), tf.compat.v1.name_scope(None), \
+                    tf.control_dependencies([op]):
+                self.control_proxies[op_name] = tf.constant(0, name=f"{op_name}-Done-AmpRewrite")
+        return self.control_proxies[op_name]
+
+    def _dump(self, config, before, after) -> None:
+        directory = self.settings.dump_dir
+        if not directory or getattr(config, "dump_dir", None):
+            return  # nothing asked, or the rewrite itself dumps
+        os.makedirs(directory, exist_ok=True)
+        stem = os.path.join(directory, f"amp_rewrite_{os.getpid()}_{id(self.script_graph):x}")
+        for label, graph_def in (("before", before), ("after", after)):
+            with open(f"{stem}_{label}.pb", "wb") as f:
+                f.write(graph_def.SerializeToString(deterministic=True))
+        logger.debug("wrote %s_{before,after}.pb", stem)
+
+
+def _target_reason(target: str) -> str:
+    from amp_rewrite import runtime
+
+    choice = runtime.target_choice()
+    if choice is not None and choice.target == target:
+        return choice.reason
+    return f"{target} was requested"
+
+
+def copy_variables(source_session, source_graph, target_session, target_graph) -> int:
+    """Copies every initialised variable of ``source_graph`` to its namesake in ``target_graph``.
+
+    Returns how many were copied. Variables the source never initialised stay
+    as they are in the target; values are cast when the two dtypes differ.
+    """
+    import tensorflow as tf
+
+    pairs = []
+    for op in source_graph.get_operations():
+        if op.type not in VARIABLE_OPS:
+            continue
+        try:
+            other = target_graph.get_operation_by_name(op.name)
+        except KeyError:
+            continue
+        if other.type == op.type:
+            pairs.append((op, other))
+    if not pairs:
+        return 0
+    with source_graph.as_default(), tf.compat.v1.name_scope(COPY_SCOPE + "/"):
+        flags = source_session.run([_is_initialized(op.outputs[0]) for op, _ in pairs])
+        pairs = [pair for pair, is_set in zip(pairs, flags) if is_set]
+        values = source_session.run([_read(op) for op, _ in pairs])
+    if not pairs:
+        return 0
+    feeds, assigns = {}, []
+    with target_graph.as_default(), tf.compat.v1.name_scope(COPY_SCOPE + "/"):
+        for (_, other), value in zip(pairs, values):
+            dtype = other.get_attr("dtype")
+            holder = tf.compat.v1.placeholder(dtype.base_dtype)
+            feeds[holder] = np.asarray(value).astype(dtype.base_dtype.as_numpy_dtype, copy=False)
+            assigns.append(_assign(other, holder))
+    target_session.run(assigns, feeds)
+    return len(pairs)
+
+
+def _state_components(variables) -> list:
+    """(variable op name, initializer op name) of each variable, per replica when mirrored."""
+    out = []
+    for variable in variables:
+        for component in getattr(variable, "_values", None) or (variable,):
+            out.append((component.op.name, component.initializer.name))
+    return out
+
+
+def _is_initialized(handle):
+    import tensorflow as tf
+    from tensorflow.python.ops import gen_resource_variable_ops
+
+    if handle.op.type == "VarHandleOp":
+        return gen_resource_variable_ops.var_is_initialized_op(handle)
+    return tf.compat.v1.is_variable_initialized(handle)
+
+
+def _read(op):
+    from tensorflow.python.ops import gen_resource_variable_ops
+
+    if op.type == "VarHandleOp":
+        return gen_resource_variable_ops.read_variable_op(op.outputs[0], op.get_attr("dtype"))
+    return op.outputs[0]
+
+
+def _assign(op, value):
+    import tensorflow as tf
+    from tensorflow.python.ops import gen_resource_variable_ops
+
+    if op.type == "VarHandleOp":
+        return gen_resource_variable_ops.assign_variable_op(op.outputs[0], value)
+    return tf.compat.v1.assign(op.outputs[0], value, validate_shape=False).op
+
+
+def _new_functions(library, shadow_graph):
+    from tensorflow.core.framework import function_pb2
+
+    out = function_pb2.FunctionDefLibrary()
+    for function in library.function:
+        if not shadow_graph._is_function(function.signature.name):
+            out.function.add().CopyFrom(function)
+    known = {g.function_name for g in out.gradient}
+    for gradient in library.gradient:
+        if gradient.function_name not in known and any(
+                f.signature.name == gradient.function_name for f in out.function):
+            out.gradient.add().CopyFrom(gradient)
+    return out
