@@ -154,3 +154,40 @@ def test_a_loss_that_is_never_finite_is_named_once_not_every_step(amp_runtime, c
     assert scale == 1.0 and step == 0
     assert len(halving) == 2  # 4 -> 2 -> 1
     assert len(floor) == 1 and "not finite even unscaled" in floor[0], warnings
+
+
+def run_momentum_steps(steps, x):
+    """``steps`` training steps of the momentum graph on ``x``: (w after, global step, session runner)."""
+    graph, _, _, train, init = training_graph("momentum")
+    with graph.as_default():
+        w = [v for v in tf1.global_variables() if v.op.name == "w"][0]
+    with tf1.Session(graph=graph) as sess:
+        sess.run(init)
+        for _ in range(steps):
+            sess.run(train, {"x:0": x, "multiplier:0": 1e-10})
+        return sess.run(w), sess.run(tf1.train.get_global_step(graph)), getattr(sess, "_amp_rewrite_runner", None)
+
+
+def test_half_that_no_scale_can_train_falls_back_to_float32_keeping_values(amp_runtime, caplog):
+    # MatMul overflows half (|x| = 1e5 > 65504) whatever the scale; in float32 the step is fine.
+    x = np.full((2, 4), 1e5, np.float32)
+    float32_w, float32_step, _ = run_momentum_steps(5, x)
+    amp_runtime(RuntimeSettings(loss_scale=LossScaleSettings(initial_scale=4.0), target="float16"))
+    with caplog.at_level(logging.WARNING, logger="amp_rewrite"):
+        w, step, runner = run_momentum_steps(8, x)  # skipped at scale 4, 2, then at the floor of 1
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    fallback = [m for m in warnings if "running the float32 graph" in m]
+    assert len(fallback) == 1 and "floor of 1" in fallback[0] and "DENYLIST_ADD" in fallback[0], warnings
+    assert step == float32_step == 5
+    assert np.all(np.isfinite(w))
+    np.testing.assert_allclose(w, float32_w, rtol=1e-5)  # five float32 steps from the same start
+    assert runner is not None and runner.fallback_reason is not None
+
+
+def test_strict_mode_raises_when_no_scale_can_train(amp_runtime):
+    from amp_rewrite.errors import RuntimeRewriteError
+
+    amp_runtime(RuntimeSettings(loss_scale=LossScaleSettings(initial_scale=2.0), target="float16", is_strict=True))
+    with pytest.raises(RuntimeRewriteError, match="floor of 1"):
+        run_momentum_steps(4, np.full((2, 4), 1e5, np.float32))
+

@@ -134,11 +134,17 @@ class _LossScaleLog:
     scales: dict = field(default_factory=dict)
     at_floor: set = field(default_factory=set)
 
-    def record(self, reports) -> None:
-        """Logs what one step's (scale, skipped, good steps) reports say."""
+    def record(self, reports) -> str | None:
+        """Logs what one step's (scale, skipped, good steps) reports say.
+
+        Returns why half arithmetic cannot train this graph, the first time
+        a step is skipped with the loss scale already at its floor of 1:
+        then no scale helps, and the caller falls back to float32.
+        """
         if not len(reports):
-            return
+            return None
         self.steps += 1
+        hopeless = None
         for index, (scale, skipped, _good) in enumerate(reports):
             before = self.skipped.get(index, 0.0)
             self.skipped[index] = skipped
@@ -149,18 +155,17 @@ class _LossScaleLog:
                 logger.debug("amp-rewrite: step skipped at loss scale 1, %d steps skipped so far", skipped)
             elif skipped > before and was_at_floor:
                 self.at_floor.add(index)
-                logger.warning("amp-rewrite: step skipped with the loss scale at its floor of 1: the gradients "
-                               "are not finite even unscaled, so no scale helps: the loss itself is not finite, "
-                               "or an op overflows in half whatever the scale (compare a run without "
-                               "ENABLE_AUTO_MP; keep such an op float32 with "
-                               "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_DENYLIST_ADD); every such step is skipped "
-                               "and global_step does not advance; said once, %d steps skipped so far", skipped)
+                hopeless = (f"a step was skipped with the loss scale at its floor of 1 ({skipped:g} skipped in "
+                            "all): the gradients are not finite even unscaled, so no scale helps; the loss "
+                            "itself is not finite, or an op overflows in half whatever the scale (keep such "
+                            "an op float32 with TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_DENYLIST_ADD)")
             elif skipped > before:
                 self.at_floor.discard(index)
                 logger.warning("amp-rewrite: step skipped, gradients not finite; "
                                "loss scale now %g, %d steps skipped so far", scale, skipped)
             elif self.every and self.steps % self.every == 0:
                 logger.info("amp-rewrite: loss scale %g, %d steps skipped so far", scale, skipped)
+        return hopeless
 
 
 class ShadowRunner:
@@ -252,7 +257,7 @@ class ShadowRunner:
             return self._run_failed(exc, original_run, session, fetches, feed_dict, None, None)
         self.has_run = True
         if call.reports:
-            self._log.record([values[i] for i in call.reports])
+            self._record_loss_scale([values[i] for i in call.reports])
         results = [None if i < 0 else values[i] if dtype is None
                    else np.asarray(values[i]).astype(dtype)
                    for i, dtype in call.results]
@@ -284,11 +289,25 @@ class ShadowRunner:
 
     def _results(self, plan, mapper, fetches, values):
         n_script = len(plan.fetch_dtypes)
-        self._log.record(values[n_script:])
+        self._record_loss_scale(values[n_script:])
         results = [_to_script(v, d) for v, d in zip(values[:n_script], plan.fetch_dtypes)]
         if mapper is not None:
             return mapper.build_results(results)
         return _flat_results(fetches, results)
+
+    def _record_loss_scale(self, reports) -> None:
+        """Logs the step's loss-scale reports; half that cannot train falls back to float32 for the next step.
+
+        The float32 graph holds the variables' values, loss-scale state
+        included, so training goes on where it was (strict mode raises).
+        """
+        hopeless = self._log.record(reports)
+        if hopeless is None or self.fallback_reason is not None:
+            return
+        if self.settings.is_strict:
+            raise RuntimeRewriteError(hopeless)
+        with self.lock:
+            self._fall_back_keeping_values(hopeless)
 
     def _run_failed(self, exc, original_run, session, fetches, feed_dict, options,
                     run_metadata):
