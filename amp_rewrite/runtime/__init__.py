@@ -6,7 +6,8 @@
   (:mod:`amp_rewrite.runtime.target`): one INFO line says why;
 - ``Session`` (every ``BaseSession``: plain, interactive, and those that
   ``MonitoredTrainingSession`` creates) to run the rewritten graph
-  (:mod:`amp_rewrite.runtime.session`);
+  (:mod:`amp_rewrite.runtime.session` runs the steps and falls back;
+  :mod:`amp_rewrite.runtime.shadow_graph` builds and grows that graph);
 - ``tf.compat.v1.train.Optimizer.compute_gradients``/``apply_gradients`` for
   dynamic loss scaling (:mod:`amp_rewrite.runtime.loss_scale`), for float16
   only unless ``AMP_LOSS_SCALE`` (or non-default loss-scale settings) asks;
