@@ -296,11 +296,7 @@ class ShadowRunner:
         return _flat_results(fetches, results)
 
     def _record_loss_scale(self, reports) -> None:
-        """Logs the step's loss-scale reports; half that cannot train falls back to float32 for the next step.
-
-        The float32 graph holds the variables' values, loss-scale state
-        included, so training goes on where it was (strict mode raises).
-        """
+        """Logs the step's loss-scale reports; if half cannot train, the next step runs float32, same values."""
         hopeless = self._log.record(reports)
         if hopeless is None or self.fallback_reason is not None:
             return
