@@ -134,8 +134,10 @@ def test_unset_variable_changes_nothing(mlp):
     unset = runs["unset"].result
     assert unset["amp_modules"] == []
     assert unset["session_run_patched"] is False
-    # The same numbers as the float32 run (which also probed and saved).
-    assert unset["losses"] == runs["fp32"].result["losses"]
+    # The float32 run's numbers. That run also adds ops after its first step,
+    # and TensorFlow may re-optimise (fuse) the grown graph with another
+    # rounding, so equal to float32 round-off, far inside half's 1e-3.
+    np.testing.assert_allclose(unset["losses"], runs["fp32"].result["losses"], rtol=1e-4)
     assert our_lines(runs["unset"].stderr) == []
 
 
@@ -228,8 +230,9 @@ def test_failed_rewrite_falls_back_to_float32_with_a_warning(mlp):
     fallback = runs["fallback"]
     assert ("WARNING amp_rewrite.runtime.session: amp-rewrite: running the float32 graph: "
             "rewrite failed: ListError: op Exp is in both") in fallback.stderr
-    # Loss scaling by a power of two is exact in float32: the very same numbers.
-    assert fallback.result["losses"] == runs["fp32"].result["losses"]
+    # Loss scaling by a power of two is exact in float32: the very same numbers
+    # as the same script (same ops) without the runtime.
+    assert fallback.result["losses"] == runs["unset"].result["losses"]
     assert fallback.result["steps"] == list(range(1, STEPS + 1))
 
 
