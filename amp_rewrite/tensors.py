@@ -128,7 +128,10 @@ class HalfConverter:
         return None
 
     def convert(self, values: np.ndarray) -> np.ndarray | None:
-        """The half bits (``uint16``) of ``values`` (float32, as stored), or None if out of range."""
+        """The half bits (``uint16``) of ``values`` (float32, as stored), or None if out of range.
+
+        The bits may live in a buffer the next call reuses: store them first.
+        """
         if self.dtype == DT_HALF and values.size >= 64:
             bits = self._float16_bits(values)
             if bits is not None:
@@ -165,17 +168,12 @@ class HalfConverter:
         return half
 
 
-def convert_const(node, dtype: int) -> None:
-    """Retypes a float32 Const node to ``dtype`` (float16 or bfloat16), converting its value.
+def _store(node, dtype: int, bits: np.ndarray, as_bytes: bool) -> None:
+    """Retypes a Const node to ``dtype`` holding ``bits``, with the same shape.
 
     Values stored as bytes stay bytes; values stored in the repeated field (a
-    splat among them) go to ``half_val`` as they were, with the same shape.
+    splat among them) go to ``half_val`` as they were.
     """
-    values, from_bytes = _stored(node.attr["value"].tensor, f"node {node.name} (op Const)")
-    _store(node, dtype, values.astype(_numpy_type(dtype)).view(np.uint16), from_bytes)
-
-
-def _store(node, dtype: int, bits: np.ndarray, as_bytes: bool) -> None:
     tensor = node.attr["value"].tensor
     shape = type(tensor.tensor_shape)()
     shape.CopyFrom(tensor.tensor_shape)
