@@ -175,10 +175,11 @@ def test_float16_keeps_dynamic_loss_scaling(amp_runtime):
 def test_tf2_loss_scaling_is_installed_only_for_float16(amp_runtime, setting, scales):
     import keras
 
-    from amp_rewrite.runtime import keras_patch, tf2_loss_scale, tf_function
+    from amp_rewrite.runtime import tf2_loss_scale, tf_function
+    from amp_rewrite.runtime.ledger import LEDGER
 
     amp_runtime(RuntimeSettings(target=setting))
-    assert keras_patch.is_patched() is scales
+    assert bool(LEDGER.installed(tf2_loss_scale.LEDGER_NAME)) is scales
     assert tf2_loss_scale.loss_scaling_wanted() is scales
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
     model.compile(optimizer="sgd", loss="mse")

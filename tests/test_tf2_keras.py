@@ -18,7 +18,8 @@ import pytest
 import tensorflow as tf
 
 from amp_rewrite import runtime
-from amp_rewrite.runtime import keras_patch, tf2_loss_scale
+from amp_rewrite.runtime import tf2_loss_scale
+from amp_rewrite.runtime.ledger import LEDGER
 from amp_rewrite.runtime.settings import RuntimeSettings
 from helpers import rng
 
@@ -94,9 +95,9 @@ def test_compile_keeps_the_optimizer(amp_runtime):
     sgd = keras.optimizers.SGD()
     model.compile(optimizer=sgd, loss="mse")
     assert model.optimizer is sgd
-    assert keras_patch.is_patched()
+    assert LEDGER.installed(tf2_loss_scale.LEDGER_NAME)
     runtime.disable()
-    assert not keras_patch.is_patched()
+    assert not LEDGER.installed(tf2_loss_scale.LEDGER_NAME)
 
 
 def eager_step(model, x, y, *, wrapper=None):

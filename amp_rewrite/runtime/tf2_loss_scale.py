@@ -10,8 +10,9 @@ two places change, so every loop built from them is scaled without code changes:
   again, in float32. The caller sees true gradients: clipping, logging and
   ``tf.debugging`` checks between ``gradient`` and ``apply`` work as in float32.
 - The ``apply`` of Keras 3 optimizers (``apply_gradients``, ``fit`` and custom
-  ``train_step`` all end there) and ``apply_gradients`` of tf_keras optimizers
-  apply the update only when every gradient is finite. A skipped step changes
+  ``train_step`` all end there, so ``Model.compile`` is not changed and the
+  model keeps the optimizer it was given) and ``apply_gradients`` of tf_keras
+  optimizers apply the update only when every gradient is finite. A skipped step changes
   no variable, slot or iteration count; it halves the scale (never below 1)
   and prints a line naming the first variables whose gradients were not
   finite. A skip for the same cause as the one before (the same scale and
@@ -145,7 +146,7 @@ def settings() -> RuntimeSettings | None:
 def is_finding_overflow() -> bool:
     """Whether rewritten functions get finiteness probes (``AMP_REWRITE_FIND_OVERFLOW=1``)."""
     settings = _PATCHES.settings
-    return loss_scaling_wanted() and settings is not None and settings.is_finding_overflow
+    return settings is not None and settings.is_finding_overflow
 
 
 def install(runtime_settings: RuntimeSettings) -> None:
