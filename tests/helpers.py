@@ -119,6 +119,20 @@ def mlp_session_graph():
     return graph
 
 
+def function_call_graph():
+    """x → allow_main → a ``tf.function`` (allow_in_fn → clr_in_fn) → out; returns the GraphDef."""
+    @tf.function
+    def block(x):
+        return tf.nn.relu(tf.matmul(x, tf.ones([8, 8]) * 0.1, name="allow_in_fn"), name="clr_in_fn")
+
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [4, 8], name="x")
+        h = tf.matmul(x, tf.ones([8, 8]) * 0.2, name="allow_main")
+        tf.identity(block(h), name="out")
+    return g.as_graph_def()
+
+
 def rng(seed=0):
     return np.random.default_rng(seed)
 

@@ -174,6 +174,12 @@ def banner_env(tmp_path):
     return {"PYTHONPATH": path, "FAKE_TF_BANNER": BANNER}
 
 
+def load_tensorflow_with(tmp_path, code: str) -> None:
+    """Makes the fake ``banner_env`` run ``code`` where it wrote the banner, while TensorFlow loads."""
+    hook = tmp_path / "site" / "sitecustomize.py"
+    hook.write_text(hook.read_text().replace('os.write(2, os.environ["FAKE_TF_BANNER"].encode())', code))
+
+
 def test_tensorflow_banner_is_hidden_from_a_rewrite(graph_file, tmp_path, banner_env):
     proc = cli(graph_file, tmp_path / "out.pb", "--device-type", "CPU", cwd=tmp_path, env=banner_env)
     assert proc.returncode == 0, proc.stderr
@@ -204,11 +210,8 @@ def test_verbose_lets_tensorflow_banner_through(graph_file, tmp_path, banner_env
 
 
 def test_python_warnings_still_reach_the_user_while_tensorflow_loads(graph_file, tmp_path, banner_env):
-    hook = tmp_path / "site" / "sitecustomize.py"
-    hook.write_text(hook.read_text().replace(
-        'os.write(2, os.environ["FAKE_TF_BANNER"].encode())',
-        'os.write(2, os.environ["FAKE_TF_BANNER"].encode()); '
-        'import warnings; warnings.warn("a user-visible warning", UserWarning)'))
+    load_tensorflow_with(tmp_path, 'os.write(2, os.environ["FAKE_TF_BANNER"].encode()); '
+                                   'import warnings; warnings.warn("a user-visible warning", UserWarning)')
     proc = cli(graph_file, tmp_path / "out.pb", "-q", cwd=tmp_path, env=banner_env)
     assert proc.returncode == 0, proc.stderr
     assert "UserWarning: a user-visible warning" in proc.stderr
@@ -216,11 +219,8 @@ def test_python_warnings_still_reach_the_user_while_tensorflow_loads(graph_file,
 
 
 def test_a_failing_tensorflow_import_shows_what_tensorflow_wrote(graph_file, tmp_path, banner_env):
-    hook = tmp_path / "site" / "sitecustomize.py"
-    hook.write_text(hook.read_text().replace(
-        'os.write(2, os.environ["FAKE_TF_BANNER"].encode())',
-        'os.write(2, b"F0000 loader.cc:1] Check failed: a broken TensorFlow install\\n"); '
-        'raise RuntimeError("TensorFlow failed to load")'))
+    load_tensorflow_with(tmp_path, 'os.write(2, b"F0000 loader.cc:1] Check failed: a broken TensorFlow install\\n"); '
+                                   'raise RuntimeError("TensorFlow failed to load")')
     proc = cli(graph_file, tmp_path / "out.pb", cwd=tmp_path, env=banner_env)
     assert proc.returncode != 0
     assert "Check failed: a broken TensorFlow install" in proc.stderr  # passed on, not dropped

@@ -4,7 +4,7 @@ import numpy as np
 import tensorflow as tf
 
 from amp_rewrite.explain import disagreements, explain_chain
-from helpers import F16, amp, rng, tf1
+from helpers import F16, amp, function_call_graph, rng, tf1
 
 
 def batch_norm_graph():
@@ -43,15 +43,7 @@ def test_a_reason_contradicting_the_graph_is_found():
 
 
 def test_nodes_inside_functions_are_described_as_function_node():
-    @tf.function
-    def block(x):
-        return tf.nn.relu(tf.matmul(x, tf.ones([8, 8]) * 0.1, name="allow_in_fn"), name="clr_in_fn")
-
-    g = tf.Graph()
-    with g.as_default():
-        x = tf1.placeholder(tf.float32, [4, 8], name="x")
-        tf.identity(block(tf.matmul(x, tf.ones([8, 8]), name="allow_main")), name="out")
-    result = amp(g.as_graph_def(), ["out"])
+    result = amp(function_call_graph(), ["out"])
     function = next(f.signature.name for f in result.graph_def.library.function)
     outcomes = result.node_outcomes
     relu = outcomes[f"{function}::clr_in_fn"]

@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 from amp_rewrite.html_report import CATEGORIES, layered_layout, render_html
-from helpers import amp, rng, tf1, v1_control_flow
+from helpers import amp, function_call_graph, rng, tf1, v1_control_flow
 
 
 def loop_graph():
@@ -163,21 +163,8 @@ def test_page_runs_in_a_browser_and_honours_the_search_hash(result):
     assert listed[:3] == ["allow0", "allow1", "loop/allow_loop"]
 
 
-def function_graph():
-    @tf.function
-    def block(x):
-        return tf.nn.relu(tf.matmul(x, tf.ones([8, 8]) * 0.1, name="allow_in_fn"), name="clr_in_fn")
-
-    g = tf.Graph()
-    with g.as_default():
-        x = tf1.placeholder(tf.float32, [4, 8], name="x")
-        h = tf.matmul(x, tf.ones([8, 8]) * 0.2, name="allow_main")
-        tf.identity(block(h), name="out")
-    return g.as_graph_def()
-
-
 def test_function_bodies_are_drawn_with_counts_equal_to_the_summary():
-    result = amp(function_graph(), ["out"])
+    result = amp(function_call_graph(), ["out"])
     function = next(f.signature.name for f in result.graph_def.library.function)
     data = page_data(render_html(result, title="t"))
     category = {name: CATEGORIES[c] for name, c in zip(data["name"], data["cat"])}
