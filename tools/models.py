@@ -265,22 +265,9 @@ def tf1_resnet50_training(batch: int = 2) -> ModelGraph:
                 )
 
         logits = tf.squeeze(logits, axis=[1, 2], name="logits")
-        xent = _v1.losses.sparse_softmax_cross_entropy(labels=labels, logits=logits)
-        loss = tf.identity(xent + _v1.losses.get_regularization_loss(), name="loss")
-
-        global_step = _v1.train.get_or_create_global_step()
-        optimizer = _v1.train.MomentumOptimizer(learning_rate=0.1, momentum=0.9)
-        with tf.control_dependencies(_v1.get_collection(_v1.GraphKeys.UPDATE_OPS)):
-            train_op = optimizer.minimize(loss, global_step=global_step, name="train_op")
-        fetches = (train_op.name, loss.op.name)
-
-    rng = _rng(2)
-    feeds = {
-        "images": rng.standard_normal((batch, 224, 224, 3), dtype=np.float32),
-        "labels": rng.integers(0, 1000, size=(batch,), dtype=np.int32),
-    }
+        fetches = _momentum_classifier_training(logits, labels)
     return ModelGraph(
-        "tf1_resnet50_training", _finish_training_graph(graph), fetches, feeds, "training"
+        "tf1_resnet50_training", _finish_training_graph(graph), fetches, _image_feeds(batch, 224, 2), "training"
     )
 
 
@@ -314,21 +301,34 @@ def tf1_inception_v3_training(batch: int = 2) -> ModelGraph:
                 normalizer_params=bn_params,
             ):
                 logits, _ = inception_v3.inception_v3(images, num_classes=1000, is_training=True)
-        xent = _v1.losses.sparse_softmax_cross_entropy(labels=labels, logits=logits)
-        loss = tf.identity(xent + _v1.losses.get_regularization_loss(), name="loss")
-        global_step = _v1.train.get_or_create_global_step()
-        optimizer = _v1.train.MomentumOptimizer(learning_rate=0.1, momentum=0.9)
-        with tf.control_dependencies(_v1.get_collection(_v1.GraphKeys.UPDATE_OPS)):
-            train_op = optimizer.minimize(loss, global_step=global_step, name="train_op")
-        fetches = (train_op.name, loss.op.name)
-    rng = _rng(5)
-    feeds = {
-        "images": rng.standard_normal((batch, 299, 299, 3), dtype=np.float32),
+        fetches = _momentum_classifier_training(logits, labels)
+    return ModelGraph(
+        "tf1_inception_v3_training", _finish_training_graph(graph), fetches, _image_feeds(batch, 299, 5), "training"
+    )
+
+
+def _momentum_classifier_training(logits, labels) -> tuple[str, str]:
+    """Sparse softmax cross-entropy plus the regularization loss, minimized by momentum SGD.
+
+    The step runs after ``UPDATE_OPS`` (batch-norm moving averages).
+    Returns the names of the train op and the loss.
+    """
+    xent = _v1.losses.sparse_softmax_cross_entropy(labels=labels, logits=logits)
+    loss = tf.identity(xent + _v1.losses.get_regularization_loss(), name="loss")
+    global_step = _v1.train.get_or_create_global_step()
+    optimizer = _v1.train.MomentumOptimizer(learning_rate=0.1, momentum=0.9)
+    with tf.control_dependencies(_v1.get_collection(_v1.GraphKeys.UPDATE_OPS)):
+        train_op = optimizer.minimize(loss, global_step=global_step, name="train_op")
+    return train_op.name, loss.op.name
+
+
+def _image_feeds(batch: int, size: int, seed_offset: int) -> dict[str, np.ndarray]:
+    """Random ``images`` (batch, size, size, 3) and ImageNet ``labels`` for a classifier's placeholders."""
+    rng = _rng(seed_offset)
+    return {
+        "images": rng.standard_normal((batch, size, size, 3), dtype=np.float32),
         "labels": rng.integers(0, 1000, size=(batch,), dtype=np.int32),
     }
-    return ModelGraph(
-        "tf1_inception_v3_training", _finish_training_graph(graph), fetches, feeds, "training"
-    )
 
 
 def _layer_norm(x, name: str, epsilon: float = 1e-6):
