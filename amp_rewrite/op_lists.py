@@ -189,6 +189,18 @@ def load_lists(
     Raises:
         ListError: a file is unreadable or malformed, or an op ends up in two lists.
     """
+    if lists_dir is None:  # the bundled files do not change within a process: build each combination once
+        return _bundled_lists(target, tuple(edits), level)
+    return _build_lists(target, lists_dir, edits, level)
+
+
+@functools.lru_cache(maxsize=32)
+def _bundled_lists(target: str, edits: tuple[ListEdit, ...], level: str) -> OpLists:
+    return _build_lists(target, None, edits, level)
+
+
+def _build_lists(target: str, lists_dir: str | os.PathLike | None, edits: Iterable[ListEdit],
+                 level: str) -> OpLists:
     if target not in TARGETS:
         raise ListError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
     root = default_lists_root() / target
