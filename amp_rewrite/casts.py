@@ -17,11 +17,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any
+from typing import NamedTuple
 
 from amp_rewrite.graph_facts import DT_BFLOAT16, DT_FLOAT, DT_HALF
 from amp_rewrite.painting import PaintContext, Painting
-from amp_rewrite.typed_graph import TypedGraph, unique_name
+from amp_rewrite.typed_graph import NamesInUse, TypedGraph, unique_name
 
 logger = logging.getLogger(__name__)
 
@@ -67,13 +67,13 @@ def apply_painting(ctx: PaintContext, painting: Painting, was_float32: list[bool
     dead = bypass_widening_casts(ctx, widening)
     applied = Applied(converted_by_body=_by_body(graph, sorted((retyped | folded) - graph.virtual)),
                       folded_by_body=_by_body(graph, sorted(folded)), out_of_range_by_body=out_of_range)
-    for body_id, cast, src in new_casts:
-        if (body_id, cast.name) in dead:
+    for cast in new_casts:
+        if (cast.body, cast.name) in dead:
             continue
-        body = graph.bodies[body_id]
-        (graph.graph_def.node if body.is_main else body.fdef.node_def).append(cast)
-        applied.cast_sources[(body_id, cast.name)] = src
-        applied.casts_by_body.setdefault(body_id, []).append(cast.name)
+        body = graph.bodies[cast.body]
+        _write_cast((graph.graph_def.node if body.is_main else body.fdef.node_def).add(), cast)
+        applied.cast_sources[(cast.body, cast.name)] = cast.source
+        applied.casts_by_body.setdefault(cast.body, []).append(cast.name)
     return applied
 
 
@@ -81,7 +81,7 @@ def _by_body(graph: TypedGraph, nodes: list[int]) -> dict[int, list[str]]:
     """The names of ``nodes``, per body."""
     names: dict[int, list[str]] = {}
     for i in nodes:
-        names.setdefault(graph.body_of[i], []).append(graph.nodes[i].name)
+        names.setdefault(graph.body_of[i], []).append(graph.names[i])
     return names
 
 
@@ -145,7 +145,7 @@ def fold_half_consts(ctx: PaintContext, painting: Painting) -> tuple[set[int], d
             continue
         if node.attr["dtype"].type != DT_FLOAT:
             continue
-        consumers = graph.consumers.get((i, 0), [])
+        consumers = graph.consumers(i)
         if not consumers or not all(graph.input_vertex(d, k) in painting.allow for d, k in consumers):
             continue
         peak = converter.convert_const(node)
@@ -156,23 +156,35 @@ def fold_half_consts(ctx: PaintContext, painting: Painting) -> tuple[set[int], d
     return folded, out_of_range
 
 
+class NewCast(NamedTuple):
+    """A Cast the rewrite adds: its body, name, input, types, device, and the node it reads."""
+
+    body: int
+    name: str
+    tensor: str
+    src_type: int
+    dst_type: int
+    device: str
+    source: int
+
+
 def insert_casts(ctx: PaintContext, painting: Painting, was_float32: list[bool],
-                 folded: set[int]) -> tuple[list, dict]:
+                 folded: set[int]) -> tuple[list[NewCast], dict]:
     """Rewires each float32 source port whose consumers' colour differs from its own through one Cast.
 
-    Returns the new Casts as (body, NodeDef, source node), not yet in their bodies, and
-    our half → float32 Casts by (body, name) with the (node, input) pairs they feed.
+    Returns the new Casts, not yet in their bodies (a NodeDef each is written
+    only for those kept), and our half → float32 Casts by (body, name) with
+    the (node, input) pairs they feed.
     """
     graph = ctx.graph
-    names: dict[int, set[str]] = {}
-    new_nodes = []
+    names: dict[int, NamesInUse] = {}
+    new_nodes: list[NewCast] = []
     widening = {}
-    allow, in_vids, all_consumers = painting.allow, graph.in_vids, graph.consumers
-    for key in sorted(all_consumers):  # keys only: no (key, list) pair per source port
-        src, port = key
-        consumers = all_consumers[key]
+    allow, in_vids = painting.allow, graph.in_vids
+    for src, port in graph.consumed_ports():
         if src in folded:
             continue
+        consumers = graph.consumers(src, port)
         src_vid = graph.output_vertex(src, port)
         if src_vid is not None and not was_float32[src_vid]:
             continue
@@ -195,11 +207,11 @@ def insert_casts(ctx: PaintContext, painting: Painting, was_float32: list[bool],
         body_id = graph.body_of[src]
         body = graph.bodies[body_id]
         taken = names.get(body_id)
-        if taken is None:  # not setdefault: its argument would copy the body's names once per Cast
-            taken = names[body_id] = set(body.index)
+        if taken is None:
+            taken = names[body_id] = NamesInUse(body.index)
         name = unique_name(f"{source.name}-{port}-{_CAST_WORD[dst_type]}-{CAST_SUFFIX}", taken)
-        cast = _cast_node(name, graph.tensor_ref(src, port), src_type, dst_type, source.device)
-        new_nodes.append((body_id, cast, src))
+        cast = NewCast(body_id, name, graph.tensor_ref(src, port), src_type, dst_type, source.device, src)
+        new_nodes.append(cast)
         ref = name if body.is_main else f"{name}:y:0"
         for dst, k in needing:
             graph.nodes[dst].input[k] = ref
@@ -225,7 +237,7 @@ def _reads_past_widening_cast(ctx: PaintContext, src: int, needing: list[tuple[i
     return True
 
 
-def bypass_widening_casts(ctx: PaintContext, widening: dict[tuple[int, str], tuple[Any, list]]) -> set:
+def bypass_widening_casts(ctx: PaintContext, widening: dict[tuple[int, str], tuple[NewCast, list]]) -> set:
     """Lets a Cast read past one of our half → float32 Casts: ``half -> f32 -> X`` becomes ``half -> X``.
 
     Widening is exact, so casting the half value straight to X gives the same
@@ -244,19 +256,20 @@ def bypass_widening_casts(ctx: PaintContext, widening: dict[tuple[int, str], tup
         for dst, k in consumers:
             node = graph.nodes[dst]
             if node.op == "Cast" and k == 0 and not ctx.is_preserved(dst):
-                node.input[0] = cast.input[0]
-                node.attr["SrcT"].type = cast.attr["SrcT"].type
+                node.input[0] = cast.tensor
+                node.attr["SrcT"].type = cast.src_type
                 bypassed += 1
         if bypassed == len(consumers):
             dead.add(name)
     return dead
 
 
-def _cast_node(name: str, tensor: str, src_type: int, dst_type: int, device: str):
-    from tensorflow.core.framework import node_def_pb2
-
-    node = node_def_pb2.NodeDef(name=name, op="Cast", input=[tensor], device=device)
-    node.attr["SrcT"].type = src_type
-    node.attr["DstT"].type = dst_type
+def _write_cast(node, cast: NewCast) -> None:
+    """Fills ``node``, a NodeDef just added to its body, with ``cast``."""
+    node.name = cast.name
+    node.op = "Cast"
+    node.input.append(cast.tensor)
+    node.device = cast.device
+    node.attr["SrcT"].type = cast.src_type
+    node.attr["DstT"].type = cast.dst_type
     node.attr["Truncate"].b = False
-    return node

@@ -174,7 +174,7 @@ def _load_and_rewrite(args):
         _check_fetch_ports(graph_def, config.fetches or ())
         if getattr(args, "validate", False):
             return _validated(args, graph_def, config)
-        return rewrite(graph_def, config=config)
+        return rewrite(graph_def, config=config, in_place=True)  # nothing reads the float32 graph again
     except GraphError as exc:
         raise GraphError(f"{args.input}: {exc}") from None
 

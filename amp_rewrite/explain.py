@@ -254,14 +254,14 @@ def _node_colour(ctx, painting, i: int, was_float32: list[bool]):
     for group, colour in ((painting.allow, _ALLOW), (painting.deny, _DENY)):
         hits = [v for v in vids if v in group]
         if hits:
-            rule, cause = painting.reasons.get(hits[0], ("", None))
+            rule, cause = painting.reason(hits[0]) or ("", None)
             return colour, rule, cause
     if node_is_cast_past_widening(ctx, i, was_float32):
         return _ALLOW, "existing Cast now reads the half value its float32 input was widened from", None
     for v in vids:
-        if v in painting.reasons:  # painted, then unpainted by a later rule
-            rule, cause = painting.reasons[v]
-            return "float32", rule, cause
+        found = painting.reason(v)
+        if found is not None:  # painted, then unpainted by a later rule
+            return "float32", *found
     node = graph.nodes[i]
     if graph.op_defs[i] is None:
         return "unknown", "op not registered: kept as it is", None

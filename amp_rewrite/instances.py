@@ -102,6 +102,7 @@ class Instances:
     Attributes:
         library: function name → FunctionDef, as the GraphDef's library holds them.
         nodes: every node, by global index.
+        names: every node's name, by global index (the str objects the bodies' indexes hold).
         body_of: per node, the index of its body in ``bodies``.
         bodies: the main graph (index 0) and the function instances.
         virtual: the global indices of the virtual ``_Arg`` / ``_Retval`` nodes.
@@ -112,6 +113,7 @@ class Instances:
         self.registry = registry
         self.library = {f.signature.name: f for f in graph_def.library.function}
         self.nodes: list = []
+        self.names: list[str] = []
         self.body_of: list[int] = []
         self.bodies: list[Body] = []
         self.virtual: set[int] = set()
@@ -122,13 +124,14 @@ class Instances:
     def _add_body(self, body: Body, nodes: list) -> int:
         body_id = len(self.bodies)
         self.bodies.append(body)
-        index, all_nodes = body.index, self.nodes
+        index, all_nodes, names = body.index, self.nodes, self.names
         for node in nodes:
             name = node.name
             if name in index:
                 raise GraphError(f"duplicate node name {name!r} (op {node.op}){body.suffix}")
             index[name] = len(all_nodes)
             all_nodes.append(node)
+            names.append(name)
         self.body_of.extend([body_id] * len(nodes))
         return body_id
 

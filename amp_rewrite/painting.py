@@ -69,39 +69,52 @@ class TensorListCluster:
 class Painting:
     """The colour of every vertex: in ``allow`` (becomes half), in ``deny``, or neither.
 
-    ``reasons`` maps a vertex to (rule, cause): the rule that last decided its
-    colour and the neighbouring vertex that caused it, or None.
+    :meth:`reason` gives a vertex's (rule, cause): the rule that last decided
+    its colour and the neighbouring vertex that caused it, or None. They are
+    held in two lists by vertex id (``vertex_count`` long), not as one pair
+    per vertex: a large graph has hundreds of thousands of decisions.
     ``tensor_list_clusters`` are the groups whose element types must agree.
     ``allowed``, ``denied`` and ``unmarked`` count the vertices that
     :meth:`mark_allow`, :meth:`mark_deny` and :meth:`unmark_allow` changed,
     so a caller can tell what each rule did.
     """
 
+    vertex_count: int
     allow: set[int] = field(default_factory=set)
     deny: set[int] = field(default_factory=set)
-    reasons: dict[int, tuple[str, int | None]] = field(default_factory=dict)
     tensor_list_clusters: list[TensorListCluster] = field(default_factory=list)
     allowed: int = 0
     denied: int = 0
     unmarked: int = 0
+    _rules: list[str | None] = field(init=False, repr=False)
+    _causes: list[int | None] = field(init=False, repr=False)
+
+    def __post_init__(self):
+        self._rules = [None] * self.vertex_count
+        self._causes = [None] * self.vertex_count
+
+    def reason(self, vid: int) -> tuple[str, int | None] | None:
+        """(rule, cause) of the last decision on the vertex's colour; None if no rule decided it."""
+        rule = self._rules[vid]
+        return None if rule is None else (rule, self._causes[vid])
 
     def mark_allow(self, vid: int, rule: str, cause: int | None = None) -> None:
         if vid not in self.allow:
             self.allow.add(vid)
-            self.reasons[vid] = (rule, cause)
+            self._rules[vid], self._causes[vid] = rule, cause
             self.allowed += 1
 
     def mark_deny(self, vid: int, rule: str, cause: int | None = None) -> None:
         self.allow.discard(vid)
         if vid not in self.deny:
             self.deny.add(vid)
-            self.reasons[vid] = (rule, cause)
+            self._rules[vid], self._causes[vid] = rule, cause
             self.denied += 1
 
     def unmark_allow(self, vid: int, rule: str, cause: int | None = None) -> None:
         if vid in self.allow:
             self.allow.discard(vid)
-            self.reasons[vid] = (rule, cause)
+            self._rules[vid], self._causes[vid] = rule, cause
             self.unmarked += 1
 
 
@@ -612,7 +625,7 @@ def match_loop_edges(ctx: PaintContext, painting: Painting) -> None:
         if node.op != "NextIteration":
             continue
         nxt = graph.vertex_of(i, "T")
-        found = [graph.vertex_of(dst, "T") for dst, _ in graph.consumers.get((i, 0), [])]
+        found = [graph.vertex_of(dst, "T") for dst, _ in graph.consumers(i)]
         merges = [m for m in found if m is not None]
         if nxt is None or not merges:
             continue
@@ -640,7 +653,7 @@ def retarget_existing_casts(ctx: PaintContext, painting: Painting) -> None:
         dst_t = graph.vertex_of(i, "DstT")
         if dst_t is None or not ctx.processable(dst_t) or not ctx.is_float32(dst_t):
             continue
-        consumers = graph.consumers.get((i, 0), [])
+        consumers = graph.consumers(i)
         if not consumers:
             continue
         targets = [graph.input_vertex(dst, k) for dst, k in consumers]

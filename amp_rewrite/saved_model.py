@@ -57,7 +57,8 @@ def _rewrite_meta_graph(meta, config: Config) -> RewriteResult:
         preserve: tuple[str, ...] = ()
     else:
         keep, preserve = _v1_interface(meta)
-    result = rewrite(staged, config=replace(config, fetches=keep, preserve=preserve, fixed_signatures=restored))
+    result = rewrite(staged, config=replace(config, fetches=keep, preserve=preserve, fixed_signatures=restored),
+                     in_place=True)
     rewritten = result.graph_def
     kept = [node for node in rewritten.node if not node.name.startswith(ENTRY_PREFIX + "/")]
     del rewritten.node[:]

@@ -22,7 +22,8 @@ the known side).
 
 This module holds :class:`TypedGraph` (ports, inputs, vertices, edges, their
 dtypes and one traversal, :meth:`TypedGraph.reach`), :func:`output_count`
-(a node's outputs without building the view) and :func:`unique_name`.
+(a node's outputs without building the view) and :func:`unique_name`
+(with :class:`NamesInUse`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable, Sequence
 from typing import NamedTuple
 
 from amp_rewrite.errors import GraphError
@@ -72,19 +73,23 @@ class TypedGraph:
 
     Attributes:
         graph_def: the GraphDef viewed (the pipeline passes its own working copy).
-        library, nodes, body_of, bodies, virtual, opaque_calls: the function
-            instances' (see :class:`~amp_rewrite.instances.Instances`).
+        library, nodes, names, body_of, bodies, virtual, opaque_calls: the
+            function instances' (see :class:`~amp_rewrite.instances.Instances`).
         index: main-graph node name → global index.
         op_defs: the OpDef of each node, or None for unknown ops.
         unknown_ops: the ops of the nodes with no OpDef, sorted.
         in_attrs, out_attrs: per node, the TypeAttr of each input / output port (None for unknown ops).
         out_args: per node, the first output port of each named output arg (how function bodies name outputs).
-        inputs: per node, the (source node, source port) of each data input.
-        consumers: (node, output port) → [(consumer node, data-input ordinal)].
+        inputs: per node, the (source node, source port) of each data input (a tuple).
         control_consumers: per node, whether some node has a control edge from it.
         vertices: (node, TypeAttr) per vertex id.
-        node_vertices: per node, the vertex ids of its type attrs.
-        fanin, fanout: per vertex, the vertex ids it is joined to.
+        node_vertices: per node, the vertex ids of its type attrs (consecutive).
+        fanin, fanout: per vertex, the vertex ids it is joined to (tuples once the view is built).
+
+    :meth:`consumers` gives the data edges out of an output port. The
+    per-node and per-vertex containers are tuples rather than lists, and
+    each vertex id is one int object that all of them share: a view holds
+    several per node, and at 200k nodes each extra object costs megabytes.
         groups: boundary groups: vertex ids that must hold one dtype.
         loop_groups: the subset of ``groups`` that are While loop variables.
     """
@@ -94,7 +99,8 @@ class TypedGraph:
         self.registry = registry if registry is not None else OpRegistry(graph_def.library)
         self._facts: dict[str, _OpFacts] = {}
         instances = Instances(graph_def, self.registry)
-        self.library, self.nodes, self.body_of = instances.library, instances.nodes, instances.body_of
+        self.library, self.nodes, self.names = instances.library, instances.nodes, instances.names
+        self.body_of = instances.body_of
         self.bodies, self.virtual, self.opaque_calls = instances.bodies, instances.virtual, instances.opaque_calls
         self.index = self.bodies[0].index
         self.op_defs = [self.registry.op_def(node.op) for node in self.nodes]
@@ -103,12 +109,14 @@ class TypedGraph:
             logger.warning("op %s is not registered in TensorFlow nor in the graph's function library; "
                            "its nodes stay as they are", op)
         self.in_attrs, self.out_attrs, self.out_args = _expand_ports(self.nodes, self.op_defs, self.registry)
-        self.inputs, self.consumers, self.control_consumers = _read_inputs(
+        self.inputs, self._consumers, self.control_consumers = _read_inputs(
             self.bodies, self.nodes, self.in_attrs, self.out_attrs, self.out_args)
         _check_acyclic(self.nodes, self.inputs, self.bodies, self.body_of)
         self._build_vertices()
         self._build_edges()
         self.groups, self.loop_groups = link_calls(self)
+        _as_tuples(self.fanin)
+        _as_tuples(self.fanout)
 
     # -- construction: vertices and edges (ports and data inputs come from the functions below) --
 
@@ -119,21 +127,21 @@ class TypedGraph:
         (their attrs, and each port's position among them), computed once.
         """
         self.vertices: list[Vertex] = []
-        self.node_vertices: list[list[int]] = []
-        self.in_vids: list[list[int] | None] = []
-        self.out_vids: list[list[int] | None] = []
+        self.node_vertices: list[tuple[int, ...]] = []
+        self.in_vids: list[Sequence[int] | None] = []
+        self.out_vids: list[Sequence[int] | None] = []
         layouts: dict[str, tuple] = {}
         vertices = self.vertices
         node_vertices, in_vids, out_vids = self.node_vertices, self.in_vids, self.out_vids
         in_attrs, out_attrs = self.in_attrs, self.out_attrs
         new_vertex = tuple.__new__
-        # The three lists of a node share its vertex ids, and share one list when
+        # A node's vertex ids are one tuple, which its port lists are too when
         # their ports are its attrs in order (most ops: one attr, one output).
         # Node indices as the int objects the bodies' indexes hold, not one more per vertex.
         indices = itertools.chain.from_iterable(body.index.values() for body in self.bodies)
         for i, node, op_def in zip(indices, self.nodes, self.op_defs):
             if op_def is None:
-                node_vertices.append([])
+                node_vertices.append(())
                 in_vids.append(None)
                 out_vids.append(None)
                 continue
@@ -150,10 +158,10 @@ class TypedGraph:
             base = len(vertices)
             for attr in attrs:
                 vertices.append(new_vertex(Vertex, (i, attr)))  # Vertex(i, attr), without its Python __new__
-            vids = list(range(base, base + len(attrs)))
+            vids = tuple(range(base, base + len(attrs)))  # the one int object of each vertex id
             node_vertices.append(vids)
-            in_vids.append(vids if same_in else [vids[k] for k in in_pos])
-            out_vids.append(vids if same_out else [vids[k] for k in out_pos])
+            in_vids.append(vids if same_in else tuple([vids[k] for k in in_pos]))
+            out_vids.append(vids if same_out else tuple([vids[k] for k in out_pos]))
 
     def _layout(self, i: int, ins: list[TypeAttr], outs: list[TypeAttr]) -> tuple:
         """(ins, outs, the node's type attrs in vertex order, each input's and output's position)."""
@@ -189,10 +197,24 @@ class TypedGraph:
 
     def add_edge(self, u: int, v: int) -> None:
         """Joins vertex ``u`` to ``v`` (paint may flow both ways; ``u`` is the producer)."""
-        self.fanout[u].append(v)
-        self.fanin[v].append(u)
+        for adjacency, vertex, other in ((self.fanout, u, v), (self.fanin, v, u)):
+            neighbours = adjacency[vertex]
+            if type(neighbours) is not list:  # a built view's tuple: a list again, so that more edges append
+                neighbours = adjacency[vertex] = list(neighbours)
+            neighbours.append(other)
 
     # -- queries --------------------------------------------------------------
+
+    def consumers(self, node: int, port: int = 0) -> Sequence[tuple[int, int]]:
+        """(consumer node, data-input ordinal) of each data edge out of ``port`` of ``node``, in node order."""
+        found = self._consumers.get((node, port))
+        if found is None:
+            return ()
+        return (found,) if type(found) is tuple else found
+
+    def consumed_ports(self) -> list[tuple[int, int]]:
+        """Every (node, output port) with a data edge out of it, sorted."""
+        return sorted(self._consumers)
 
     def output_vertex(self, node: int, port: int) -> int | None:
         """The vertex typing output ``port`` of ``node`` (None for unknown ops)."""
@@ -313,7 +335,7 @@ class TypedGraph:
         while stack:
             i = stack.pop()
             for port in range(len(self.out_attrs[i] or [1])):
-                for dst, _ in self.consumers.get((i, port), []):
+                for dst, _ in self.consumers(i, port):
                     if dst not in found and self.nodes[dst].op not in stop_ops:
                         found.add(dst)
                         stack.append(dst)
@@ -376,7 +398,21 @@ def output_count(node, registry: OpRegistry) -> int | None:
         return None
 
 
-def unique_name(name: str, taken: set[str]) -> str:
+class NamesInUse:
+    """A body's node names (its index's keys, not copied) and the names added to it since."""
+
+    def __init__(self, existing: Container[str]):
+        self._existing = existing
+        self._added: set[str] = set()
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._existing or name in self._added
+
+    def add(self, name: str) -> None:
+        self._added.add(name)
+
+
+def unique_name(name: str, taken: set[str] | NamesInUse) -> str:
     """``name``, or ``name_1``, ``name_2``, ... if taken; the result is added to ``taken``."""
     candidate, k = name, 1
     while candidate in taken:
@@ -444,8 +480,9 @@ def _read_inputs(bodies: list[Body], nodes: list, in_attrs: list, out_attrs: lis
             output of its source, a data input after a control input, or a
             wrong number of data inputs.
     """
-    inputs: list[list[tuple[int, int]]] = []
-    consumers: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    inputs: list[tuple[tuple[int, int], ...]] = []
+    # One consumer, the most common, is held as its (node, ordinal) pair; more as a list of them.
+    consumers: dict[tuple[int, int], tuple[int, int] | list[tuple[int, int]]] = {}
     control_consumers = [False] * len(nodes)
     for body in bodies:  # each body's nodes are contiguous, in body order, as its index lists them
         _read_body_inputs(body, body.index.values(), nodes, in_attrs, out_attrs, out_args,
@@ -496,14 +533,21 @@ def _read_body_inputs(body: Body, indices: Iterable[int], nodes: list, in_attrs:
             key = (src, port)
             entry = find_consumers(key)
             if entry is None:
-                consumers[key] = [(dst, len(data))]
+                consumers[key] = (dst, len(data))
+            elif type(entry) is tuple:
+                consumers[key] = [entry, (dst, len(data))]
             else:
                 entry.append((dst, len(data)))
             data.append(key)
         expected = in_attrs[dst]
         if expected is not None and len(expected) != len(data):
             raise GraphError(f"{body.where(node)}: expected {len(expected)} data inputs, got {len(data)}")
-        inputs.append(data)
+        inputs.append(tuple(data) if data else ())
+
+
+def _as_tuples(adjacency: list) -> None:
+    """Turns each vertex's list of neighbours into a tuple, in place (one empty tuple for all without)."""
+    adjacency[:] = map(tuple, adjacency)  # tuple([]) is the one empty tuple
 
 
 def _check_acyclic(nodes: list, inputs: list, bodies: list[Body], body_of: list[int]) -> None:

@@ -38,6 +38,26 @@ def test_caller_graph_is_not_mutated():
     assert gd.SerializeToString(deterministic=True) == before
 
 
+def test_in_place_rewrites_the_given_graph_to_the_same_bytes_as_a_copy():
+    copied = amp(mixed_graph(), ["logits", "loss"])
+    gd = mixed_graph()
+    result = rewrite(gd, fetches=["logits", "loss"], config=CPU, in_place=True)
+    assert result.graph_def is gd
+    assert gd.SerializeToString(deterministic=True) == copied.graph_def.SerializeToString(deterministic=True)
+    assert result.report()["nodes"] == copied.report()["nodes"]
+    assert result.nodes_total == copied.nodes_total == len(mixed_graph().node)
+
+
+def test_in_place_still_dumps_the_float32_graph_as_it_was(tmp_path, monkeypatch):
+    monkeypatch.setenv("AMP_REWRITE_DUMP_DIR", str(tmp_path))
+    original = mixed_graph()
+    gd = mixed_graph()
+    result = rewrite(gd, fetches=["logits", "loss"], config=None, in_place=True)
+    before = tf1.GraphDef.FromString(next(tmp_path.glob("*_before.pb")).read_bytes())
+    after = tf1.GraphDef.FromString(next(tmp_path.glob("*_after.pb")).read_bytes())
+    assert before == original and after == result.graph_def and after != original
+
+
 def test_output_is_byte_identical_across_runs():
     a = amp(mixed_graph(), ["logits", "loss"]).graph_def.SerializeToString(deterministic=True)
     b = amp(mixed_graph(), ["logits", "loss"]).graph_def.SerializeToString(deterministic=True)

@@ -46,7 +46,7 @@ def test_edges_join_producer_port_to_consumer_port_vertices():
 
     view = build(fn)
     mean_out = view.vertex("mean_out", "T")
-    assert view.fanin[mean_out] == [view.vertex("bn", "U")]
+    assert view.fanin[mean_out] == (view.vertex("bn", "U"),)
 
 
 def test_unknown_op_gets_no_vertices_and_a_warning(caplog):
@@ -54,7 +54,7 @@ def test_unknown_op_gets_no_vertices_and_a_warning(caplog):
     gd.node.add(name="a", op="MyCustomOp")
     with caplog.at_level("WARNING"):
         view = TypedGraph(gd)
-    assert view.node_vertices == [[]] and view.unknown_ops == ["MyCustomOp"]
+    assert view.node_vertices == [()] and view.unknown_ops == ["MyCustomOp"]
     assert "MyCustomOp" in caplog.text
 
 

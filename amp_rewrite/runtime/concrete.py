@@ -91,7 +91,7 @@ def rewrite_concrete(concrete_function, config: Config, *,
         is_probing_overflow = False
     originals = _library_functions(concrete_function.graph)
     graph_def = _entry_graph_def(entry, [f.definition for f in originals.values()])
-    result = rewrite(graph_def, config=replace(config, fetches=(ENTRY_CALL,), preserve=()))
+    result = rewrite(graph_def, config=replace(config, fetches=(ENTRY_CALL,), preserve=()), in_place=True)
     changed = set(result.applied.functions_rewritten)
     if entry.signature.name not in changed:
         return RewrittenFunction(None, result)
