@@ -72,7 +72,7 @@ class TypedGraph:
     instance's private FunctionDef copy), which later steps retype.
 
     Attributes:
-        graph_def: the GraphDef viewed (the pipeline passes its own working copy).
+        graph_def: the GraphDef viewed (the pipeline's working GraphDef, which later steps rewrite).
         library, nodes, names, body_of, bodies, virtual, opaque_calls: the
             function instances' (see :class:`~amp_rewrite.instances.Instances`).
         index: main-graph node name → global index.
@@ -85,13 +85,13 @@ class TypedGraph:
         vertices: (node, TypeAttr) per vertex id.
         node_vertices: per node, the vertex ids of its type attrs (consecutive).
         fanin, fanout: per vertex, the vertex ids it is joined to (tuples once the view is built).
+        groups: boundary groups: vertex ids that must hold one dtype.
+        loop_groups: the subset of ``groups`` that are While loop variables.
 
     :meth:`consumers` gives the data edges out of an output port. The
     per-node and per-vertex containers are tuples rather than lists, and
     each vertex id is one int object that all of them share: a view holds
     several per node, and at 200k nodes each extra object costs megabytes.
-        groups: boundary groups: vertex ids that must hold one dtype.
-        loop_groups: the subset of ``groups`` that are While loop variables.
     """
 
     def __init__(self, graph_def, registry: OpRegistry | None = None):
