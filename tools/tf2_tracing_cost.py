@@ -1,12 +1,21 @@
 """Extra tracing time of the ``tf.function`` hook on small training steps.
 
 Each step is a ``tf.function`` holding its GradientTape and optimizer update.
-A fresh ``tf.function`` is traced ``-n`` times without the hook and ``-n``
-times with it (``amp_rewrite.enable()``), alternating, so both see the same
-load; the table gives the median trace times, the hook's extra time as a
-ratio of TensorFlow's own tracing time, and how much of it is the rewrite
-itself (the rest is rebuilding and registering the rewritten functions). Usage:
-``python tools/tf2_tracing_cost.py [-n 5]``.
+A fresh ``tf.function`` is traced ``-n`` times without the hook, then once
+right after ``amp_rewrite.enable()`` and ``-n`` times more with it, then
+``-n`` times without it again (the plain figure is the median of both
+brackets). This for each target:
+
+- ``float16`` adds the loss-scale guard around the optimizer update. The
+  first trace after ``enable()`` creates the loss-scale variables, and
+  ``tf.function`` traces a function that creates variables twice: a cost
+  paid once per process, given apart.
+- ``bfloat16`` adds no loss scaling; what is left is the rewrite and the
+  reloading of the rewritten functions.
+
+The table gives median trace times, the hook's extra time as a ratio of
+TensorFlow's own tracing time, and how much of it is the rewrite itself.
+Usage: ``python tools/tf2_tracing_cost.py [-n 5]``.
 """
 
 from __future__ import annotations
@@ -62,36 +71,38 @@ def trace_once(step, specs) -> float:
     return time.perf_counter() - start
 
 
-def trace_seconds(step, specs, repeats) -> tuple[float, float]:
-    """Median trace time without and with the hook, the two traced alternately."""
-    plain, hooked = [], []
-    for _ in range(repeats):
-        plain.append(trace_once(step, specs))
-        amp_rewrite.enable(target="float16")  # hooked on every machine
-        try:
-            hooked.append(trace_once(step, specs))
-        finally:
-            amp_rewrite.disable()
-    return statistics.median(plain), statistics.median(hooked)
+def trace_seconds(step, specs, repeats, target) -> tuple[float, float, float]:
+    """Median trace time without the hook, the first trace with it, and the median of the later ones."""
+    plain = [trace_once(step, specs) for _ in range(repeats)]
+    amp_rewrite.enable(target=target)  # hooked on every machine
+    try:
+        first = trace_once(step, specs)
+        hooked = [trace_once(step, specs) for _ in range(repeats)]
+    finally:
+        amp_rewrite.disable()
+    plain += [trace_once(step, specs) for _ in range(repeats)]
+    return statistics.median(plain), first, statistics.median(hooked)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=5, help="traces per setting")
     args = parser.parse_args(argv)
-    print("| step | nodes | trace without hook (ms) | with hook (ms) | extra (ms) | extra / TF's tracing "
-          "| of which rewrite (ms) |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| step | target | nodes | trace without hook (ms) | with hook (ms) | extra (ms) "
+          "| extra / TF's tracing | of which rewrite (ms) | first trace with hook (ms) | its extra / TF's tracing |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, build in (("Keras MLP + Adam", mlp), ("Keras CNN + Adam", cnn)):
         keras.utils.set_random_seed(0)
         step, specs = build()
         tf.function(step).get_concrete_function(*specs)  # warm-up: creates no more variables
-        plain, hooked = trace_seconds(step, specs, args.n)
-        reports = tf_function.rewritten_functions()[-args.n:]
-        rewrite = statistics.median(r.rewrite_seconds for r in reports)
-        nodes = reports[-1].nodes_total
-        print(f"| {name} | {nodes} | {plain * 1e3:.0f} | {hooked * 1e3:.0f} | "
-              f"{(hooked - plain) * 1e3:.0f} | {(hooked - plain) / plain:.2f} | {rewrite * 1e3:.0f} |")
+        for target in ("float16", "bfloat16"):
+            plain, first, hooked = trace_seconds(step, specs, args.n, target)
+            reports = tf_function.rewritten_functions()[-args.n:]
+            rewrite = statistics.median(r.rewrite_seconds for r in reports)
+            nodes = reports[-1].nodes_total
+            print(f"| {name} | {target} | {nodes} | {plain * 1e3:.0f} | {hooked * 1e3:.0f} | "
+                  f"{(hooked - plain) * 1e3:.0f} | {(hooked - plain) / plain:.2f} | {rewrite * 1e3:.0f} "
+                  f"| {first * 1e3:.0f} | {(first - plain) / plain:.2f} |")
 
 
 if __name__ == "__main__":

@@ -595,15 +595,13 @@ class _GuardedStep:
                 logger.warning("%s", self._count_line(scale, repeats).numpy().decode())
             return
 
-        def say(line):
-            tf.print(line(), output_stream=_stderr())
+        def say():
+            # One cond, not one per case: each cond costs tracing time in every guarded step.
+            line = tf.where(is_repeat, self._count_line(scale, repeats), self._cause_line(scale, bad))
+            tf.print(line, output_stream=_stderr())
             return tf.constant(True)
 
-        def count_if_due():
-            return tf.cond(is_count_due, lambda: say(lambda: self._count_line(scale, repeats)),
-                           lambda: tf.constant(False))
-
-        tf.cond(is_repeat, count_if_due, lambda: say(lambda: self._cause_line(scale, bad)))
+        tf.cond(tf.logical_or(tf.logical_not(is_repeat), is_count_due), say, lambda: tf.constant(False))
 
     def _note_cause(self, scale, bad):
         """Records this skip's cause; returns (whether it is the last skip's, repeats of it so far)."""
