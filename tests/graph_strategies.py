@@ -24,8 +24,8 @@ alone; it gives the same bytes twice and the same conversions for the nodes
 in reverse order; rewriting its output changes nothing; the structural
 postconditions of :mod:`amp_rewrite.checks` hold (every edge joins one dtype,
 every Cast it adds changes the type, no new half → float32 → half Cast pair
-appears, fetched outputs keep their dtype); the report names every node, and so does the HTML page drawn from it; allow-list
-ops convert unless fetched, preserved or pinned, those never change, and
+appears, fetched outputs keep their dtype); the report names every node, and so
+does the HTML page drawn from it; allow-list ops convert unless fetched, preserved or pinned, those never change, and
 deny-list ops do not convert;
 the output imports and runs, and fetched
 tensors keep their dtype and agree with float32 within the model below.
@@ -84,8 +84,9 @@ from __future__ import annotations
 import logging
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
@@ -166,8 +167,8 @@ class Step:
     seed: int = 0
     option: int = 0
     count: int = 0
-    body: tuple["Step", ...] = ()
-    orelse: tuple["Step", ...] = ()
+    body: tuple[Step, ...] = ()
+    orelse: tuple[Step, ...] = ()
     device: str = ""
 
     def __repr__(self) -> str:
@@ -349,7 +350,7 @@ class Sym:
 
     tensor: object
     fn: Callable[..., Pair] | None
-    inputs: tuple["Sym", ...] = ()
+    inputs: tuple[Sym, ...] = ()
     bound: float = 1.0
     source: bool = False
 

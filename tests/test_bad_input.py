@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from google.protobuf import text_format
+from helpers import CPU, amp, assert_one_line_error, tf1
 
 from amp_rewrite import GraphError, rewrite
 from amp_rewrite.cli import main
-from helpers import CPU, amp, assert_one_line_error, tf1
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 
 import numpy as np
 import tensorflow as tf
-
 from helpers import F16, F32, amp, assert_same_outputs_within_half, casts, half_nodes, rng, tf1
 
 

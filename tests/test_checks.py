@@ -2,10 +2,10 @@
 
 import pytest
 import tensorflow as tf
+from helpers import CPU, F16, F32, amp, tf1
 
 from amp_rewrite import pipeline
 from amp_rewrite.checks import PostconditionError, checks_requested, ensure, violations
-from helpers import CPU, F16, F32, amp, tf1
 
 
 def _graph():

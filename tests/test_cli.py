@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from google.protobuf import text_format
-
 from helpers import F16, assert_one_line_error, assert_same_outputs_within_half, half_nodes, our_lines, tf1
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "tools" / "example" / "mlp.pb"
@@ -87,7 +86,8 @@ def test_list_flags_apply_after_environment(graph_file, tmp_path):
 @pytest.mark.parametrize("args,code,message", [
     (["missing.pb", "out.pb"], 1, "missing.pb: no such file"),
     (["GRAPH", "out.pb", "--fetch", "nope"], 1, "fetch 'nope' names no node"),
-    (["GRAPH", "out.pb", "--allow-add", "Tanh"], 1, "op Tanh is in both the allow list (--allow-add) and the infer list"),
+    (["GRAPH", "out.pb", "--allow-add", "Tanh"], 1,
+     "op Tanh is in both the allow list (--allow-add) and the infer list"),
     (["GRAPH", "GRAPH"], 2, "pass --in-place"),
     (["GRAPH", "out.pb", "--level", "FAST"], 2, "invalid choice"),
     (["GRAPH"], 2, "required"),

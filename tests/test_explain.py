@@ -2,9 +2,9 @@
 
 import numpy as np
 import tensorflow as tf
+from helpers import F16, amp, function_call_graph, rng, tf1
 
 from amp_rewrite.explain import disagreements, explain_chain
-from helpers import F16, amp, function_call_graph, rng, tf1
 
 
 def batch_norm_graph():
@@ -39,7 +39,8 @@ def test_a_reason_contradicting_the_graph_is_found():
     node = next(n for n in result.graph_def.node if n.name == "infer_scale")
     node.attr["T"].type = F16  # the graph now says half where the reason says float32
     found = disagreements(result)
-    assert len(found) == 1 and found[0].startswith("infer_scale: the reason says float32, the rewritten node has float16")
+    assert len(found) == 1
+    assert found[0].startswith("infer_scale: the reason says float32, the rewritten node has float16")
 
 
 def test_nodes_inside_functions_are_described_as_function_node():

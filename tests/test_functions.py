@@ -1,13 +1,13 @@
 """Rewriting across function, While, If and call boundaries (tf.function graphs)."""
 
+import helpers
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import F16, F32, assert_same_outputs_within_half, rng, tf1
 
-import helpers
 from amp_rewrite.explain import disagreements
 from amp_rewrite.oracle import grappler_rewrite
-from helpers import F16, F32, assert_same_outputs_within_half, rng, tf1
 
 R = rng(11)
 W = (R.standard_normal((16, 16)) * 0.3).astype(np.float32)

@@ -9,12 +9,11 @@ import os
 import re
 from dataclasses import replace
 
+import graph_strategies as gs
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-
-import graph_strategies as gs
 from graph_strategies import Recipe, Step, build, check_rewrite, recipe_from_seed, recipes
+from hypothesis import HealthCheck, given, settings
 
 settings.register_profile(
     "amp-fuzz-ci", max_examples=200, deadline=None, database=None, print_blob=True,
@@ -71,7 +70,8 @@ def test_built_graphs_use_the_ops_the_lists_care_about():
     for seed in range(120):
         ops |= {node.op for node in build(recipe_from_seed(seed)).graph_def.node}
     wanted = {"MatMul", "Conv2D", "BatchMatMulV2", "Einsum", "DepthwiseConv2dNative", "FusedBatchNorm",
-              "FusedBatchNormV3", "AddN", "AvgPool", "GatherV2", "IdentityN", "AddV2", "Mul", "Sub", "BiasAdd", "Tanh", "Sigmoid",
+              "FusedBatchNormV3", "AddN", "AvgPool", "GatherV2", "IdentityN", "AddV2", "Mul", "Sub", "BiasAdd",
+              "Tanh", "Sigmoid",
               "Softmax", "Log", "Relu", "Identity", "Reshape", "Transpose", "ConcatV2", "Split", "MaxPool",
               "Pack", "Unpack", "Select", "Exp", "Sum", "Mean", "Shape", "Size", "Cast", "VarHandleOp",
               "ReadVariableOp", "VariableV2", "Enter", "Merge", "Switch", "NextIteration", "Exit"}

@@ -7,9 +7,7 @@ and both the marker and the entry go; the test stays as a regression test.
 """
 
 import numpy as np
-import pytest
 import tensorflow as tf
-
 from graph_strategies import half_round_trips
 from helpers import F16, F32, amp, assert_same_outputs_within_half, rng, tf1, v1_control_flow
 

@@ -5,12 +5,12 @@ import json
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import tf1
 
 from amp_rewrite import graph_facts
 from amp_rewrite.errors import first_line
 from amp_rewrite.op_lists import COLOURS, Colour
 from amp_rewrite.typed_graph import TypedGraph, Vertex
-from helpers import tf1
 
 
 def test_dtype_numbers_and_half_maxima_are_tensorflows():

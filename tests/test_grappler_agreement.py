@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import amp, assert_same_outputs_within_half, casts, half_nodes, rng, tf1, v1_control_flow
 
 from amp_rewrite.explain import disagreements
 from amp_rewrite.oracle import grappler_rewrite
-from helpers import amp, assert_same_outputs_within_half, casts, half_nodes, rng, tf1, v1_control_flow
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import models  # noqa: E402

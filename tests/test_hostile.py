@@ -22,12 +22,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from google.protobuf import text_format
+from helpers import F16, F32, tf1
 from tensorflow.core.framework import function_pb2, graph_pb2
 
 from amp_rewrite import cli, graph_io
 from amp_rewrite.errors import GraphError, UsageError
 from amp_rewrite.runtime.settings import RuntimeSettings
-from helpers import F16, F32, tf1
 
 ENV_PREFIXES = ("TF_AUTO_MIXED", "AMP_", "ENABLE_AUTO_MP")
 
@@ -821,7 +821,8 @@ def test_mutual_recursion_is_found_without_tensorflow():
     second.CopyFrom(first)
     second.signature.name = "other"
     first.node_def[0].attr["f"].func.name = "other"
-    assert import_blocker(graph_def) == "function other -> recurse -> other calls itself, which TensorFlow cannot import"
+    assert import_blocker(graph_def) == ("function other -> recurse -> other calls itself, "
+                                         "which TensorFlow cannot import")
 
 
 def test_unexpected_failure_is_one_line_not_a_traceback(capsys, tmp_path, good, monkeypatch):

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import amp, function_call_graph, rng, tf1, v1_control_flow
 
 from amp_rewrite.html_report import CATEGORIES, layered_layout, render_html
-from helpers import amp, function_call_graph, rng, tf1, v1_control_flow
 
 
 def loop_graph():
@@ -134,7 +134,7 @@ def test_page_size_per_node_stays_small():
     g = tf.Graph()
     with g.as_default():
         h = tf1.placeholder(tf.float32, [2, 8], name="x")
-        for i in range(150):
+        for _ in range(150):
             h = tf.nn.relu(tf.nn.bias_add(tf.matmul(h, tf.ones([8, 8]) * 0.1), tf.zeros([8])))
         tf.identity(h, name="out")
     result = amp(g.as_graph_def(), ["out"])

@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import F16, amp, assert_same_outputs_within_half, half_nodes, rng, tf1, v1_control_flow
 
 from amp_rewrite.explain import disagreements
 from amp_rewrite.oracle import grappler_rewrite
-from helpers import F16, amp, assert_same_outputs_within_half, half_nodes, rng, tf1, v1_control_flow
 
 
 def make_node(x, colour, name):

@@ -108,7 +108,7 @@ def test_colours_equal_print_and_format_as_their_list_names():
     for colour in Colour:
         name = colour.name.lower()
         assert colour == name and hash(colour) == hash(name) and Colour(name) is colour
-        assert f"{colour}" == "%s" % colour == name and f"{colour:>6}" == name.rjust(6)
+        assert f"{colour}" == "%s" % colour == name and f"{colour:>6}" == name.rjust(6)  # noqa: UP031 (what % gives)
         assert json.dumps({colour: [colour]}) == json.dumps({name: [name]})
 
 

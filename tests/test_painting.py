@@ -7,9 +7,19 @@ and rewritten graphs on the same inputs and compares within half tolerance.
 import numpy as np
 import pytest
 import tensorflow as tf
-
-from helpers import (F16, F32, amp, assert_same_outputs_within_half, casts, half_nodes,
-                     node_types, rng, run, tf1, v1_control_flow)
+from helpers import (
+    F16,
+    F32,
+    amp,
+    assert_same_outputs_within_half,
+    casts,
+    half_nodes,
+    node_types,
+    rng,
+    run,
+    tf1,
+    v1_control_flow,
+)
 
 
 def expect_half(graph_def, half, f32=()):

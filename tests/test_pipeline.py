@@ -6,10 +6,10 @@ import re
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import CPU, amp, assert_same_outputs_within_half, half_nodes, rng, tf1
 
 from amp_rewrite import Config, GraphError, painting, pipeline, rewrite
 from amp_rewrite.errors import PaintingRuleError
-from helpers import CPU, amp, assert_same_outputs_within_half, half_nodes, rng, tf1
 
 
 def mixed_graph():

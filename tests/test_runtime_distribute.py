@@ -5,7 +5,6 @@ import socket
 
 import numpy as np
 import pytest
-
 from fixtures.harness import Script, run_scripts
 
 

@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-
-from amp_rewrite.runtime.session import RUNNER_ATTR
 from helpers import mlp_session_graph as mlp_graph
 from helpers import rng, tf1
+
+from amp_rewrite.runtime.session import RUNNER_ATTR
 
 X = rng().normal(size=(4, 8)).astype(np.float32)
 

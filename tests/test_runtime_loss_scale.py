@@ -5,12 +5,11 @@ import logging
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import tf1
 
 from amp_rewrite.errors import UsageError
 from amp_rewrite.runtime import loss_scale
 from amp_rewrite.runtime.settings import LossScaleSettings, RuntimeSettings
-from helpers import tf1
-
 
 
 def run_updates(settings, finite_steps, initial=None):

@@ -5,11 +5,11 @@ import logging
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import rng, tf1
 
 from amp_rewrite.runtime import loss_scale
 from amp_rewrite.runtime.session import RUNNER_ATTR, RuntimeRewriteError
 from amp_rewrite.runtime.settings import RuntimeSettings
-from helpers import rng, tf1
 
 X = rng().normal(size=(16, 8)).astype(np.float32)
 LABELS = np.arange(16) % 4

@@ -6,14 +6,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import mlp_session_graph as mlp_graph
+from helpers import rng, tf1
 
 import amp_rewrite
-from amp_rewrite import runtime
 from amp_rewrite.runtime import session as session_module
 from amp_rewrite.runtime.session import CAST_BACK_SUFFIX, RUNNER_ATTR, RuntimeRewriteError
 from amp_rewrite.runtime.settings import RuntimeSettings
-from helpers import mlp_session_graph as mlp_graph
-from helpers import rng, tf1
 
 X = rng().normal(size=(4, 8)).astype(np.float32)
 

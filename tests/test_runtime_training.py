@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from fixtures.harness import Script, run_scripts
 from helpers import F16, our_lines, tf1
 

@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from fixtures.harness import Script, run_scripts
 
 tf1 = tf.compat.v1

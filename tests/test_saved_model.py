@@ -9,12 +9,12 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import F16, assert_one_line_error, rng
 from tensorflow.core.protobuf import saved_model_pb2
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
 from amp_rewrite import Config, rewrite
 from amp_rewrite.explain import disagreements
-from helpers import F16, assert_one_line_error, rng
 
 
 def cli(*args, cwd):
@@ -67,6 +67,11 @@ def rewritten(mobilenet_saved_model, tmp_path_factory):
 def library(path):
     saved = saved_model_pb2.SavedModel.FromString((path / "saved_model.pb").read_bytes())
     return saved.meta_graphs[0].graph_def.library.function
+
+
+def serve_function(path) -> str:
+    """The name of the library function behind the serving signature."""
+    return next(f.signature.name for f in library(path) if f.signature.name.startswith("__inference_serve_"))
 
 
 @pytest.mark.slow
@@ -149,7 +154,7 @@ def test_report_describes_the_nodes_inside_functions(mobilenet_saved_model, rewr
     assert not [name for name in nodes if name.startswith("_amp_rewrite")]
     half = {name for name, entry in nodes.items() if entry["precision"] == "float16"}
     assert half == set(report["converted"])
-    serve = next(f.signature.name for f in library(mobilenet_saved_model) if f.signature.name.startswith("__inference_serve_"))
+    serve = serve_function(mobilenet_saved_model)
     convs = [entry for name, entry in nodes.items() if name.startswith(serve + "::") and entry["op"] == "Conv2D"]
     assert convs and all(e["colour"] == "allow" and e["precision"] == "float16" for e in convs)
     assert all(name.split("::")[0] in {f.signature.name for f in library(mobilenet_saved_model)}
@@ -183,7 +188,7 @@ def test_every_reason_agrees_with_the_rewritten_saved_model(mobilenet_saved_mode
 
 @pytest.mark.slow
 def test_explain_takes_a_saved_model_and_a_function_node(mobilenet_saved_model, tmp_path):
-    serve = next(f.signature.name for f in library(mobilenet_saved_model) if f.signature.name.startswith("__inference_serve_"))
+    serve = serve_function(mobilenet_saved_model)
     conv = next(n.name for f in library(mobilenet_saved_model) if f.signature.name == serve
                 for n in f.node_def if n.op == "Conv2D")
     proc = cli("explain", mobilenet_saved_model, f"{serve}::{conv}", cwd=tmp_path)

@@ -11,6 +11,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import rng
 from tensorflow.python.eager.polymorphic_function import transform
 
 import amp_rewrite
@@ -19,7 +20,6 @@ from amp_rewrite.errors import GraphError
 from amp_rewrite.runtime import concrete, tf_function
 from amp_rewrite.runtime.session import RuntimeRewriteError
 from amp_rewrite.runtime.settings import RuntimeSettings
-from helpers import rng
 
 X = rng(1).normal(size=(4, 8, 8, 3)).astype(np.float32)
 Y = rng(2).normal(size=(4, 5)).astype(np.float32)

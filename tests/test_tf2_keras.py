@@ -16,12 +16,12 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import rng
 
 from amp_rewrite import runtime
 from amp_rewrite.runtime import tf2_loss_scale
 from amp_rewrite.runtime.ledger import LEDGER
 from amp_rewrite.runtime.settings import RuntimeSettings
-from helpers import rng
 
 FIT_TOOL = Path(__file__).resolve().parents[1] / "tools" / "tf2_keras_fit.py"
 OWN_PREFIXES = ("ENABLE_AUTO_MP", "TF_ENABLE_AUTO_MIXED_PRECISION", "AMP_",

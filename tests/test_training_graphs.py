@@ -6,9 +6,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import F16, F32, amp, half_nodes, tf1
 
 from amp_rewrite.explain import disagreements
-from helpers import F16, F32, amp, half_nodes, tf1
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import models  # noqa: E402

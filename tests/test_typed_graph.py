@@ -2,10 +2,10 @@
 
 import pytest
 import tensorflow as tf
+from helpers import tf1
 
 from amp_rewrite import GraphError
 from amp_rewrite.typed_graph import TypeAttr, TypedGraph
-from helpers import tf1
 
 
 def build(fn):

@@ -8,10 +8,16 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
-
-from amp_rewrite.validate import (Tolerance, ValidationError, half_regions, pattern_rules, random_feeds,
-                                  validated_rewrite)
 from helpers import CPU, amp, half_nodes, rng, run, tf1
+
+from amp_rewrite.validate import (
+    Tolerance,
+    ValidationError,
+    pattern_rules,
+    random_feeds,
+    validated_rewrite,
+)
+
 
 class Weights:
     """Deterministic weight Consts for one graph: building it twice gives the same graph."""

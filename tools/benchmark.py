@@ -104,7 +104,8 @@ def markdown(rows: list[dict]) -> str:
         lines.append(
             f"| {r['graph']} | {r['nodes']} | {r['ours_seconds'] * 1e3:.0f} / {r['grappler_seconds'] * 1e3:.0f} "
             f"| {r['ours_cpu_seconds'] * 1e3:.0f} / {r['grappler_cpu_seconds'] * 1e3:.0f} "
-            f"| {r['ours_seconds'] / r['grappler_seconds']:.2f} / {r['ours_cpu_seconds'] / r['grappler_cpu_seconds']:.2f} "
+            f"| {r['ours_seconds'] / r['grappler_seconds']:.2f} "
+            f"/ {r['ours_cpu_seconds'] / r['grappler_cpu_seconds']:.2f} "
             f"| {r['ours_converted']} / {r['grappler_converted']} "
             f"| {r['ours_casts']} / {r['grappler_casts']} "
             f"| {_pct(r['ours_half_flops'])} / {_pct(r['grappler_half_flops'])} |")

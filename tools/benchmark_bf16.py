@@ -36,10 +36,9 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import models  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-
-import models  # noqa: E402
 
 from amp_rewrite import Config, rewrite  # noqa: E402
 from amp_rewrite.oracle import grappler_rewrite  # noqa: E402

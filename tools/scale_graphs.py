@@ -17,8 +17,8 @@ DT_FLOAT = 1
 
 
 def _const(graph_def, name: str, shape: tuple[int, ...], value: float):
-    from tensorflow.python.framework import tensor_util
     import numpy as np
+    from tensorflow.python.framework import tensor_util
 
     node = graph_def.node.add(name=name, op="Const")
     node.attr["dtype"].type = DT_FLOAT
