@@ -181,10 +181,9 @@ def insert_casts(ctx: PaintContext, painting: Painting, was_float32: list[bool],
     new_nodes: list[NewCast] = []
     widening = {}
     allow, in_vids = painting.allow, graph.in_vids
-    for src, port in graph.consumed_ports():
+    for src, port, consumers in graph.edges.by_source_port():
         if src in folded:
             continue
-        consumers = graph.consumers(src, port)
         src_vid = graph.output_vertex(src, port)
         if src_vid is not None and not was_float32[src_vid]:
             continue
@@ -229,9 +228,9 @@ def _reads_past_widening_cast(ctx: PaintContext, src: int, needing: list[tuple[i
     graph = ctx.graph
     node = graph.nodes[src]
     if (node.op != "Cast" or node.attr["SrcT"].type != ctx.target_dtype
-            or node.attr["DstT"].type != DT_FLOAT or not graph.inputs[src]):
+            or node.attr["DstT"].type != DT_FLOAT or not graph.inputs(src)):
         return False
-    upstream = graph.tensor_ref(*graph.inputs[src][0])
+    upstream = graph.tensor_ref(*graph.inputs(src)[0])
     for dst, k in needing:
         graph.nodes[dst].input[k] = upstream
     return True

@@ -99,11 +99,10 @@ def half_round_trips(graph_def) -> set[tuple[str, str]]:
 def _edge_type_mismatches(view) -> str | None:
     dtypes = view.dtypes()
     bad = []
-    for dst, data in enumerate(view.inputs):
-        in_vids = view.in_vids[dst]
+    for dst, in_vids in enumerate(view.in_vids):
         if in_vids is None:
             continue
-        for k, (v, (src, port)) in enumerate(zip(in_vids, data)):
+        for k, (v, (src, port)) in enumerate(zip(in_vids, view.inputs(dst))):
             out_vids = view.out_vids[src]
             if out_vids is not None and dtypes[out_vids[port]] != dtypes[v]:
                 bad.append(f"{view.nodes[src].name}:{port} -> {view.nodes[dst].name} input {k}")

@@ -53,7 +53,7 @@ def node_outcomes(ctx, painting, applied, was_float32: list[bool]) -> dict[str, 
         for name, peak in applied.out_of_range_by_body.get(body_id, {}).items():
             outcomes[prefix + name].update(rule=f"constant read by half ops but |value| reaches {peak:g}: "
                                                 "kept float32 with a Cast")
-    inputs = {name: {qualified[src] for src, _ in graph.inputs[i] if src in qualified}
+    inputs = {name: {qualified[src] for src, _ in graph.inputs(i) if src in qualified}
               for i, name in qualified.items()}
     _name_half_neighbours(graph, painting, qualified, outcomes, ctx.target_dtype)
     before = {name: _precision_before(graph, i, was_float32) for i, name in qualified.items()}

@@ -289,9 +289,9 @@ class PaintContext:
 
         def reads(i: int, depth: int = 0) -> bool:
             node = graph.nodes[i]
-            if node.op not in ("Identity", "Enter") or not graph.inputs[i] or depth > 64:
+            if node.op not in ("Identity", "Enter") or not graph.inputs(i) or depth > 64:
                 return False
-            src = graph.inputs[i][0][0]
+            src = graph.inputs(i)[0][0]
             src_op = graph.nodes[src].op
             if node.op == "Identity":
                 return src_op in ("Variable", "VariableV2")

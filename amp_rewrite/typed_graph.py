@@ -31,7 +31,9 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
-from collections.abc import Callable, Container, Iterable, Sequence
+import operator
+from array import array
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from typing import NamedTuple
 
 from amp_rewrite.errors import GraphError
@@ -80,7 +82,6 @@ class TypedGraph:
         unknown_ops: the ops of the nodes with no OpDef, sorted.
         in_attrs, out_attrs: per node, the TypeAttr of each input / output port (None for unknown ops).
         out_args: per node, the first output port of each named output arg (how function bodies name outputs).
-        inputs: per node, the (source node, source port) of each data input (a tuple).
         control_consumers: per node, whether some node has a control edge from it.
         vertices: (node, TypeAttr) per vertex id.
         node_vertices: per node, the vertex ids of its type attrs (consecutive).
@@ -88,10 +89,11 @@ class TypedGraph:
         groups: boundary groups: vertex ids that must hold one dtype.
         loop_groups: the subset of ``groups`` that are While loop variables.
 
-    :meth:`consumers` gives the data edges out of an output port. The
-    per-node and per-vertex containers are tuples rather than lists, and
-    each vertex id is one int object that all of them share: a view holds
-    several per node, and at 200k nodes each extra object costs megabytes.
+    :meth:`inputs` and :meth:`consumers` give a node's data edges in and out;
+    they are held as flat int arrays (:class:`DataEdges`). The per-node and
+    per-vertex containers are tuples rather than lists, and each vertex id
+    is one int object that all of them share: a view holds several per
+    node, and at 200k nodes each extra object costs megabytes.
     """
 
     def __init__(self, graph_def, registry: OpRegistry | None = None):
@@ -109,14 +111,16 @@ class TypedGraph:
             logger.warning("op %s is not registered in TensorFlow nor in the graph's function library; "
                            "its nodes stay as they are", op)
         self.in_attrs, self.out_attrs, self.out_args = _expand_ports(self.nodes, self.op_defs, self.registry)
-        self.inputs, self._consumers, self.control_consumers = _read_inputs(
+        self.edges, self.control_consumers = _read_inputs(
             self.bodies, self.nodes, self.in_attrs, self.out_attrs, self.out_args)
-        _check_acyclic(self.nodes, self.inputs, self.bodies, self.body_of)
+        _check_acyclic(self.nodes, self.edges, self.bodies, self.body_of)
         self._build_vertices()
         self._build_edges()
+        self._grown: set[int] = set()
         self.groups, self.loop_groups = link_calls(self)
-        _as_tuples(self.fanin)
-        _as_tuples(self.fanout)
+        for v in self._grown:  # the vertices the calls joined to their instances: tuples again
+            self.fanin[v], self.fanout[v] = tuple(self.fanin[v]), tuple(self.fanout[v])
+        del self._grown
 
     # -- construction: vertices and edges (ports and data inputs come from the functions below) --
 
@@ -180,20 +184,55 @@ class TypedGraph:
         return ins, outs, list(attrs), [position[a] for a in ins], [position[a] for a in outs]
 
     def _build_edges(self) -> None:
+        """Joins each producer port's vertex to the vertex of each input it feeds, both ways.
+
+        Each vertex's neighbours are gathered in one go, from its node's
+        inputs (fan-in) or its node's outgoing edges (fan-out), and stored as
+        one tuple, in the order of the edges: by consumer node, then input.
+        """
         n = len(self.vertices)
-        self.fanin: list[list[int]] = [[] for _ in range(n)]
-        self.fanout: list[list[int]] = [[] for _ in range(n)]
-        fanin, fanout, out_vids = self.fanin, self.fanout, self.out_vids
-        for dst, data in enumerate(self.inputs):
-            in_vids = self.in_vids[dst]
-            if in_vids is None:
+        self.fanin: list[Sequence[int]] = [()] * n
+        self.fanout: list[Sequence[int]] = [()] * n
+        fanin, fanout, in_vids, out_vids = self.fanin, self.fanout, self.in_vids, self.out_vids
+        edges, node_vertices = self.edges, self.node_vertices
+        in_start, in_src, in_port = edges.in_start, edges.in_src, edges.in_port
+        for dst, vids in enumerate(in_vids):
+            if not vids:
                 continue
-            for v, (src, port) in zip(in_vids, data):
-                src_vids = out_vids[src]
-                if src_vids is not None:
-                    u = src_vids[port]
-                    fanout[u].append(v)
-                    fanin[v].append(u)
+            start = in_start[dst]
+            if len(vids) == 1:  # most nodes: one input
+                if (src_vids := out_vids[in_src[start]]) is not None:
+                    fanin[vids[0]] = (src_vids[in_port[start]],)
+                continue
+            if len(node_vertices[dst]) == 1:  # all inputs on the node's one vertex
+                fanin[vids[0]] = tuple([src_vids[in_port[e]] for e in range(start, start + len(vids))
+                                        if (src_vids := out_vids[in_src[e]]) is not None])
+                continue
+            if len(vids) == len(set(vids)):  # each input on its own vertex
+                for k, v in enumerate(vids):
+                    if (src_vids := out_vids[in_src[start + k]]) is not None:
+                        fanin[v] = (src_vids[in_port[start + k]],)
+                continue
+            producers = [(v, src_vids[in_port[start + k]]) for k, v in enumerate(vids)
+                         if (src_vids := out_vids[in_src[start + k]]) is not None]
+            _store_grouped(fanin, producers)
+        out_start, out_port, out_dst, out_ordinal = edges.out_start, edges.out_port, edges.out_dst, edges.out_ordinal
+        for src, vids in enumerate(out_vids):
+            a, b = out_start[src], out_start[src + 1]
+            if vids is None or a == b:
+                continue
+            if b - a == 1:  # most nodes: one consumer
+                if (dst_vids := in_vids[out_dst[a]]) is not None:
+                    fanout[vids[out_port[a]]] = (dst_vids[out_ordinal[a]],)
+                continue
+            if out_port[a] == out_port[b - 1]:  # one output is read (edges are sorted by port)
+                fanout[vids[out_port[a]]] = tuple([dst_vids[k] for dst, k in zip(out_dst[a:b], out_ordinal[a:b])
+                                                   if (dst_vids := in_vids[dst]) is not None])
+                continue
+            out_edges = sorted(zip(out_dst[a:b], out_ordinal[a:b], out_port[a:b]))  # in consumer and input order
+            readers = [(vids[port], dst_vids[k]) for dst, k, port in out_edges
+                       if (dst_vids := in_vids[dst]) is not None]
+            _store_grouped(fanout, readers)
 
     def add_edge(self, u: int, v: int) -> None:
         """Joins vertex ``u`` to ``v`` (paint may flow both ways; ``u`` is the producer)."""
@@ -201,20 +240,20 @@ class TypedGraph:
             neighbours = adjacency[vertex]
             if type(neighbours) is not list:  # a built view's tuple: a list again, so that more edges append
                 neighbours = adjacency[vertex] = list(neighbours)
+                grown = getattr(self, "_grown", None)
+                if grown is not None:
+                    grown.add(vertex)
             neighbours.append(other)
 
     # -- queries --------------------------------------------------------------
 
-    def consumers(self, node: int, port: int = 0) -> Sequence[tuple[int, int]]:
-        """(consumer node, data-input ordinal) of each data edge out of ``port`` of ``node``, in node order."""
-        found = self._consumers.get((node, port))
-        if found is None:
-            return ()
-        return (found,) if type(found) is tuple else found
+    def inputs(self, node: int) -> list[tuple[int, int]]:
+        """(source node, source port) of each data input of ``node``, in input order."""
+        return self.edges.inputs(node)
 
-    def consumed_ports(self) -> list[tuple[int, int]]:
-        """Every (node, output port) with a data edge out of it, sorted."""
-        return sorted(self._consumers)
+    def consumers(self, node: int, port: int = 0) -> list[tuple[int, int]]:
+        """(consumer node, data-input ordinal) of each data edge out of ``port`` of ``node``, in node order."""
+        return self.edges.consumers(node, port)
 
     def output_vertex(self, node: int, port: int) -> int | None:
         """The vertex typing output ``port`` of ``node`` (None for unknown ops)."""
@@ -228,8 +267,8 @@ class TypedGraph:
 
     def input_source_vertex(self, node: int, ordinal: int) -> int | None:
         """The producer-side vertex of data input ``ordinal`` of ``node``."""
-        src, port = self.inputs[node][ordinal]
-        return self.output_vertex(src, port)
+        k = self.edges.in_start[node] + ordinal
+        return self.output_vertex(self.edges.in_src[k], self.edges.in_port[k])
 
     def vertex(self, node_name: str, attr: TypeAttr | str, body: int = 0) -> int | None:
         """The vertex id of ``node_name``'s type ``attr`` in ``body`` (the main graph by default)."""
@@ -334,11 +373,11 @@ class TypedGraph:
         stack = list(found)
         while stack:
             i = stack.pop()
-            for port in range(len(self.out_attrs[i] or [1])):
-                for dst, _ in self.consumers(i, port):
-                    if dst not in found and self.nodes[dst].op not in stop_ops:
-                        found.add(dst)
-                        stack.append(dst)
+            known = self.out_attrs[i] is not None  # an unknown op: its first output only
+            for port, dst, _ in self.edges.out_edges(i):
+                if (known or not port) and dst not in found and self.nodes[dst].op not in stop_ops:
+                    found.add(dst)
+                    stack.append(dst)
         return found
 
     def reach(
@@ -471,34 +510,97 @@ def _expand_ports(nodes: list, op_defs: list, registry: OpRegistry) -> tuple[lis
     return in_attrs, out_attrs, out_args
 
 
+class DataEdges:
+    """Every data edge of the view, by consumer and by producer, in flat int arrays.
+
+    A node's data inputs are entries ``in_start[d]`` to ``in_start[d + 1]`` of
+    ``in_src`` / ``in_port`` / ``in_dst`` (the node itself); the edges out of it are entries ``out_start[s]``
+    to ``out_start[s + 1]`` of ``out_port`` / ``out_dst`` / ``out_ordinal``,
+    sorted by port, then by consumer and input. Arrays hold no Python object
+    per edge: a large graph has hundreds of thousands of edges.
+    """
+
+    def __init__(self, in_start: array, in_src: array, in_port: array, in_dst: array):
+        self.in_start, self.in_src, self.in_port, self.in_dst = in_start, in_src, in_port, in_dst
+        nodes, count = len(in_start) - 1, len(in_src)
+        # A counting sort of the edges by source node: stable, so each node's edges stay in consumer order.
+        starts = array("q", bytes(8 * (nodes + 1)))
+        for src in in_src:
+            starts[src + 1] += 1
+        for i in range(nodes):
+            starts[i + 1] += starts[i]
+        self.out_start = array("q", starts)
+        out_port, out_dst, out_ordinal = (array("i", bytes(4 * count)) for _ in range(3))
+        read_on_later_ports = set()
+        for edge, (src, port, dst) in enumerate(zip(in_src, in_port, in_dst)):
+            at = starts[src]
+            starts[src] = at + 1
+            out_port[at], out_dst[at], out_ordinal[at] = port, dst, edge - in_start[dst]
+            if port:
+                read_on_later_ports.add(src)
+        for src in read_on_later_ports:  # a node read on several ports: its edges by port, stably
+            a, b = self.out_start[src], self.out_start[src + 1]
+            by_port = sorted(zip(out_port[a:b], out_dst[a:b], out_ordinal[a:b]), key=operator.itemgetter(0))
+            out_port[a:b], out_dst[a:b], out_ordinal[a:b] = (array("i", column) for column in zip(*by_port))
+        self.out_port, self.out_dst, self.out_ordinal = out_port, out_dst, out_ordinal
+
+    def inputs(self, node: int) -> list[tuple[int, int]]:
+        a, b = self.in_start[node], self.in_start[node + 1]
+        return list(zip(self.in_src[a:b], self.in_port[a:b]))
+
+    def out_edges(self, node: int) -> list[tuple[int, int, int]]:
+        """(port, consumer node, data-input ordinal) of each data edge out of ``node``."""
+        a, b = self.out_start[node], self.out_start[node + 1]
+        return list(zip(self.out_port[a:b], self.out_dst[a:b], self.out_ordinal[a:b]))
+
+    def consumers(self, node: int, port: int) -> list[tuple[int, int]]:
+        a, b = self.out_start[node], self.out_start[node + 1]
+        out_port = self.out_port
+        return [(self.out_dst[k], self.out_ordinal[k]) for k in range(a, b) if out_port[k] == port]
+
+    def by_source_port(self) -> Iterator[tuple[int, int, list[tuple[int, int]]]]:
+        """(node, port, its consumers) for every output port with a data edge out of it, sorted."""
+        out_start, out_port, out_dst, out_ordinal = self.out_start, self.out_port, self.out_dst, self.out_ordinal
+        for src in range(len(out_start) - 1):
+            a, b = out_start[src], out_start[src + 1]
+            if a < b and out_port[a] == out_port[b - 1]:  # most nodes: one output read
+                yield src, out_port[a], list(zip(out_dst[a:b], out_ordinal[a:b]))
+                continue
+            while a < b:
+                port, end = out_port[a], a + 1
+                while end < b and out_port[end] == port:
+                    end += 1
+                yield src, port, list(zip(out_dst[a:end], out_ordinal[a:end]))
+                a = end
+
+
 def _read_inputs(bodies: list[Body], nodes: list, in_attrs: list, out_attrs: list,
-                 out_args: list) -> tuple[list, dict, list]:
-    """Every node's data inputs as (source node, port), the consumers of each output, and control sources.
+                 out_args: list) -> tuple[DataEdges, list]:
+    """Every node's data inputs as (source node, port), and whether each node is a control source.
 
     Raises:
         GraphError: naming the node, for an input that names no node or no
             output of its source, a data input after a control input, or a
             wrong number of data inputs.
     """
-    inputs: list[tuple[tuple[int, int], ...]] = []
-    # One consumer, the most common, is held as its (node, ordinal) pair; more as a list of them.
-    consumers: dict[tuple[int, int], tuple[int, int] | list[tuple[int, int]]] = {}
+    in_start, in_src, in_port, in_dst = array("q", [0]), array("i"), array("i"), array("i")
     control_consumers = [False] * len(nodes)
     for body in bodies:  # each body's nodes are contiguous, in body order, as its index lists them
         _read_body_inputs(body, body.index.values(), nodes, in_attrs, out_attrs, out_args,
-                          inputs, consumers, control_consumers)
-    return inputs, consumers, control_consumers
+                          in_start, in_src, in_port, in_dst, control_consumers)
+    return DataEdges(in_start, in_src, in_port, in_dst), control_consumers
 
 
 def _read_body_inputs(body: Body, indices: Iterable[int], nodes: list, in_attrs: list, out_attrs: list, out_args: list,
-                      inputs: list, consumers: dict, control_consumers: list) -> None:
-    """:func:`_read_inputs` for one body's nodes; appends to ``inputs``, ``consumers``, ``control_consumers``."""
+                      in_start: array, in_src: array, in_port: array, in_dst: array,
+                      control_consumers: list) -> None:
+    """:func:`_read_inputs` for one body's nodes; appends to the arrays and ``control_consumers``."""
     find = body.index.get
-    find_consumers = consumers.get
     is_main = body.is_main
+    add_src, add_port, add_dst = in_src.append, in_port.append, in_dst.append
     for dst in indices:  # the int objects the body's index holds, in node order
         node = nodes[dst]
-        data: list[tuple[int, int]] = []
+        count = 0
         seen_control = False
         for ref in node.input[:]:  # one list: iterating the field itself costs more per string
             if ref[:1] == "^":
@@ -530,27 +632,26 @@ def _read_body_inputs(body: Body, indices: Iterable[int], nodes: list, in_attrs:
                     f"{body.where(node)}: input {ref!r} asks for output {port} "
                     f"of {nodes[src].op} node {nodes[src].name}, which has {len(outs)}"
                 )
-            key = (src, port)
-            entry = find_consumers(key)
-            if entry is None:
-                consumers[key] = (dst, len(data))
-            elif type(entry) is tuple:
-                consumers[key] = [entry, (dst, len(data))]
-            else:
-                entry.append((dst, len(data)))
-            data.append(key)
+            add_src(src)
+            add_port(port)
+            add_dst(dst)
+            count += 1
         expected = in_attrs[dst]
-        if expected is not None and len(expected) != len(data):
-            raise GraphError(f"{body.where(node)}: expected {len(expected)} data inputs, got {len(data)}")
-        inputs.append(tuple(data) if data else ())
+        if expected is not None and len(expected) != count:
+            raise GraphError(f"{body.where(node)}: expected {len(expected)} data inputs, got {count}")
+        in_start.append(len(in_src))
 
 
-def _as_tuples(adjacency: list) -> None:
-    """Turns each vertex's list of neighbours into a tuple, in place (one empty tuple for all without)."""
-    adjacency[:] = map(tuple, adjacency)  # tuple([]) is the one empty tuple
+def _store_grouped(adjacency: list, pairs: list[tuple[int, int]]) -> None:
+    """Stores each vertex's neighbours from (vertex, neighbour) pairs of one node, as tuples in pair order."""
+    grouped: dict[int, list[int]] = {}
+    for v, w in pairs:
+        grouped.setdefault(v, []).append(w)
+    for v, found in grouped.items():
+        adjacency[v] = tuple(found)
 
 
-def _check_acyclic(nodes: list, inputs: list, bodies: list[Body], body_of: list[int]) -> None:
+def _check_acyclic(nodes: list, edges: DataEdges, bodies: list[Body], body_of: list[int]) -> None:
     """Refuses a data cycle that is not a v1 loop (whose only back edges end in a Merge).
 
     When some edge points backwards in node order, Kahn's algorithm finds
@@ -558,23 +659,22 @@ def _check_acyclic(nodes: list, inputs: list, bodies: list[Body], body_of: list[
     """
     back_edge_sources = ("NextIteration", "RefNextIteration")
     back = {i for i, node in enumerate(nodes) if node.op in back_edge_sources}
+    in_src, in_dst, out_start, out_dst = edges.in_src, edges.in_dst, edges.out_start, edges.out_dst
     # Most GraphDefs list every node after its inputs: then no edge can close a cycle.
-    if all(src < dst or src in back for dst, data in enumerate(inputs) for src, _ in data):
+    if all(map(operator.lt, in_src, in_dst)) or all(src < dst or src in back for src, dst in zip(in_src, in_dst)):
         return
     indegree = [0] * len(nodes)
-    succ: list[list[int]] = [[] for _ in nodes]
-    for dst, data in enumerate(inputs):
-        for src, _ in data:
-            if src in back:
-                continue
-            succ[src].append(dst)
+    for src, dst in zip(in_src, in_dst):
+        if src not in back:
             indegree[dst] += 1
     ready = [i for i, d in enumerate(indegree) if d == 0]
     done = 0
     while ready:
         i = ready.pop()
         done += 1
-        for j in succ[i]:
+        if i in back:
+            continue  # its edges were not counted
+        for j in out_dst[out_start[i]:out_start[i + 1]]:
             indegree[j] -= 1
             if indegree[j] == 0:
                 ready.append(j)
@@ -582,8 +682,8 @@ def _check_acyclic(nodes: list, inputs: list, bodies: list[Body], body_of: list[
         return
     import networkx as nx
 
-    cyclic = nx.DiGraph((i, j) for i in range(len(nodes)) if indegree[i] > 0
-                        for j in succ[i] if indegree[j] > 0)
+    cyclic = nx.DiGraph((i, j) for i in range(len(nodes)) if indegree[i] > 0 and i not in back
+                        for j in out_dst[out_start[i]:out_start[i + 1]] if indegree[j] > 0)
     cycle = [u for u, _ in nx.find_cycle(cyclic)]
     body = bodies[body_of[cycle[0]]]
     path = " -> ".join(f"{nodes[u].name} ({nodes[u].op})" for u in cycle + cycle[:1])

@@ -139,14 +139,15 @@ def python_bytes_per_node(graph_def, fetches) -> float:
 
 # The view holds several containers per node and vertex; a list where a tuple
 # does, a second int object per vertex id, or a pair per decision shows here.
-# At the time of writing: dense 1.2 kB, functions 1.9 kB per node.
-@pytest.mark.parametrize("make, n, bound", [(dense_towers, 50, 1400), (called_towers, 200, 2150)],
+# At the time of writing: dense 1.0 kB, functions 1.7 kB per node (a quadratic
+# structure would make the larger graph's figure about 4 times the smaller's).
+@pytest.mark.parametrize("make, n, bound", [(dense_towers, 50, 1150), (called_towers, 200, 1850)],
                          ids=["dense", "functions"])
 def test_python_memory_per_node_is_bounded_and_grows_linearly(make, n, bound):
     small = python_bytes_per_node(*make(n))
     large = python_bytes_per_node(*make(4 * n))
     assert large <= bound, (small, large)
-    assert large / small <= 1.1, (small, large)
+    assert large / small <= 1.25, (small, large)
 
 
 def run(graph_def, fetches, feed):

@@ -107,3 +107,48 @@ def test_output_count_reads_the_op_def_without_the_view():
     view = TypedGraph(gd)
     assert all(counts[n.name] == len(view.out_attrs[view.index[n.name]] or [])
                for n in gd.node if n.name != "custom")
+
+
+def edge_by_edge(view):
+    """Fan-in and fan-out appended one data edge at a time, consumers in node order, inputs in order."""
+    fanin = [[] for _ in view.vertices]
+    fanout = [[] for _ in view.vertices]
+    for dst in range(len(view.nodes)):
+        for k, (src, port) in enumerate(view.inputs(dst)):
+            u, v = view.output_vertex(src, port), view.input_vertex(dst, k)
+            if u is not None and v is not None:
+                fanout[u].append(v)
+                fanin[v].append(u)
+    return fanin, fanout
+
+
+def assert_edges_in_edge_order(view):
+    fanin, fanout = edge_by_edge(view)
+    for v in range(len(view.vertices)):
+        # Calls add edges to their instances after these: the data edges come first.
+        assert list(view.fanin[v][:len(fanin[v])]) == fanin[v], view.describe(v)
+        assert list(view.fanout[v][:len(fanout[v])]) == fanout[v], view.describe(v)
+
+
+def test_fan_in_and_out_keep_edge_order_when_ports_share_a_vertex():
+    def fn():
+        x = tf1.placeholder(tf.float32, [4, 4], name="x")
+        first, second = tf.split(x, 2, name="split")
+        tf.add(second, first, name="reads_1_then_0")
+        tf.identity(first, name="reads_0")
+        tf.add_n([second, tf.identity(x[:2], name="top"), first], name="addn")
+
+    view = build(fn)
+    split = view.vertex("split", "T")
+    readers = [view.vertex(name, "T") for name in ("reads_1_then_0", "reads_1_then_0", "reads_0", "addn", "addn")]
+    assert list(view.fanout[split]) == readers
+    assert_edges_in_edge_order(view)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_fan_in_and_out_keep_edge_order_on_random_graphs(seed):
+    from graph_strategies import build as build_recipe
+    from graph_strategies import recipe_from_seed
+
+    graph_def = build_recipe(recipe_from_seed(seed, max_steps=24)).graph.as_graph_def()
+    assert_edges_in_edge_order(TypedGraph(graph_def))
