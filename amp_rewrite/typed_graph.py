@@ -116,11 +116,11 @@ class TypedGraph:
         _check_acyclic(self.nodes, self.edges, self.bodies, self.body_of)
         self._build_vertices()
         self._build_edges()
-        self._grown: set[int] = set()
+        self._grown: set[int] | None = set()  # vertices whose neighbours are a list again (add_edge)
         self.groups, self.loop_groups = link_calls(self)
         for v in self._grown:  # the vertices the calls joined to their instances: tuples again
             self.fanin[v], self.fanout[v] = tuple(self.fanin[v]), tuple(self.fanout[v])
-        del self._grown
+        self._grown = None  # edges added later (the pipeline's) stay in lists
 
     # -- construction: vertices and edges (ports and data inputs come from the functions below) --
 
@@ -240,9 +240,8 @@ class TypedGraph:
             neighbours = adjacency[vertex]
             if type(neighbours) is not list:  # a built view's tuple: a list again, so that more edges append
                 neighbours = adjacency[vertex] = list(neighbours)
-                grown = getattr(self, "_grown", None)
-                if grown is not None:
-                    grown.add(vertex)
+                if self._grown is not None:
+                    self._grown.add(vertex)
             neighbours.append(other)
 
     # -- queries --------------------------------------------------------------
