@@ -26,6 +26,7 @@ The typed view (:mod:`amp_rewrite.typed_graph`) is built over these nodes.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -103,6 +104,7 @@ class Instances:
         library: function name → FunctionDef, as the GraphDef's library holds them.
         nodes: every node, by global index.
         names: every node's name, by global index (the str objects the bodies' indexes hold).
+        ops: every node's op, by global index (interned: one str object per op name).
         body_of: per node, the index of its body in ``bodies``.
         bodies: the main graph (index 0) and the function instances.
         virtual: the global indices of the virtual ``_Arg`` / ``_Retval`` nodes.
@@ -114,6 +116,7 @@ class Instances:
         self.library = {f.signature.name: f for f in graph_def.library.function}
         self.nodes: list = []
         self.names: list[str] = []
+        self.ops: list[str] = []
         self.body_of: list[int] = []
         self.bodies: list[Body] = []
         self.virtual: set[int] = set()
@@ -124,7 +127,7 @@ class Instances:
     def _add_body(self, body: Body, nodes: list) -> int:
         body_id = len(self.bodies)
         self.bodies.append(body)
-        index, all_nodes, names = body.index, self.nodes, self.names
+        index, all_nodes, names, ops = body.index, self.nodes, self.names, self.ops
         for node in nodes:
             name = node.name
             if name in index:
@@ -132,6 +135,7 @@ class Instances:
             index[name] = len(all_nodes)
             all_nodes.append(node)
             names.append(name)
+            ops.append(sys.intern(node.op))  # read once: each read of a NodeDef field makes a new str
         self.body_of.extend([body_id] * len(nodes))
         return body_id
 

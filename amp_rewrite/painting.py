@@ -149,8 +149,7 @@ class PaintContext:
         colours: dict[str, Any] = {}  # by op: most of a graph's nodes share a few ops
         node_list: list[Colour | None] = []
         self.node_list = node_list
-        for i, node in enumerate(graph.nodes):
-            op = node.op
+        for i, op in enumerate(graph.ops):
             colour = colours.get(op, colours)
             if colour is colours:
                 colour = colours[op] = colour_of(op)
@@ -243,7 +242,7 @@ class PaintContext:
         node = graph.nodes[node_idx]
         siblings = graph.node_vertices[node_idx]
         # Nodes of one op, device and dtypes share the answer (most of a graph's nodes).
-        key = (node.op, node.device, vid - siblings[0], tuple(self.dtypes[o] for o in siblings))
+        key = (graph.ops[node_idx], node.device, vid - siblings[0], tuple([self.dtypes[o] for o in siblings]))
         found = self._kernel_checks.get(key)
         if found is None:
             found = self._kernel_checks[key] = self._kernel_exists(vid, node_idx)
@@ -287,18 +286,18 @@ class PaintContext:
         graph = self.graph
         result: set[int] = set()
 
+        ops = graph.ops
+
         def reads(i: int, depth: int = 0) -> bool:
-            node = graph.nodes[i]
-            if node.op not in ("Identity", "Enter") or not graph.inputs(i) or depth > 64:
+            if ops[i] not in ("Identity", "Enter") or not graph.inputs(i) or depth > 64:
                 return False
             src = graph.inputs(i)[0][0]
-            src_op = graph.nodes[src].op
-            if node.op == "Identity":
-                return src_op in ("Variable", "VariableV2")
+            if ops[i] == "Identity":
+                return ops[src] in ("Variable", "VariableV2")
             return reads(src, depth + 1)
 
-        for i, node in enumerate(graph.nodes):
-            if node.op in ("Identity", "Enter") and reads(i):
+        for i, op in enumerate(ops):
+            if op in ("Identity", "Enter") and reads(i):
                 result.add(i)
         return result
 
@@ -326,8 +325,8 @@ def find_tensor_list_clusters(ctx: PaintContext) -> tuple[list[TensorListCluster
         structure.
     """
     graph = ctx.graph
-    candidates = {i: _element_vertex(ctx, i) for i, node in enumerate(graph.nodes)
-                  if node.op in _ELEMENT_ATTR or "TensorList" in node.op}
+    candidates = {i: _element_vertex(ctx, i) for i, op in enumerate(graph.ops)
+                  if op in _ELEMENT_ATTR or "TensorList" in op}
     element = {i: v for i, v in candidates.items() if v is not None}
     clustered: set[int] = set()
     clusters: list[TensorListCluster] = []
@@ -621,8 +620,8 @@ def match_loop_edges(ctx: PaintContext, painting: Painting) -> None:
     a loop variable has one dtype on every iteration.
     """
     graph = ctx.graph
-    for i, node in enumerate(graph.nodes):
-        if node.op != "NextIteration":
+    for i, op in enumerate(graph.ops):
+        if op != "NextIteration":
             continue
         nxt = graph.vertex_of(i, "T")
         found = [graph.vertex_of(dst, "T") for dst, _ in graph.consumers(i)]
@@ -647,8 +646,8 @@ def retarget_existing_casts(ctx: PaintContext, painting: Painting) -> None:
     instead of gaining a second Cast.
     """
     graph = ctx.graph
-    for i, node in enumerate(graph.nodes):
-        if node.op != "Cast":
+    for i, op in enumerate(graph.ops):
+        if op != "Cast":
             continue
         dst_t = graph.vertex_of(i, "DstT")
         if dst_t is None or not ctx.processable(dst_t) or not ctx.is_float32(dst_t):

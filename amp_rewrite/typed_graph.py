@@ -75,7 +75,7 @@ class TypedGraph:
 
     Attributes:
         graph_def: the GraphDef viewed (the pipeline's working GraphDef, which later steps rewrite).
-        library, nodes, names, body_of, bodies, virtual, opaque_calls: the
+        library, nodes, names, ops, body_of, bodies, virtual, opaque_calls: the
             function instances' (see :class:`~amp_rewrite.instances.Instances`).
         index: main-graph node name → global index.
         op_defs: the OpDef of each node, or None for unknown ops.
@@ -102,18 +102,18 @@ class TypedGraph:
         self._facts: dict[str, _OpFacts] = {}
         instances = Instances(graph_def, self.registry)
         self.library, self.nodes, self.names = instances.library, instances.nodes, instances.names
-        self.body_of = instances.body_of
+        self.ops, self.body_of = instances.ops, instances.body_of
         self.bodies, self.virtual, self.opaque_calls = instances.bodies, instances.virtual, instances.opaque_calls
         self.index = self.bodies[0].index
-        self.op_defs = [self.registry.op_def(node.op) for node in self.nodes]
-        self.unknown_ops = sorted({n.op for n, d in zip(self.nodes, self.op_defs) if d is None})
+        self.op_defs = [self.registry.op_def(op) for op in self.ops]
+        self.unknown_ops = sorted({op for op, d in zip(self.ops, self.op_defs) if d is None})
         for op in self.unknown_ops:
             logger.warning("op %s is not registered in TensorFlow nor in the graph's function library; "
                            "its nodes stay as they are", op)
-        self.in_attrs, self.out_attrs, self.out_args = _expand_ports(self.nodes, self.op_defs, self.registry)
+        self.in_attrs, self.out_attrs, self.out_args = _expand_ports(self.nodes, self.ops, self.op_defs, self.registry)
         self.edges, self.control_consumers = _read_inputs(
             self.bodies, self.nodes, self.in_attrs, self.out_attrs, self.out_args)
-        _check_acyclic(self.nodes, self.edges, self.bodies, self.body_of)
+        _check_acyclic(self.nodes, self.ops, self.edges, self.bodies, self.body_of)
         self._build_vertices()
         self._build_edges()
         self._grown: set[int] | None = set()  # vertices whose neighbours are a list again (add_edge)
@@ -143,21 +143,21 @@ class TypedGraph:
         # their ports are its attrs in order (most ops: one attr, one output).
         # Node indices as the int objects the bodies' indexes hold, not one more per vertex.
         indices = itertools.chain.from_iterable(body.index.values() for body in self.bodies)
-        for i, node, op_def in zip(indices, self.nodes, self.op_defs):
+        for i, op, op_def in zip(indices, self.ops, self.op_defs):
             if op_def is None:
                 node_vertices.append(())
                 in_vids.append(None)
                 out_vids.append(None)
                 continue
             ins, outs = in_attrs[i], out_attrs[i]
-            layout = layouts.get(node.op)
+            layout = layouts.get(op)
             if (layout is None or not (layout[0] is ins or layout[0] == ins)
                     or not (layout[1] is outs or layout[1] == outs)):
                 layout = self._layout(i, ins, outs)
                 whole = list(range(len(layout[2])))
                 layout += (layout[3] == whole, layout[4] == whole)
                 if not self.op_facts(i).lists:
-                    layouts[node.op] = layout
+                    layouts[op] = layout
             attrs, in_pos, out_pos, same_in, same_out = layout[2:]
             base = len(vertices)
             for attr in attrs:
@@ -282,7 +282,7 @@ class TypedGraph:
         return next((v for v in self.node_vertices[node] if self.vertices[v].attr == attr), None)
 
     def op(self, vid: int) -> str:
-        return self.nodes[self.vertices[vid].node].op
+        return self.ops[self.vertices[vid].node]
 
     def node_of(self, vid: int):
         return self.nodes[self.vertices[vid].node]
@@ -349,7 +349,7 @@ class TypedGraph:
 
     def op_facts(self, node: int) -> _OpFacts:
         """Type attrs and admitted dtypes of the node's op (cached per op)."""
-        op = self.nodes[node].op
+        op = self.ops[node]
         facts = self._facts.get(op)
         if facts is None:
             is_function = self.registry.is_library_function(op)
@@ -463,7 +463,7 @@ def unique_name(name: str, taken: set[str] | NamesInUse) -> str:
 # -- construction: ports and data inputs, the node-level graph under the vertices --
 
 
-def _expand_ports(nodes: list, op_defs: list, registry: OpRegistry) -> tuple[list, list, list]:
+def _expand_ports(nodes: list, ops: list[str], op_defs: list, registry: OpRegistry) -> tuple[list, list, list]:
     """Per node, the TypeAttr of each input and output port, and each output arg's first port.
 
     Each is None for a node of an unknown op. Nodes of one op share a plan.
@@ -472,13 +472,12 @@ def _expand_ports(nodes: list, op_defs: list, registry: OpRegistry) -> tuple[lis
     out_attrs: list[list[TypeAttr] | None] = []
     out_args: list[dict[str, int] | None] = []
     plans: dict[str, tuple] = {}
-    for node, op_def in zip(nodes, op_defs):
+    for node, op, op_def in zip(nodes, ops, op_defs):
         if op_def is None:
             in_attrs.append(None)
             out_attrs.append(None)
             out_args.append(None)
             continue
-        op = node.op
         plan = plans.get(op)
         if plan is None:
             if registry.is_library_function(op):
@@ -650,14 +649,14 @@ def _store_grouped(adjacency: list, pairs: list[tuple[int, int]]) -> None:
         adjacency[v] = tuple(found)
 
 
-def _check_acyclic(nodes: list, edges: DataEdges, bodies: list[Body], body_of: list[int]) -> None:
+def _check_acyclic(nodes: list, ops: list[str], edges: DataEdges, bodies: list[Body], body_of: list[int]) -> None:
     """Refuses a data cycle that is not a v1 loop (whose only back edges end in a Merge).
 
     When some edge points backwards in node order, Kahn's algorithm finds
     whether a cycle exists in linear time; only then does networkx name one.
     """
     back_edge_sources = ("NextIteration", "RefNextIteration")
-    back = {i for i, node in enumerate(nodes) if node.op in back_edge_sources}
+    back = {i for i, op in enumerate(ops) if op in back_edge_sources}
     in_src, in_dst, out_start, out_dst = edges.in_src, edges.in_dst, edges.out_start, edges.out_dst
     # Most GraphDefs list every node after its inputs: then no edge can close a cycle.
     if all(map(operator.lt, in_src, in_dst)) or all(src < dst or src in back for src, dst in zip(in_src, in_dst)):
