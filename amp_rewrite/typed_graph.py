@@ -21,9 +21,10 @@ between them and a retyped neighbour (the dtype of such an edge is read off
 the known side).
 
 This module holds :class:`TypedGraph` (ports, inputs, vertices, edges, their
-dtypes and one traversal, :meth:`TypedGraph.reach`), :func:`output_count`
-(a node's outputs without building the view) and :func:`unique_name`
-(with :class:`NamesInUse`).
+dtypes and one traversal, :meth:`TypedGraph.reach`), :class:`DataEdges`
+(the data edges both ways, in flat int arrays), :func:`output_count` (a
+node's outputs without building the view) and :func:`unique_name` (with
+:class:`NamesInUse`).
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ class TypedGraph:
         unknown_ops: the ops of the nodes with no OpDef, sorted.
         in_attrs, out_attrs: per node, the TypeAttr of each input / output port (None for unknown ops).
         out_args: per node, the first output port of each named output arg (how function bodies name outputs).
+        edges: every data edge (:class:`DataEdges`).
         control_consumers: per node, whether some node has a control edge from it.
         vertices: (node, TypeAttr) per vertex id.
         node_vertices: per node, the vertex ids of its type attrs (consecutive).
@@ -89,11 +91,8 @@ class TypedGraph:
         groups: boundary groups: vertex ids that must hold one dtype.
         loop_groups: the subset of ``groups`` that are While loop variables.
 
-    :meth:`inputs` and :meth:`consumers` give a node's data edges in and out;
-    they are held as flat int arrays (:class:`DataEdges`). The per-node and
-    per-vertex containers are tuples rather than lists, and each vertex id
-    is one int object that all of them share: a view holds several per
-    node, and at 200k nodes each extra object costs megabytes.
+    Per-node and per-vertex containers are tuples, not lists, sharing one int
+    object per vertex id: at 200k nodes each extra object costs megabytes.
     """
 
     def __init__(self, graph_def, registry: OpRegistry | None = None):
@@ -115,14 +114,15 @@ class TypedGraph:
             self.bodies, self.nodes, self.in_attrs, self.out_attrs, self.out_args)
         _check_acyclic(self.nodes, self.ops, self.edges, self.bodies, self.body_of)
         self._build_vertices()
-        self._build_edges()
+        self.fanin, self.fanout = _build_fans(len(self.vertices), self.in_vids, self.out_vids, self.node_vertices,
+                                              self.edges)
         self._grown: set[int] | None = set()  # vertices whose neighbours are a list again (add_edge)
         self.groups, self.loop_groups = link_calls(self)
         for v in self._grown:  # the vertices the calls joined to their instances: tuples again
             self.fanin[v], self.fanout[v] = tuple(self.fanin[v]), tuple(self.fanout[v])
         self._grown = None  # edges added later (the pipeline's) stay in lists
 
-    # -- construction: vertices and edges (ports and data inputs come from the functions below) --
+    # -- construction: vertices (ports, data edges and fans come from the functions below) --
 
     def _build_vertices(self) -> None:
         """Numbers the vertices node by node, and records the vertex of each input and output port.
@@ -182,57 +182,6 @@ class TypedGraph:
                     attrs.setdefault(TypeAttr(name, k))
         position = {attr: k for k, attr in enumerate(attrs)}
         return ins, outs, list(attrs), [position[a] for a in ins], [position[a] for a in outs]
-
-    def _build_edges(self) -> None:
-        """Joins each producer port's vertex to the vertex of each input it feeds, both ways.
-
-        Each vertex's neighbours are gathered in one go, from its node's
-        inputs (fan-in) or its node's outgoing edges (fan-out), and stored as
-        one tuple, in the order of the edges: by consumer node, then input.
-        """
-        n = len(self.vertices)
-        self.fanin: list[Sequence[int]] = [()] * n
-        self.fanout: list[Sequence[int]] = [()] * n
-        fanin, fanout, in_vids, out_vids = self.fanin, self.fanout, self.in_vids, self.out_vids
-        edges, node_vertices = self.edges, self.node_vertices
-        in_start, in_src, in_port = edges.in_start, edges.in_src, edges.in_port
-        for dst, vids in enumerate(in_vids):
-            if not vids:
-                continue
-            start = in_start[dst]
-            if len(vids) == 1:  # most nodes: one input
-                if (src_vids := out_vids[in_src[start]]) is not None:
-                    fanin[vids[0]] = (src_vids[in_port[start]],)
-                continue
-            if len(node_vertices[dst]) == 1:  # all inputs on the node's one vertex
-                fanin[vids[0]] = tuple([src_vids[in_port[e]] for e in range(start, start + len(vids))
-                                        if (src_vids := out_vids[in_src[e]]) is not None])
-                continue
-            if len(vids) == len(set(vids)):  # each input on its own vertex
-                for k, v in enumerate(vids):
-                    if (src_vids := out_vids[in_src[start + k]]) is not None:
-                        fanin[v] = (src_vids[in_port[start + k]],)
-                continue
-            producers = [(v, src_vids[in_port[start + k]]) for k, v in enumerate(vids)
-                         if (src_vids := out_vids[in_src[start + k]]) is not None]
-            _store_grouped(fanin, producers)
-        out_start, out_port, out_dst, out_ordinal = edges.out_start, edges.out_port, edges.out_dst, edges.out_ordinal
-        for src, vids in enumerate(out_vids):
-            a, b = out_start[src], out_start[src + 1]
-            if vids is None or a == b:
-                continue
-            if b - a == 1:  # most nodes: one consumer
-                if (dst_vids := in_vids[out_dst[a]]) is not None:
-                    fanout[vids[out_port[a]]] = (dst_vids[out_ordinal[a]],)
-                continue
-            if out_port[a] == out_port[b - 1]:  # one output is read (edges are sorted by port)
-                fanout[vids[out_port[a]]] = tuple([dst_vids[k] for dst, k in zip(out_dst[a:b], out_ordinal[a:b])
-                                                   if (dst_vids := in_vids[dst]) is not None])
-                continue
-            out_edges = sorted(zip(out_dst[a:b], out_ordinal[a:b], out_port[a:b]))  # in consumer and input order
-            readers = [(vids[port], dst_vids[k]) for dst, k, port in out_edges
-                       if (dst_vids := in_vids[dst]) is not None]
-            _store_grouped(fanout, readers)
 
     def add_edge(self, u: int, v: int) -> None:
         """Joins vertex ``u`` to ``v`` (paint may flow both ways; ``u`` is the producer)."""
@@ -638,6 +587,57 @@ def _read_body_inputs(body: Body, indices: Iterable[int], nodes: list, in_attrs:
         if expected is not None and len(expected) != count:
             raise GraphError(f"{body.where(node)}: expected {len(expected)} data inputs, got {count}")
         in_start.append(len(in_src))
+
+
+def _build_fans(vertex_count: int, in_vids: list, out_vids: list, node_vertices: list,
+                edges: DataEdges) -> tuple[list[Sequence[int]], list[Sequence[int]]]:
+    """Fan-in and fan-out: each producer port's vertex joined to the vertex of each input it feeds.
+
+    Each vertex's neighbours are gathered in one go, from its node's
+    inputs (fan-in) or its node's outgoing edges (fan-out), and stored as
+    one tuple, in the order of the edges: by consumer node, then input.
+    """
+    fanin: list[Sequence[int]] = [()] * vertex_count
+    fanout: list[Sequence[int]] = [()] * vertex_count
+    in_start, in_src, in_port = edges.in_start, edges.in_src, edges.in_port
+    for dst, vids in enumerate(in_vids):
+        if not vids:
+            continue
+        start = in_start[dst]
+        if len(vids) == 1:  # most nodes: one input
+            if (src_vids := out_vids[in_src[start]]) is not None:
+                fanin[vids[0]] = (src_vids[in_port[start]],)
+            continue
+        if len(node_vertices[dst]) == 1:  # all inputs on the node's one vertex
+            fanin[vids[0]] = tuple([src_vids[in_port[e]] for e in range(start, start + len(vids))
+                                    if (src_vids := out_vids[in_src[e]]) is not None])
+            continue
+        if len(vids) == len(set(vids)):  # each input on its own vertex
+            for k, v in enumerate(vids):
+                if (src_vids := out_vids[in_src[start + k]]) is not None:
+                    fanin[v] = (src_vids[in_port[start + k]],)
+            continue
+        producers = [(v, src_vids[in_port[start + k]]) for k, v in enumerate(vids)
+                     if (src_vids := out_vids[in_src[start + k]]) is not None]
+        _store_grouped(fanin, producers)
+    out_start, out_port, out_dst, out_ordinal = edges.out_start, edges.out_port, edges.out_dst, edges.out_ordinal
+    for src, vids in enumerate(out_vids):
+        a, b = out_start[src], out_start[src + 1]
+        if vids is None or a == b:
+            continue
+        if b - a == 1:  # most nodes: one consumer
+            if (dst_vids := in_vids[out_dst[a]]) is not None:
+                fanout[vids[out_port[a]]] = (dst_vids[out_ordinal[a]],)
+            continue
+        if out_port[a] == out_port[b - 1]:  # one output is read (edges are sorted by port)
+            fanout[vids[out_port[a]]] = tuple([dst_vids[k] for dst, k in zip(out_dst[a:b], out_ordinal[a:b])
+                                               if (dst_vids := in_vids[dst]) is not None])
+            continue
+        out_edges = sorted(zip(out_dst[a:b], out_ordinal[a:b], out_port[a:b]))  # in consumer and input order
+        readers = [(vids[port], dst_vids[k]) for dst, k, port in out_edges
+                   if (dst_vids := in_vids[dst]) is not None]
+        _store_grouped(fanout, readers)
+    return fanin, fanout
 
 
 def _store_grouped(adjacency: list, pairs: list[tuple[int, int]]) -> None:
