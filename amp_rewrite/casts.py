@@ -92,7 +92,7 @@ def retype_allow_vertices(graph: TypedGraph, painting: Painting, was_float32: li
     for vid in sorted(painting.allow):
         if was_float32[vid]:
             graph.set_dtype(vid, target)
-            changed.add(graph.vertices[vid].node)
+            changed.add(graph.vertex_node[vid])
     return changed
 
 

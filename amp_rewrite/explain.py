@@ -80,8 +80,8 @@ def _name_half_neighbours(graph, painting, qualified: dict[int, str], outcomes: 
         float32 = [v for v in graph.node_vertices[i] if graph.dtype(v) == DT_FLOAT]
         half_inputs = _names(graph, qualified, (u for v in float32 for u in graph.fanin[v]), target, i)
         half_consumers = _names(graph, qualified, (w for v in float32 for w in graph.fanout[v]), target, i)
-        deny_inputs = sorted({qualified[graph.vertices[u].node] for v in float32 for u in graph.fanin[v]
-                              if u in painting.deny and graph.vertices[u].node in qualified})
+        deny_inputs = sorted({qualified[graph.vertex_node[u]] for v in float32 for u in graph.fanin[v]
+                              if u in painting.deny and graph.vertex_node[u] in qualified})
         if entry["colour"] == _INFER and half_consumers and not half_inputs:
             entry.update(rule="infer op fed by no half op", cause=half_consumers[0])
         elif entry["colour"] == _INFER and half_inputs and deny_inputs:
@@ -99,7 +99,7 @@ def _name_half_neighbours(graph, painting, qualified: dict[int, str], outcomes: 
 
 def _names(graph, qualified: dict[int, str], vertices, target: int, node: int) -> list[str]:
     """The reported names of the nodes owning the half vertices among ``vertices``."""
-    owners = {graph.vertices[v].node for v in vertices if graph.dtype(v) == target}
+    owners = {graph.vertex_node[v] for v in vertices if graph.dtype(v) == target}
     return sorted(qualified[j] for j in owners if j in qualified and j != node)
 
 
@@ -176,7 +176,7 @@ def _cause_name(graph, qualified: dict[int, str], cause, node: int) -> str | Non
     stands for the call that passes it."""
     if cause is None:
         return None
-    source = graph.vertices[cause].node
+    source = graph.vertex_node[cause]
     if source in graph.virtual:
         source = graph.bodies[graph.body_of[source]].call
     if source == node:
@@ -207,7 +207,7 @@ def explain_chain(outcomes: dict[str, dict], node: str | None, origins: dict | N
 def _precision(graph, i: int, dtype_of=None) -> str:
     """The node's dtype after the rewrite: its half type if any type attr holds one, else float32."""
     dtype_of = dtype_of or graph.dtype
-    dtypes = {dtype_of(v) for v in graph.node_vertices[i] if graph.vertices[v].attr.name}
+    dtypes = {dtype_of(v) for v in graph.node_vertices[i] if graph.vertex_attr[v].name}
     halves = sorted(DTYPE_NAMES[d] for d in dtypes if d in (DT_HALF, DT_BFLOAT16))
     if halves:
         return halves[0]

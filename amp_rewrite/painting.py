@@ -143,7 +143,7 @@ class PaintContext:
         self.device_type = device_type
         self.preserved = preserved
         self.force_all = force_all
-        self._supports: list[bool | None] = [None] * len(graph.vertices)
+        self._supports: list[bool | None] = [None] * len(graph.vertex_node)
         self.boundary = set(graph.virtual).union(*(b.children for b in graph.bodies))
         colour_of = lists.colour_of
         colours: dict[str, Any] = {}  # by op: most of a graph's nodes share a few ops
@@ -157,7 +157,7 @@ class PaintContext:
         self.skip_reason: list[str | None] = self._skip_reasons()
         # The rules never retype, so the dtypes read once hold while painting.
         self.dtypes = graph.dtypes()
-        self.vertex_list = [self.node_list[vertex.node] for vertex in graph.vertices]
+        self.vertex_list = [self.node_list[node] for node in graph.vertex_node]
         self._kernel_checks: dict[tuple, bool] = {}
 
     def _skip_reasons(self) -> list[str | None]:
@@ -213,7 +213,7 @@ class PaintContext:
 
     def processable(self, vid: int) -> bool:
         """Whether the vertex's node may be changed at all (not preserved, on our device type)."""
-        return self.skip_reason[self.graph.vertices[vid].node] is None
+        return self.skip_reason[self.graph.vertex_node[vid]] is None
 
     def is_float32(self, vid: int) -> bool:
         return self.dtypes[vid] == DT_FLOAT
@@ -231,7 +231,7 @@ class PaintContext:
 
     def _check_support(self, vid: int) -> bool:
         graph = self.graph
-        node_idx, attr = graph.vertices[vid]
+        node_idx, attr = graph.vertex_node[vid], graph.vertex_attr[vid]
         if not attr.name:
             return False
         allowed = graph.allowed_types(vid)
@@ -254,7 +254,7 @@ class PaintContext:
         device_type = device_type_of(node.device) or self.device_type
         attrs: dict[str, Any] = {}
         for other in graph.node_vertices[node_idx]:
-            other_attr = graph.vertices[other].attr
+            other_attr = graph.vertex_attr[other]
             dtype = self.target_dtype if other == vid else self.dtypes[other]
             if other_attr.index < 0:
                 attrs[other_attr.name] = dtype
@@ -266,14 +266,14 @@ class PaintContext:
 
     def can_convert(self, vid: int) -> bool:
         """Processable, float32 now, and the target type is supported."""
-        if self.dtypes[vid] != DT_FLOAT or self.skip_reason[self.graph.vertices[vid].node] is not None:
+        if self.dtypes[vid] != DT_FLOAT or self.skip_reason[self.graph.vertex_node[vid]] is not None:
             return False
         cached = self._supports[vid]
         return cached if cached is not None else self.supports_target(vid)
 
     def can_force(self, vid: int) -> bool:
         """Whether UNSAFE_FORCE_ALL may convert this vertex."""
-        node_idx = self.graph.vertices[vid].node
+        node_idx = self.graph.vertex_node[vid]
         op_def = self.graph.op_defs[node_idx]
         node = self.graph.nodes[node_idx]
         if node.op in _NEVER_FORCED or op_def.is_stateful:
@@ -338,15 +338,15 @@ def find_tensor_list_clusters(ctx: PaintContext) -> tuple[list[TensorListCluster
         escapes: list[int] = []
 
         def follows(v: int) -> bool:
-            i = graph.vertices[v].node
+            i = graph.vertex_node[v]
             if graph.dtype(v) == DT_VARIANT or _carries_handles(ctx, i):
                 return True
             escapes.append(v)  # noqa: B023 -- called by graph.reach within this iteration only
             return False
 
         reached = graph.reach(handles, forward=True, backward=True, enter=follows)
-        members = sorted({graph.vertices[v].node for v in reached} & element.keys())
-        opaque = escapes or any(ctx.opaque_handle(graph.vertices[v].node) for v in reached)
+        members = sorted({graph.vertex_node[v] for v in reached} & element.keys())
+        opaque = escapes or any(ctx.opaque_handle(graph.vertex_node[v]) for v in reached)
         unprocessable = any(ctx.skip_reason[m] is not None for m in members)
         clustered.update(members)
         clusters.append(TensorListCluster(tuple(element[m] for m in members), escapes=bool(opaque or unprocessable)))
@@ -383,14 +383,14 @@ def _element_vertex(ctx: PaintContext, node_idx: int) -> int | None:
     if "TensorList" not in op:
         return None
     for v in graph.node_vertices[node_idx]:
-        attr = graph.vertices[v].attr
+        attr = graph.vertex_attr[v]
         if attr.name and attr.index < 0 and graph.dtype(v) == DT_FLOAT:
             return v
     return None
 
 
 def _handle_vertices(graph: TypedGraph, node_idx: int) -> list[int]:
-    return [v for v in graph.node_vertices[node_idx] if graph.vertices[v].attr.fixed in (DT_VARIANT, DT_RESOURCE)]
+    return [v for v in graph.node_vertices[node_idx] if graph.vertex_attr[v].fixed in (DT_VARIANT, DT_RESOURCE)]
 
 
 def _carries_handles(ctx: PaintContext, node_idx: int) -> bool:
@@ -406,7 +406,7 @@ def _writer_reader_edges(ctx: PaintContext, members: list[int], element: dict[in
             continue
         handles = _handle_vertices(graph, reader)
         for v in graph.reach(handles, forward=False, backward=True, enter=ctx.processable):
-            writer = graph.vertices[v].node
+            writer = graph.vertex_node[v]
             if graph.nodes[writer].op in _STRUCTURE_WRITERS and writer in element:
                 src, dst = element[writer], element[reader]
                 if dst not in graph.fanout[src]:
@@ -436,7 +436,7 @@ def paint_allow_ops(ctx: PaintContext, painting: Painting) -> None:
     stateful ops, ops with ref inputs or outputs, and Consts.
     """
     listed = ctx.vertex_list
-    for vid in range(len(ctx.graph.vertices)):
+    for vid in range(len(ctx.graph.vertex_node)):
         if vid in painting.deny:
             continue
         if listed[vid] == _ALLOW:
@@ -461,7 +461,7 @@ def paint_deny_forward(ctx: PaintContext, painting: Painting) -> None:
     upstream = set(graph.reach(deny_or_infer, forward=False, backward=True,
                                enter=lambda v: listed[v] == _CLEAR))
     if ctx.released:
-        upstream = {v for v in upstream if graph.vertices[v].node not in ctx.released}
+        upstream = {v for v in upstream if graph.vertex_node[v] not in ctx.released}
     deny_roots = [v for v in deny_or_infer if listed[v] == _DENY]
     for v in deny_roots:
         painting.mark_deny(v, "deny-list op")
@@ -526,7 +526,7 @@ def paint_infer_after_allow(ctx: PaintContext, painting: Painting) -> None:
                 or not ctx.can_convert(v)):
             return None
         fed_by = None
-        released = graph.vertices[v].node in ctx.released
+        released = graph.vertex_node[v] in ctx.released
         for u in graph.fanin[v]:
             if u in painting.deny and not released:
                 return None
@@ -557,7 +557,7 @@ def paint_clear_around_allow(ctx: PaintContext, painting: Painting) -> None:
     def passable(v: int) -> bool:
         return (v not in painting.allow and v not in painting.deny
                 and ctx.on_list(v, _CLEAR) and ctx.can_convert(v)
-                and graph.vertices[v].node not in refs)
+                and graph.vertex_node[v] not in refs)
 
     roots = sorted(v for v in painting.allow if ctx.processable(v))
     parents: dict[int, int] = {}

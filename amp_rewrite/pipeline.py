@@ -85,7 +85,7 @@ def paint(ctx: PaintContext) -> Painting:
         ctx.graph.add_edge(writer, reader)
     logger.debug("find_tensor_list_clusters: %d clusters, %d writer → reader edges added to the view",
                  len(clusters), len(edges))
-    painting = Painting(len(ctx.graph.vertices), tensor_list_clusters=clusters)
+    painting = Painting(len(ctx.graph.vertex_node), tensor_list_clusters=clusters)
     _run_rules(rules.ROOT_RULES, ctx, painting)
     if not painting.allow:
         logger.debug("no allow-list op can run in half; nothing to do")

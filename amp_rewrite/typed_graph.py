@@ -58,13 +58,6 @@ class TypeAttr(NamedTuple):
         return self.name if self.index < 0 else f"{self.name}[{self.index}]"
 
 
-class Vertex(NamedTuple):
-    """One vertex of the typed view: a type attribute of a node."""
-
-    node: int
-    attr: TypeAttr
-
-
 class TypedGraph:
     """The typed view of ``graph_def`` and of every function instance it reaches.
 
@@ -85,7 +78,7 @@ class TypedGraph:
         out_args: per node, the first output port of each named output arg (how function bodies name outputs).
         edges: every data edge (:class:`DataEdges`).
         control_consumers: per node, whether some node has a control edge from it.
-        vertices: (node, TypeAttr) per vertex id.
+        vertex_node, vertex_attr: per vertex id, its node and its TypeAttr (two lists, no object per vertex).
         node_vertices: per node, the vertex ids of its type attrs (consecutive).
         fanin, fanout: per vertex, the vertex ids it is joined to (tuples once the view is built).
         groups: boundary groups: vertex ids that must hold one dtype.
@@ -114,7 +107,7 @@ class TypedGraph:
             self.bodies, self.nodes, self.in_attrs, self.out_attrs, self.out_args)
         _check_acyclic(self.nodes, self.ops, self.edges, self.bodies, self.body_of)
         self._build_vertices()
-        self.fanin, self.fanout = _build_fans(len(self.vertices), self.in_vids, self.out_vids, self.node_vertices,
+        self.fanin, self.fanout = _build_fans(len(self.vertex_node), self.in_vids, self.out_vids, self.node_vertices,
                                               self.edges)
         self._grown: set[int] | None = set()  # vertices whose neighbours are a list again (add_edge)
         self.groups, self.loop_groups = link_calls(self)
@@ -130,15 +123,15 @@ class TypedGraph:
         Nodes of one op whose ports expand the same way share a layout
         (their attrs, and each port's position among them), computed once.
         """
-        self.vertices: list[Vertex] = []
+        self.vertex_node: list[int] = []
+        self.vertex_attr: list[TypeAttr] = []
         self.node_vertices: list[tuple[int, ...]] = []
         self.in_vids: list[Sequence[int] | None] = []
         self.out_vids: list[Sequence[int] | None] = []
         layouts: dict[str, tuple] = {}
-        vertices = self.vertices
+        vertex_node, vertex_attr = self.vertex_node, self.vertex_attr
         node_vertices, in_vids, out_vids = self.node_vertices, self.in_vids, self.out_vids
         in_attrs, out_attrs = self.in_attrs, self.out_attrs
-        new_vertex = tuple.__new__
         # A node's vertex ids are one tuple, which its port lists are too when
         # their ports are its attrs in order (most ops: one attr, one output).
         # Node indices as the int objects the bodies' indexes hold, not one more per vertex.
@@ -159,9 +152,9 @@ class TypedGraph:
                 if not self.op_facts(i).lists:
                     layouts[op] = layout
             attrs, in_pos, out_pos, same_in, same_out = layout[2:]
-            base = len(vertices)
-            for attr in attrs:
-                vertices.append(new_vertex(Vertex, (i, attr)))  # Vertex(i, attr), without its Python __new__
+            base = len(vertex_node)
+            vertex_node.extend([i] * len(attrs))
+            vertex_attr.extend(attrs)
             vids = tuple(range(base, base + len(attrs)))  # the one int object of each vertex id
             node_vertices.append(vids)
             in_vids.append(vids if same_in else tuple([vids[k] for k in in_pos]))
@@ -228,13 +221,13 @@ class TypedGraph:
     def vertex_of(self, node: int, attr: TypeAttr | str) -> int | None:
         if isinstance(attr, str):
             attr = TypeAttr(attr)
-        return next((v for v in self.node_vertices[node] if self.vertices[v].attr == attr), None)
+        return next((v for v in self.node_vertices[node] if self.vertex_attr[v] == attr), None)
 
     def op(self, vid: int) -> str:
-        return self.ops[self.vertices[vid].node]
+        return self.ops[self.vertex_node[vid]]
 
     def node_of(self, vid: int):
-        return self.nodes[self.vertices[vid].node]
+        return self.nodes[self.vertex_node[vid]]
 
     def tensor_ref(self, node: int, port: int) -> str:
         """How the node's body names output ``port`` of ``node`` as an input string."""
@@ -250,7 +243,7 @@ class TypedGraph:
 
     def dtype(self, vid: int) -> int:
         """The DataType the vertex currently holds (the OpDef default if the attr is unset)."""
-        node_idx, attr = self.vertices[vid]
+        node_idx, attr = self.vertex_node[vid], self.vertex_attr[vid]
         name = attr.name
         if not name:
             return attr.fixed
@@ -265,7 +258,7 @@ class TypedGraph:
         result: list[int] = []
         append = result.append
         nodes = self.nodes
-        for node_idx, attr in self.vertices:
+        for node_idx, attr in zip(self.vertex_node, self.vertex_attr):
             name = attr.name
             if not name:
                 append(attr.fixed)
@@ -280,7 +273,7 @@ class TypedGraph:
 
     def set_dtype(self, vid: int, dtype: int) -> None:
         """Retypes the vertex's attr on its NodeDef."""
-        node_idx, attr = self.vertices[vid]
+        node_idx, attr = self.vertex_node[vid], self.vertex_attr[vid]
         if not attr.name:
             raise GraphError(f"cannot retype fixed type {attr} of node {self.nodes[node_idx].name}")
         value = self.nodes[node_idx].attr[attr.name]
@@ -291,7 +284,7 @@ class TypedGraph:
 
     def allowed_types(self, vid: int) -> frozenset[int] | None:
         """The dtypes the OpDef admits for the vertex; None means any."""
-        node_idx, attr = self.vertices[vid]
+        node_idx, attr = self.vertex_node[vid], self.vertex_attr[vid]
         if not attr.name:
             return frozenset((attr.fixed,))
         return self.op_facts(node_idx).allowed.get(attr.name)
@@ -307,7 +300,7 @@ class TypedGraph:
         return facts
 
     def describe(self, vid: int) -> str:
-        node_idx, attr = self.vertices[vid]
+        node_idx, attr = self.vertex_node[vid], self.vertex_attr[vid]
         node = self.nodes[node_idx]
         return f"{node.op} node {node.name} type {attr}"
 

@@ -10,7 +10,7 @@ from helpers import tf1
 from amp_rewrite import graph_facts
 from amp_rewrite.errors import first_line
 from amp_rewrite.op_lists import COLOURS, Colour
-from amp_rewrite.typed_graph import TypedGraph, Vertex
+from amp_rewrite.typed_graph import TypedGraph
 
 
 def test_dtype_numbers_and_half_maxima_are_tensorflows():
@@ -87,9 +87,7 @@ def test_vertices_name_their_node_and_attr():
     view = TypedGraph(g.as_graph_def())
     i = view.index["mm"]
     (vid,) = view.node_vertices[i]
-    vertex = view.vertices[vid]
-    assert isinstance(vertex, Vertex)
-    assert vertex.node == i and vertex.attr.name == "T"
+    assert view.vertex_node[vid] == i and view.vertex_attr[vid].name == "T"
 
 
 def test_colours_equal_and_print_as_their_names():

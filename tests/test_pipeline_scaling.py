@@ -139,7 +139,7 @@ def python_bytes_per_node(graph_def, fetches) -> float:
 
 # The view holds several containers per node and vertex; a list where a tuple
 # does, a second int object per vertex id, or a pair per decision shows here.
-# At the time of writing: dense 1.0 kB, functions 1.7 kB per node (a quadratic
+# At the time of writing: dense 0.95 kB, functions 1.6 kB per node (a quadratic
 # structure would make the larger graph's figure about 4 times the smaller's).
 @pytest.mark.parametrize("make, n, bound", [(dense_towers, 50, 1150), (called_towers, 200, 1850)],
                          ids=["dense", "functions"])

@@ -17,7 +17,7 @@ def build(fn):
 
 def attrs_of(view, name):
     i = view.index[name]
-    return [view.vertices[v][1] for v in view.node_vertices[i]]
+    return [view.vertex_attr[v] for v in view.node_vertices[i]]
 
 
 def test_vertices_per_type_attr_list_entry_and_fixed_type():
@@ -111,8 +111,8 @@ def test_output_count_reads_the_op_def_without_the_view():
 
 def edge_by_edge(view):
     """Fan-in and fan-out appended one data edge at a time, consumers in node order, inputs in order."""
-    fanin = [[] for _ in view.vertices]
-    fanout = [[] for _ in view.vertices]
+    fanin = [[] for _ in view.vertex_node]
+    fanout = [[] for _ in view.vertex_node]
     for dst in range(len(view.nodes)):
         for k, (src, port) in enumerate(view.inputs(dst)):
             u, v = view.output_vertex(src, port), view.input_vertex(dst, k)
@@ -124,7 +124,7 @@ def edge_by_edge(view):
 
 def assert_edges_in_edge_order(view):
     fanin, fanout = edge_by_edge(view)
-    for v in range(len(view.vertices)):
+    for v in range(len(view.vertex_node)):
         # Calls add edges to their instances after these: the data edges come first.
         assert list(view.fanin[v][:len(fanin[v])]) == fanin[v], view.describe(v)
         assert list(view.fanout[v][:len(fanout[v])]) == fanout[v], view.describe(v)
