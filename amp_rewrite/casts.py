@@ -140,9 +140,10 @@ def fold_half_consts(ctx: PaintContext, painting: Painting) -> tuple[set[int], d
     folded: set[int] = set()
     out_of_range: dict[int, dict[str, float]] = {}
     converter = tensors.HalfConverter(ctx.target_dtype)
-    for i, node in enumerate(graph.nodes):
-        if node.op != "Const" or ctx.skip_reason[i] is not None:
+    for i, op in enumerate(graph.ops):
+        if op != "Const" or ctx.skip_reason[i] is not None:
             continue
+        node = graph.nodes[i]
         if node.attr["dtype"].type != DT_FLOAT:
             continue
         consumers = graph.consumers(i)
@@ -227,7 +228,7 @@ def _reads_past_widening_cast(ctx: PaintContext, src: int, needing: list[tuple[i
     """
     graph = ctx.graph
     node = graph.nodes[src]
-    if (node.op != "Cast" or node.attr["SrcT"].type != ctx.target_dtype
+    if (graph.ops[src] != "Cast" or node.attr["SrcT"].type != ctx.target_dtype
             or node.attr["DstT"].type != DT_FLOAT or not graph.inputs(src)):
         return False
     upstream = graph.tensor_ref(*graph.inputs(src)[0])
@@ -254,7 +255,7 @@ def bypass_widening_casts(ctx: PaintContext, widening: dict[tuple[int, str], tup
         bypassed = 0
         for dst, k in consumers:
             node = graph.nodes[dst]
-            if node.op == "Cast" and k == 0 and not ctx.is_preserved(dst):
+            if graph.ops[dst] == "Cast" and k == 0 and not ctx.is_preserved(dst):
                 node.input[0] = cast.tensor
                 node.attr["SrcT"].type = cast.src_type
                 bypassed += 1

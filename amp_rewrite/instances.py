@@ -104,7 +104,8 @@ class Instances:
         library: function name → FunctionDef, as the GraphDef's library holds them.
         nodes: every node, by global index.
         names: every node's name, by global index (the str objects the bodies' indexes hold).
-        ops: every node's op, by global index (interned: one str object per op name).
+        ops: every node's op when the view is built, by global index (interned: one str object per op
+            name); finalizing functions later renames calls in the NodeDefs, not here.
         body_of: per node, the index of its body in ``bodies``.
         bodies: the main graph (index 0) and the function instances.
         virtual: the global indices of the virtual ``_Arg`` / ``_Retval`` nodes.

@@ -202,7 +202,7 @@ class PaintContext:
     def opaque_handle(self, i: int) -> bool:
         """Whether a value reaching node ``i`` may be used somewhere the view does not show."""
         graph = self.graph
-        op = graph.nodes[i].op
+        op = graph.ops[i]
         if self.is_preserved(i):
             return True  # fetched: the caller may read the list
         if op in ("_Arg", "_Retval"):
@@ -275,8 +275,7 @@ class PaintContext:
         """Whether UNSAFE_FORCE_ALL may convert this vertex."""
         node_idx = self.graph.vertex_node[vid]
         op_def = self.graph.op_defs[node_idx]
-        node = self.graph.nodes[node_idx]
-        if node.op in _NEVER_FORCED or op_def.is_stateful:
+        if self.graph.ops[node_idx] in _NEVER_FORCED or op_def.is_stateful:
             return False
         return not any(arg.is_ref for arg in list(op_def.input_arg) + list(op_def.output_arg))
 
@@ -376,7 +375,7 @@ _HANDLE_CARRIERS = frozenset({
 def _element_vertex(ctx: PaintContext, node_idx: int) -> int | None:
     """The float32 element-type vertex of a data-structure op, or None."""
     graph = ctx.graph
-    op = graph.nodes[node_idx].op
+    op = graph.ops[node_idx]
     if op in _ELEMENT_ATTR:
         v = graph.vertex_of(node_idx, _ELEMENT_ATTR[op])
         return v if v is not None and graph.dtype(v) == DT_FLOAT else None
@@ -394,7 +393,7 @@ def _handle_vertices(graph: TypedGraph, node_idx: int) -> list[int]:
 
 
 def _carries_handles(ctx: PaintContext, node_idx: int) -> bool:
-    op = ctx.graph.nodes[node_idx].op
+    op = ctx.graph.ops[node_idx]
     return op in _ELEMENT_ATTR or op in _HANDLE_CARRIERS or node_idx in ctx.boundary
 
 
@@ -402,12 +401,12 @@ def _writer_reader_edges(ctx: PaintContext, members: list[int], element: dict[in
     """The (writer, reader) element-vertex pairs of a cluster that the view does not join yet."""
     graph = ctx.graph
     for reader in members:
-        if graph.nodes[reader].op not in _STRUCTURE_READERS:
+        if graph.ops[reader] not in _STRUCTURE_READERS:
             continue
         handles = _handle_vertices(graph, reader)
         for v in graph.reach(handles, forward=False, backward=True, enter=ctx.processable):
             writer = graph.vertex_node[v]
-            if graph.nodes[writer].op in _STRUCTURE_WRITERS and writer in element:
+            if graph.ops[writer] in _STRUCTURE_WRITERS and writer in element:
                 src, dst = element[writer], element[reader]
                 if dst not in graph.fanout[src]:
                     yield src, dst

@@ -310,13 +310,13 @@ class TypedGraph:
         With Enter/Exit this is every node inside a v1 while frame; with
         Switch/Merge, every node on a cond branch.
         """
-        found = {i for i in self.bodies[0].index.values() if self.nodes[i].op in start_ops}
+        found = {i for i in self.bodies[0].index.values() if self.ops[i] in start_ops}
         stack = list(found)
         while stack:
             i = stack.pop()
             known = self.out_attrs[i] is not None  # an unknown op: its first output only
             for port, dst, _ in self.edges.out_edges(i):
-                if (known or not port) and dst not in found and self.nodes[dst].op not in stop_ops:
+                if (known or not port) and dst not in found and self.ops[dst] not in stop_ops:
                     found.add(dst)
                     stack.append(dst)
         return found
