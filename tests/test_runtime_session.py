@@ -10,6 +10,7 @@ from helpers import mlp_session_graph as mlp_graph
 from helpers import rng, tf1
 
 import amp_rewrite
+from amp_rewrite.op_lists import load_lists
 from amp_rewrite.runtime import session as session_module
 from amp_rewrite.runtime.session import CAST_BACK_SUFFIX, RUNNER_ATTR, RuntimeRewriteError
 from amp_rewrite.runtime.settings import RuntimeSettings
@@ -131,7 +132,7 @@ def test_rewritten_graph_that_fails_to_run_falls_back(amp_runtime, monkeypatch, 
         out.CopyFrom(graph_def)
         for node in out.node:
             node.device = "/device:GPU:7"
-        return SimpleNamespace(graph_def=out, summary=lambda: "pinned to a missing GPU")
+        return SimpleNamespace(graph_def=out, lists=load_lists("float16"), summary=lambda: "pinned to a missing GPU")
 
     want = float32_values("y:0")
     monkeypatch.setattr(session_module, "rewrite", unplaceable)

@@ -91,8 +91,6 @@ class ShadowGraph:
             The rewrite's result, and a phrase saying why its target was chosen.
             The old session is closed.
         """
-        from amp_rewrite.op_lists import load_lists
-
         version = self.script_graph.version  # before the snapshot: later ops trigger an extension
         graph_def = self.script_graph.as_graph_def(add_shapes=True)
         config = Config.from_env(preserve=tuple(sorted(fed)),
@@ -109,8 +107,7 @@ class ShadowGraph:
         if old_session is not None:
             old_session.close()
         self.result = result
-        self.allow = load_lists(config.target, lists_dir=config.lists_dir,
-                                edits=config.list_edits, level=config.level).allow
+        self.allow = result.lists.allow  # the lists the rewrite used
         self.rewrites += 1
         return result, _target_reason(config.target)
 
