@@ -20,6 +20,7 @@ import logging
 import math
 from typing import Any
 
+from amp_rewrite import tf_internals
 from amp_rewrite.graph_facts import DT_BFLOAT16, DT_HALF, called_functions
 
 logger = logging.getLogger(__name__)
@@ -120,51 +121,17 @@ def half_flop_share(graph_def) -> float | None:
 
 def _imported_flop_ops(graph_def) -> list:
     """The graph's MatMul/Conv ops, imported with shapes; only they and their producers become Python ops."""
-    import tensorflow as tf
-    from tensorflow.python.client import pywrap_tf_session as c_api
-    from tensorflow.python.framework import c_api_util
-
     wanted = [node.name for node in graph_def.node if node.op in FLOP_OPS]
-    graph = tf.Graph()
-    if not wanted:
-        return []
-    scoped = c_api_util.ScopedTFImportGraphDefOptions()
-    c_api.TF_ImportGraphDefOptionsSetPrefix(scoped.options, "")
-    for name in wanted:
-        c_api.TF_ImportGraphDefOptionsAddReturnOperation(scoped.options, name)
-    buffer = c_api.TF_NewBufferFromString(graph_def.SerializeToString())
-    try:
-        with graph._c_graph.get() as c_graph:  # noqa: SLF001 - the importer's own path, minus the Python view
-            results = c_api_util.ScopedTFImportGraphDefResults(
-                c_api.TF_GraphImportGraphDefWithResults(c_graph, buffer, scoped.options))
-    finally:
-        c_api.TF_DeleteBuffer(buffer)
-    wrapped: dict[str, object] = {}
-
-    def python_op(c_op):
-        name = c_api.TF_OperationName(c_op)
-        op = wrapped.get(name)
-        if op is None:
-            op = wrapped[name] = graph._create_op_from_tf_operation(c_op)  # noqa: SLF001
-        return op
-
-    ops = []
-    for c_op in c_api.TF_ImportGraphDefResultsReturnOperations(results.results):
-        for source in c_api.GetOperationInputs(c_op):
-            python_op(source.oper)
-        ops.append(python_op(c_op))
-    return ops
+    return tf_internals.import_selected_ops(graph_def, wanted) if wanted else []
 
 
 def _function_ops(graph_def) -> list:
-    from tensorflow.python.framework.function_def_to_graph import function_def_to_graph
-
     ops = []
     for fdef in graph_def.library.function:
         if not any(node.op in FLOP_OPS for node in fdef.node_def):
             continue
         try:
-            ops.extend(function_def_to_graph(fdef).get_operations())
+            ops.extend(tf_internals.function_def_to_graph(fdef).get_operations())
         except Exception as exc:  # noqa: BLE001 - a function we cannot build counts as unknown
             logger.debug("FLOPs of function %s unknown: %s", fdef.signature.name, exc)
     return ops

@@ -189,9 +189,9 @@ def _main_dtype(node) -> str:
 
 def _dtype_name(enum: int) -> str:
     try:
-        from tensorflow.python.framework import dtypes
+        import tensorflow as tf
 
-        return dtypes.as_dtype(enum).name
+        return tf.dtypes.as_dtype(enum).name
     except (ImportError, TypeError):
         return f"dtype{enum}"
 

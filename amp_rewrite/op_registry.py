@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import functools
 
+from amp_rewrite import tf_internals
 from amp_rewrite.errors import TensorFlowMissingError
 
 
 def _tf_modules():
     try:
         from tensorflow.core.framework import function_pb2, graph_pb2, op_def_pb2
-        from tensorflow.python.framework import kernels, op_def_registry
+
+        op_def_registry, kernels = tf_internals.op_registry_modules()
     except ImportError as exc:  # pragma: no cover - exercised only without TF
         raise TensorFlowMissingError(
             "TensorFlow is not installed: install amp-rewrite with the extra that fits the "
@@ -75,9 +77,9 @@ def default_device_type(*, runs_here: bool = False) -> str:
 def visible_gpus() -> list:
     """The GPUs TensorFlow can use in this process (``tf.config.list_physical_devices``)."""
     _tf_modules()  # names a missing TensorFlow
-    from tensorflow.python.framework import config
+    import tensorflow as tf
 
-    return config.list_physical_devices("GPU")
+    return tf.config.list_physical_devices("GPU")
 
 
 @functools.lru_cache(maxsize=1024)

@@ -12,6 +12,7 @@ import os
 import time
 from contextlib import contextmanager
 
+from amp_rewrite import tf_internals
 from amp_rewrite.graph_facts import node_name
 
 EMULATE_ENV = "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_EMULATE_FP16"
@@ -39,7 +40,6 @@ def grappler_rewrite(graph_def, fetches, *, optimizer: str = "auto_mixed_precisi
         optimizer: the Grappler optimizer name.
     """
     from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
-    from tensorflow.python.grappler import tf_optimizer
 
     meta = meta_graph_pb2.MetaGraphDef()
     meta.graph_def.CopyFrom(graph_def)
@@ -51,6 +51,6 @@ def grappler_rewrite(graph_def, fetches, *, optimizer: str = "auto_mixed_precisi
     rewrite_options.min_graph_nodes = -1
     with _env(EMULATE_ENV, "0"):
         start = time.perf_counter()
-        result = tf_optimizer.OptimizeGraph(config, meta)
+        result = tf_internals.optimize_graph(config, meta)
         seconds = time.perf_counter() - start
     return result, seconds

@@ -17,15 +17,11 @@ from amp_rewrite.errors import GraphError
 from amp_rewrite.graph_facts import DT_BFLOAT16, DT_FLOAT, DT_HALF, HALF_MAX
 
 
-def _tensor_util():
-    from tensorflow.python.framework import tensor_util
-
-    return tensor_util
-
-
 def const_value(tensor_proto) -> np.ndarray:
     """The numpy value of a TensorProto (a splat is expanded: use for small tensors only)."""
-    return _tensor_util().MakeNdarray(tensor_proto)
+    import tensorflow as tf
+
+    return tf.make_ndarray(tensor_proto)
 
 
 def _numel(tensor_proto) -> int:

@@ -160,6 +160,29 @@ def test_the_ledger_undoes_every_change_newest_first_even_past_a_failing_one():
     assert Owner.__dict__["greet"] is original
 
 
+def test_a_patch_called_from_a_tf_function_runs_as_written_not_converted_by_autograph():
+    import tensorflow as tf
+
+    from amp_rewrite.runtime.ledger import Ledger
+
+    class Owner:
+        def double(self, x):
+            return 2 * x
+
+    def replacement(original, owner, x):
+        # Python's ``if`` on a symbolic tensor: AutoGraph would turn it into a tf.cond.
+        return original(owner, x) if x > 0 else x
+
+    ledger = Ledger()
+    ledger.install("test", Owner, "double", replacement)
+    try:
+        with pytest.raises(TypeError, match="tf.Tensor"):
+            tf.function(lambda x: Owner().double(x))(tf.constant(3.0))
+        assert float(Owner().double(tf.constant(3.0))) == 6.0  # eager: a plain Python call
+    finally:
+        ledger.uninstall_all()
+
+
 def test_disable_puts_back_every_attribute_enable_patched():
     import keras  # noqa: F401  (Keras 3 is patched at once when it is already imported)
     from keras.src.optimizers import base_optimizer

@@ -15,7 +15,7 @@ from helpers import rng
 from tensorflow.python.eager.polymorphic_function import transform
 
 import amp_rewrite
-from amp_rewrite import runtime
+from amp_rewrite import runtime, tf_internals
 from amp_rewrite.errors import GraphError
 from amp_rewrite.runtime import concrete, tf_function
 from amp_rewrite.runtime.session import RuntimeRewriteError
@@ -285,10 +285,12 @@ def test_enable_is_idempotent_and_tf_data_functions_stay_float32(amp_runtime):
     assert len(tf_function.rewritten_functions()) == before
 
 
-def test_untested_tensorflow_keeps_functions_float32(amp_runtime, monkeypatch, caplog):
+def test_missing_tracing_internal_keeps_functions_float32(amp_runtime, monkeypatch, caplog):
     hook = tf_function._on_concrete_function  # pylint: disable=protected-access
     runtime.disable()
-    monkeypatch.setattr(tf_function, "TESTED_TENSORFLOW", ("1.0.",))
+    absent = "tensorflow.python.eager.polymorphic_function.transform:NO_SUCH_CALLBACKS"
+    monkeypatch.setattr(tf_internals, "TRACING", replace(tf_internals.TRACING,
+                                                         symbols=tf_internals.TRACING.symbols + (absent,)))
     monkeypatch.setattr(tf_function._HOOK, "wants_marked", False)  # pylint: disable=protected-access
     monkeypatch.setattr(transform, "CONCRETE_FUNCTION_CALLBACKS",
                         [c for c in transform.CONCRETE_FUNCTION_CALLBACKS if c is not hook])
@@ -300,4 +302,7 @@ def test_untested_tensorflow_keeps_functions_float32(amp_runtime, monkeypatch, c
         assert np.array_equal(amp_rewrite.function(net.__call__)(X).numpy(), want)
     assert hook not in transform.CONCRETE_FUNCTION_CALLBACKS
     assert len(caplog.records) == 2
-    assert f"tested with 1.0.x, not {tf.__version__}" in caplog.records[0].getMessage()
+    assert caplog.records[0].getMessage() == (
+        f"amp-rewrite: tf.function traces run in float32: TensorFlow {tf.__version__} lacks {absent}, "
+        "which tf.function tracing under amp-rewrite needs")
+    assert caplog.records[1].getMessage() == caplog.records[0].getMessage()

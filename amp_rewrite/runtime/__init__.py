@@ -31,6 +31,7 @@ import os
 import sys
 from dataclasses import replace
 
+from amp_rewrite import tf_internals
 from amp_rewrite.runtime.ledger import LEDGER
 from amp_rewrite.runtime.settings import LOSS_SCALE_ENV, LossScaleSettings, RuntimeSettings
 from amp_rewrite.runtime.target import TargetChoice, choose_target
@@ -124,10 +125,13 @@ def _apply_patches(_module=None) -> None:
             logger.info("amp-rewrite: scripts run in float32: %s", choice.reason)
             return
         settings = replace(_RUNTIME.settings, target=choice.target)
+        _note_untested_tensorflow()
         try:
-            for name, owner, attr, replacement in _patch_table(settings):
-                LEDGER.install(name, owner, attr, replacement)
-            _install_tf2_patches(settings)
+            if tf_internals.usable(_tf1_capabilities(settings), "TF1 sessions", is_strict=settings.is_strict):
+                for name, owner, attr, replacement in _patch_table(settings):
+                    LEDGER.install(name, owner, attr, replacement)
+            if tf_internals.usable(_tf2_capabilities(settings), "tf.function traces", is_strict=settings.is_strict):
+                _install_tf2_patches(settings)
         except Exception:
             disable()
             raise
@@ -148,14 +152,30 @@ def scales_loss(settings: RuntimeSettings) -> bool:
         settings.loss_scale != LossScaleSettings()
 
 
+def _tf1_capabilities(settings: RuntimeSettings) -> list[tf_internals.Capability]:
+    """What the TF1 patches need of TensorFlow's internals."""
+    return [tf_internals.SESSIONS] + ([tf_internals.TF1_LOSS_SCALING] if scales_loss(settings) else [])
+
+
+def _tf2_capabilities(settings: RuntimeSettings) -> list[tf_internals.Capability]:
+    """What TF2 needs beyond the tracing hook's own (which :func:`tf_function.install` checks)."""
+    return [tf_internals.TF2_LOSS_SCALING] if scales_loss(settings) else []
+
+
+def _note_untested_tensorflow() -> None:
+    import tensorflow as tf
+
+    sentence = tf_internals.untested_version(tf.__version__)
+    if sentence is not None:
+        logger.info("amp-rewrite: %s", sentence)
+
+
 def _patch_table(settings: RuntimeSettings):
-    from tensorflow.python.client import session as session_lib
-    from tensorflow.python.training import optimizer, saver
-    from tensorflow.python.training.experimental import loss_scale_optimizer
+    import tensorflow as tf
 
     from amp_rewrite.runtime import checkpoint, loss_scale, session
 
-    base = session_lib.BaseSession
+    base = tf_internals.base_session_class()
     scaling = settings.loss_scale
     table = [
         (SESSION, base, "__init__", session.patched_init),
@@ -169,12 +189,12 @@ def _patch_table(settings: RuntimeSettings):
     ]
     if scales_loss(settings):
         table += [
-            (TF1_LOSS_SCALING, optimizer.Optimizer, "compute_gradients",
+            (TF1_LOSS_SCALING, tf.compat.v1.train.Optimizer, "compute_gradients",
              _bound(loss_scale.scaled_compute_gradients, scaling)),
-            (TF1_LOSS_SCALING, optimizer.Optimizer, "apply_gradients",
+            (TF1_LOSS_SCALING, tf.compat.v1.train.Optimizer, "apply_gradients",
              _bound(loss_scale.guarded_apply_gradients, scaling)),
-            (TF1_LOSS_SCALING, saver.Saver, "restore", checkpoint.tolerant_restore),
-            (TF1_LOSS_SCALING, loss_scale_optimizer.MixedPrecisionLossScaleOptimizer, "__init__",
+            (TF1_LOSS_SCALING, tf.compat.v1.train.Saver, "restore", checkpoint.tolerant_restore),
+            (TF1_LOSS_SCALING, tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer, "__init__",
              _init_wrapper),
         ]
     return table

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 
+from amp_rewrite import tf_internals
 from amp_rewrite.runtime import loss_scale
 
 logger = logging.getLogger(__name__)
@@ -74,18 +75,18 @@ def _saver_without_state(saver, graph, state_variables):
     if fallback is not None:
         return fallback
     skip = {id(v) for v in state_variables}
-    var_list = saver._var_list
+    var_list, sharded, reshape = tf_internals.saver_settings(saver)
     if isinstance(var_list, dict):
         var_list = {k: v for k, v in var_list.items() if id(v) not in skip}
     else:
         var_list = [v for v in var_list if id(v) not in skip]
     was_finalized = graph.finalized
     if was_finalized:
-        graph._unsafe_unfinalize()  # MonitoredTrainingSession finalizes before restoring
+        tf_internals.unfinalize_graph(graph)  # MonitoredTrainingSession finalizes before restoring
     try:
         with graph.as_default():
-            fallback = tf.compat.v1.train.Saver(var_list=var_list, sharded=saver._sharded,
-                                                reshape=saver._reshape, allow_empty=True,
+            fallback = tf.compat.v1.train.Saver(var_list=var_list, sharded=sharded,
+                                                reshape=reshape, allow_empty=True,
                                                 name="amp_rewrite_restore")
     finally:
         if was_finalized:

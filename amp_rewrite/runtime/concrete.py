@@ -34,6 +34,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
+from amp_rewrite import tf_internals
 from amp_rewrite.config import Config
 from amp_rewrite.graph_facts import called_functions, function_input_source
 from amp_rewrite.pipeline import RewriteResult, rewrite
@@ -106,7 +107,7 @@ def rewrite_concrete(concrete_function, config: Config, *,
 
 def _library_functions(graph) -> dict:
     """Name → the function object (AtomicFunction) of everything the graph can call."""
-    return {_text(f.name): f for f in graph._functions.values()}  # pylint: disable=protected-access
+    return tf_internals.graph_functions(graph)
 
 
 def _entry_graph_def(entry, library):
@@ -207,24 +208,22 @@ class _Callees:
     def function(self, registered: str):
         """The function object to add to a graph calling ``registered``, or None if no function."""
         if registered in self.rebuilt:
-            return self.rebuilt[registered]._inference_function  # pylint: disable=protected-access
+            return tf_internals.inference_function(self.rebuilt[registered])
         return self.originals.get(registered)
 
     def gradient_function(self, registered: str):
         """A gradient function for call ops of ``registered``, built when first asked for."""
 
         def gradient(op, *output_gradients):
-            return self._concrete(registered)._get_gradient_function()(op, *output_gradients)  # pylint: disable=protected-access
+            return tf_internals.gradient_function(self._concrete(registered))(op, *output_gradients)
 
         return gradient
 
     def _concrete(self, registered: str):
-        from tensorflow.python.eager.polymorphic_function import concrete_function as cf_lib
-
         if registered in self.rebuilt:
             return self.rebuilt[registered]
         if registered not in self._wrapped:
-            self._wrapped[registered] = cf_lib.ConcreteFunction(self.originals[registered])
+            self._wrapped[registered] = tf_internals.concrete_function_of(self.originals[registered])
         return self._wrapped[registered]
 
 
@@ -238,29 +237,24 @@ class _Loader:
         self.renamed: dict[str, str] = {}  # rewritten name → registered name
 
     def load_nested(self, name: str) -> None:
-        from tensorflow.python.eager.polymorphic_function import concrete_function as cf_lib
-
         graph = self._func_graph(name)
-        loaded = cf_lib.ConcreteFunction.from_func_graph(
+        loaded = tf_internals.concrete_function_from_graph(
             graph, None, _function_attrs(self.library[name]), shared_func_graph=True)
         self.renamed[name] = _text(loaded.name)
         self.callees.rebuilt[self.renamed[name]] = loaded
 
     def load_entry(self, name: str, traced):
-        from tensorflow.python.eager.polymorphic_function import concrete_function as cf_lib
-
         graph = self._func_graph(name)
         _bind_like(graph, traced.graph)
         attrs = _function_attrs(self.library[name])
-        new = cf_lib.ConcreteFunction.from_func_graph(graph, traced.function_type, attrs,
-                                                      shared_func_graph=False)
-        new._arg_keywords = traced._arg_keywords  # pylint: disable=protected-access
-        new._num_positional_args = traced._num_positional_args  # pylint: disable=protected-access
+        new = tf_internals.concrete_function_from_graph(graph, traced.function_type, attrs,
+                                                        shared_func_graph=False)
+        tf_internals.copy_call_signature(traced, new)
         return new
 
     def _func_graph(self, name: str):
         """The FuncGraph of the rewritten ``name``, its callees registered and differentiable."""
-        from tensorflow.python.framework import function_def_to_graph, ops
+        import tensorflow as tf
 
         fdef = type(self.library[name])()
         fdef.CopyFrom(self.library[name])
@@ -268,16 +262,16 @@ class _Loader:
         fdef.signature.name = _GENERATED_NAME.match(name).group(1) + "_amp"  # type: ignore[union-attr]
         functions = [self.callees.function(c) for c in sorted(_callees(fdef, self.callees))]
         functions = [f for f in functions if f is not None]
-        with ops.Graph().as_default() as outer:
+        with tf.Graph().as_default() as outer:
             for function in functions:  # ops named after a function need it defined
-                outer._add_function_recursive(function)  # pylint: disable=protected-access
-            graph = function_def_to_graph.function_def_to_graph(fdef, propagate_device_spec=True)
+                tf_internals.add_function_to_graph(outer, function)
+            graph = tf_internals.function_def_to_graph(fdef, propagate_device_spec=True)
         for function in functions:
-            graph._add_function_recursive(function)  # pylint: disable=protected-access
+            tf_internals.add_function_to_graph(graph, function)
         for op in graph.get_operations():
             if op.type in CALL_OPS:
                 callee = _text(op.get_attr("f").name)
-                op._gradient_function = self.callees.gradient_function(callee)  # pylint: disable=protected-access
+                tf_internals.set_gradient_function(op, self.callees.gradient_function(callee))
         if self.is_probing_overflow:
             from amp_rewrite.runtime.overflow_probe import add_probes
 
@@ -291,21 +285,20 @@ def _bind_like(graph, traced) -> None:
     Inputs correspond by position: the FunctionDef's arguments are the traced
     graph's inputs, captures included, in order.
     """
-    from tensorflow.python.ops import handle_data_util
-    from tensorflow.python.util import nest
+    import tensorflow as tf
 
     position = {id(t): k for k, t in enumerate(traced.inputs)}
     for old, new in zip(traced.inputs, graph.inputs):
         new.set_shape(old.shape)
         if old.dtype.name == "resource":
-            handle_data_util.copy_handle_data(old, new)
+            tf_internals.copy_handle_data(old, new)
     captures, new_captures = traced.function_captures, graph.function_captures
     for key, internal in captures.by_val_internal.items():
         new_captures.add_or_replace(key=key, external=captures.by_val_external[key],
                                     internal=graph.inputs[position[id(internal)]],
                                     tracetype=captures.by_val_tracetype[key], is_by_ref=False)
     for key, internal in captures.by_ref_internal.items():
-        new_internal = nest.map_structure(lambda t: graph.inputs[position[id(t)]], internal)
+        new_internal = tf.nest.map_structure(lambda t: graph.inputs[position[id(t)]], internal)
         new_captures.add_or_replace(key=key, external=captures.by_ref_external[key],
                                     internal=new_internal,
                                     tracetype=captures.by_ref_tracetype[key], is_by_ref=True)
@@ -313,9 +306,9 @@ def _bind_like(graph, traced) -> None:
     for old, new in zip(traced.outputs, graph.outputs):
         new.set_shape(old.shape)
         if old.dtype.name == "resource":
-            handle_data_util.copy_handle_data(old, new)
+            tf_internals.copy_handle_data(old, new)
     outputs = {id(t): new for t, new in zip(traced.outputs, graph.outputs)}
-    graph.structured_outputs = nest.map_structure(
+    graph.structured_outputs = tf.nest.map_structure(
         lambda value: outputs.get(id(value), value), traced.structured_outputs, expand_composites=True)
     graph.structured_input_signature = traced.structured_input_signature
     graph.variables = traced.variables
@@ -326,10 +319,7 @@ def _bind_like(graph, traced) -> None:
 
 def _function_attrs(fdef) -> dict:
     """The FunctionDef attributes a new function may carry (XLA, no-inline, ...)."""
-    from tensorflow.python.eager.polymorphic_function import attributes
-
-    allowed = attributes.MONOMORPHIC_FUNCTION_ALLOWLIST - {attributes.EAGER_RUNTIME_CONSTRUCTION_CONTEXT,
-                                                           attributes.INPUT_SHAPES}
+    allowed = tf_internals.allowed_function_attrs()
     return {key: value for key, value in fdef.attr.items() if key in allowed}
 
 

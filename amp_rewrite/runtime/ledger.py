@@ -18,6 +18,7 @@ take it for their own state too, so there is no lock order to get wrong.
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,10 +53,11 @@ class Ledger:
         original as ``__wrapped__``.
         """
         original = owner.__dict__[attr]
+        unconverted = _left_alone_by_autograph(replacement)
 
         @functools.wraps(original)
         def patched(*args, **kwargs):
-            return replacement(original, *args, **kwargs)
+            return unconverted(original, *args, **kwargs)
 
         with self.lock:
             setattr(owner, attr, patched)
@@ -88,6 +90,20 @@ class Ledger:
         """The changes in place, oldest first; only those of ``name`` when given."""
         with self.lock:
             return [entry for entry in self._entries if name is None or entry.name == name]
+
+
+def _left_alone_by_autograph(function: Callable) -> Callable:
+    """``function``, marked so that AutoGraph runs it (and what it calls) as written.
+
+    A patched method called from a ``tf.function`` body would otherwise be
+    converted with the user's code: its Python loops and conditions on
+    tensors turned into graph ops, which some TensorFlow versions get wrong
+    (inside a ``MirroredStrategy`` merge call, for one).
+    """
+    tf = sys.modules.get("tensorflow")
+    if tf is None:  # without TensorFlow nothing traces it
+        return function
+    return tf.autograph.experimental.do_not_convert(function)
 
 
 def _qualified(owner) -> str:

@@ -31,6 +31,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from amp_rewrite import tf_internals
 from amp_rewrite.runtime.settings import LossScaleSettings
 
 logger = logging.getLogger(__name__)
@@ -72,30 +73,28 @@ def is_scaled_elsewhere(optimizer) -> bool:
 
 def state_for_graph(settings: LossScaleSettings) -> LossScaleState:
     """The current graph's loss-scale state; created on first use (once per graph)."""
-    from tensorflow.python.distribute import distribute_lib
-    from tensorflow.python.framework import ops
+    import tensorflow as tf
 
-    with ops.init_scope():
-        found = ops.get_default_graph().get_collection(STATE_COLLECTION)
+    with tf.init_scope():
+        found = tf.compat.v1.get_default_graph().get_collection(STATE_COLLECTION)
     if found:
         return LossScaleState(*found[:3])
-    if distribute_lib.has_strategy() and not distribute_lib.in_cross_replica_context():
-        return distribute_lib.get_replica_context().merge_call(
+    if tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context():
+        return tf.distribute.get_replica_context().merge_call(
             lambda _strategy: _create_state(settings))
     return _create_state(settings)
 
 
 def _create_state(settings: LossScaleSettings) -> LossScaleState:
     import tensorflow as tf
-    from tensorflow.python.framework import ops
 
-    collections = [ops.GraphKeys.GLOBAL_VARIABLES, STATE_COLLECTION]
+    collections = [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, STATE_COLLECTION]
 
     def variable(value, name, dtype):
         return tf.compat.v1.Variable(value, name=name, dtype=dtype, trainable=False,
                                      collections=collections, use_resource=True)
 
-    with ops.init_scope(), tf.compat.v1.name_scope(SCOPE + "/"):
+    with tf.init_scope(), tf.compat.v1.name_scope(SCOPE + "/"):
         state = LossScaleState(
             scale=variable(float(settings.initial_scale), "scale", tf.float32),
             good_steps=variable(0, "good_steps", tf.int64),
@@ -156,7 +155,6 @@ def guarded_apply_gradients(original, settings: LossScaleSettings, optimizer,
                             grads_and_vars, global_step=None, name=None, **kwargs):
     """``Optimizer.apply_gradients`` that skips the step when a gradient is not finite."""
     import tensorflow as tf
-    from tensorflow.python.distribute import distribute_lib
 
     if tf.executing_eagerly() or is_scaled_elsewhere(optimizer) or kwargs:
         return original(optimizer, grads_and_vars, global_step, name, **kwargs)
@@ -164,8 +162,8 @@ def guarded_apply_gradients(original, settings: LossScaleSettings, optimizer,
     state = state_for_graph(settings)
     nonfinite = count_nonfinite([g for g, _ in grads_and_vars])
     guarded = _GuardedApply(original, optimizer, global_step, name, state, settings)
-    if distribute_lib.has_strategy() and not distribute_lib.in_cross_replica_context():
-        context = distribute_lib.get_replica_context()
+    if tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context():
+        context = tf.distribute.get_replica_context()
         total = context.all_reduce(tf.distribute.ReduceOp.SUM, nonfinite)
         # Through merge_call, so that the gradients arrive as per-replica values.
         return context.merge_call(guarded.build, args=(grads_and_vars, total))
@@ -208,15 +206,14 @@ class _GuardedApply:
 
     def build(self, distribution, grads_and_vars, nonfinite):
         import tensorflow as tf
-        from tensorflow.python.framework import ops
 
         if distribution is not None:
             # Every replica's copy holds the same all-reduced count.
             nonfinite = distribution.experimental_local_results(nonfinite)[0]
         var_list = [v for g, v in grads_and_vars if g is not None]
-        with ops.init_scope():
-            self.optimizer._create_slots(var_list)  # outside the branch: same names as float32
-        train_ops = ops.get_collection_ref(ops.GraphKeys.TRAIN_OP)
+        with tf.init_scope():
+            tf_internals.create_slots(self.optimizer, var_list)  # outside the branch: same names as float32
+        train_ops = tf.compat.v1.get_collection_ref(tf.compat.v1.GraphKeys.TRAIN_OP)
         already = len(train_ops)
         with tf.compat.v1.name_scope(SCOPE + "_apply"):
             is_finite = tf.equal(nonfinite, 0.0, name="is_finite")

@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from amp_rewrite import tf_internals
 from amp_rewrite.errors import RuntimeRewriteError, first_line
 from amp_rewrite.graph_facts import node_name
 from amp_rewrite.pipeline import rewrite
@@ -219,7 +220,8 @@ class ShadowRunner:
             return original_run(session, fetches, feed_dict, options, run_metadata)
         if options is None and run_metadata is None:
             call = self._calls.get(_call_key(fetches, feed_dict))
-            if call is not None and call.version == self.graph.version and not call.session._closed:
+            if call is not None and call.version == self.graph.version and \
+                    not tf_internals.session_is_closed(call.session):
                 feeds = _fast_feeds(call, feed_dict)
                 if feeds is not None:
                     return self._run_fast(call, feeds, original_run, session, fetches, feed_dict)
@@ -250,7 +252,7 @@ class ShadowRunner:
     def _run_fast(self, call, feeds, original_run, session, fetches, feed_dict):
         try:
             # _do_call names the failing node in the error, as run() does.
-            values = call.session._do_call(call.run, *feeds)
+            values = tf_internals.run_session_callable(call.session, call.run, *feeds)
         except Exception as exc:
             if self.fallback_reason is not None or type(exc).__name__ in SCRIPT_ERRORS:
                 raise
@@ -592,15 +594,15 @@ def _call_key(fetches, feed_dict) -> tuple:
 
 
 def _resolve_call(shadow_session, fetches, feed_keys, key, plan) -> _FastCall:
+    import tensorflow as tf
     from tensorflow.core.protobuf import config_pb2
-    from tensorflow.python.framework import ops
 
     kind = type(fetches) if type(fetches) in (list, tuple) else None
     options = config_pb2.CallableOptions()
     tensor_index, op_names = {}, set()
 
     def index_of(element):
-        if isinstance(element, ops.Operation):
+        if isinstance(element, tf.Operation):
             if element.name not in op_names:
                 op_names.add(element.name)
                 options.target.append(element.name)
@@ -623,7 +625,7 @@ def _resolve_call(shadow_session, fetches, feed_keys, key, plan) -> _FastCall:
         dims = None if shape.rank is None else tuple(shape.as_list())
         feeds.append((shadow_tensor.dtype.as_numpy_dtype, dims))
         options.feed.append(name)
-    run = shadow_session._make_callable_from_options(options)
+    run = tf_internals.make_callable_from_options(shadow_session, options)
     keep = (tuple(fetches) if kind else (fetches,), feed_keys)
     return _FastCall(keep, key[0], plan, shadow_session, run, feeds, results, reports, kind)
 
@@ -661,10 +663,8 @@ def _shape_fits(dims, shape) -> bool:
 
 
 def _fetch_mapper(graph, fetches):
-    from tensorflow.python.client import session as session_lib
-
     with graph.as_default():
-        return session_lib._FetchMapper.for_fetch(fetches)
+        return tf_internals.fetch_mapper(fetches)
 
 
 def _element_names(graph, elements) -> tuple:
@@ -678,9 +678,9 @@ def _flat_fetch_names(graph, fetches):
     The common case skips TensorFlow's general fetch mapper, which costs as much
     as the rest of the per-step work.
     """
-    from tensorflow.python.framework import ops, tensor
+    import tensorflow as tf
 
-    kinds = (tensor.Tensor, ops.Operation)
+    kinds = (tf.Tensor, tf.Operation)
     if isinstance(fetches, kinds):
         items = (fetches,)
     elif type(fetches) in (list, tuple) and all(isinstance(f, kinds) for f in fetches):
@@ -704,27 +704,24 @@ def _flatten_feeds(graph, feed_dict) -> list:
     """(tensor name, value) per fed tensor, expanding sparse and other composite keys."""
     if not feed_dict:
         return []
-    from tensorflow.python.client import session as session_lib
-    from tensorflow.python.util import nest
-
     out = []
     if all(_is_plain_tensor(feed, graph) for feed in feed_dict):
         return [(feed.name, value) for feed, value in feed_dict.items()]
-    for feed, value in nest.flatten_dict_items(feed_dict).items():
-        for subfeed, subvalue in _expand_feed(session_lib, feed, value):
+    for feed, value in tf_internals.flatten_feed_dict(feed_dict).items():
+        for subfeed, subvalue in _expand_feed(feed, value):
             tensor = graph.as_graph_element(subfeed, allow_tensor=True, allow_operation=False)
             out.append((tensor.name, subvalue))
     return out
 
 
 def _is_plain_tensor(feed, graph) -> bool:
-    from tensorflow.python.framework import tensor
+    import tensorflow as tf
 
-    return isinstance(feed, tensor.Tensor) and feed.graph is graph
+    return isinstance(feed, tf.Tensor) and feed.graph is graph
 
 
-def _expand_feed(session_lib, feed, value):
-    for feed_type, _, expand, _ in session_lib._REGISTERED_EXPANSIONS:
+def _expand_feed(feed, value):
+    for feed_type, _, expand, _ in tf_internals.feed_expansions():
         if isinstance(feed, feed_type):
             return expand(feed, value)
     raise TypeError(f"{feed} in argument `feed_dict` has invalid type {type(feed).__name__!r}")

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from amp_rewrite import tf_internals
 from amp_rewrite.config import Config
 from amp_rewrite.graph_facts import parse_input, sinks
 from amp_rewrite.op_registry import default_device_type
@@ -178,13 +179,11 @@ class ShadowGraph:
     def _import(self, graph_def):
         """A new graph holding ``graph_def``, and a session on it."""
         import tensorflow as tf
-        from tensorflow.python.client import session as session_lib
 
         shadow = tf.Graph()
         with shadow.as_default():
             tf.compat.v1.import_graph_def(graph_def, name="")
-        shadow_session = session_lib.Session(self.session_target, graph=shadow,
-                                             config=self.session_config)
+        shadow_session = tf.compat.v1.Session(self.session_target, graph=shadow, config=self.session_config)
         setattr(shadow_session, SHADOW_ATTR, True)
         return shadow, shadow_session
 
@@ -299,34 +298,32 @@ def _state_components(variables) -> list:
     """(variable op name, initializer op name) of each variable, per replica when mirrored."""
     out = []
     for variable in variables:
-        for component in getattr(variable, "_values", None) or (variable,):
+        for component in tf_internals.replica_components(variable):
             out.append((component.op.name, component.initializer.name))
     return out
 
 
 def _is_initialized(handle):
     import tensorflow as tf
-    from tensorflow.python.ops import gen_resource_variable_ops
 
     if handle.op.type == "VarHandleOp":
-        return gen_resource_variable_ops.var_is_initialized_op(handle)
+        return tf.raw_ops.VarIsInitializedOp(resource=handle)
     return tf.compat.v1.is_variable_initialized(handle)
 
 
 def _read(op):
-    from tensorflow.python.ops import gen_resource_variable_ops
+    import tensorflow as tf
 
     if op.type == "VarHandleOp":
-        return gen_resource_variable_ops.read_variable_op(op.outputs[0], op.get_attr("dtype"))
+        return tf.raw_ops.ReadVariableOp(resource=op.outputs[0], dtype=op.get_attr("dtype"))
     return op.outputs[0]
 
 
 def _assign(op, value):
     import tensorflow as tf
-    from tensorflow.python.ops import gen_resource_variable_ops
 
     if op.type == "VarHandleOp":
-        return gen_resource_variable_ops.assign_variable_op(op.outputs[0], value)
+        return tf.raw_ops.AssignVariableOp(resource=op.outputs[0], value=value)
     return tf.compat.v1.assign(op.outputs[0], value, validate_shape=False).op
 
 
@@ -335,7 +332,7 @@ def _new_functions(library, shadow_graph):
 
     out = function_pb2.FunctionDefLibrary()
     for function in library.function:
-        if not shadow_graph._is_function(function.signature.name):
+        if not tf_internals.graph_defines_function(shadow_graph, function.signature.name):
             out.function.add().CopyFrom(function)
     known = {g.function_name for g in out.gradient}
     for gradient in library.gradient:

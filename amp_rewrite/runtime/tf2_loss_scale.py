@@ -50,6 +50,7 @@ import logging
 import threading
 import weakref
 
+from amp_rewrite import tf_internals
 from amp_rewrite.errors import first_line
 from amp_rewrite.runtime.ledger import LEDGER
 from amp_rewrite.runtime.loss_scale import nonfinite_flags as _nonfinite_flags
@@ -125,8 +126,8 @@ class _Pending:
 
 _PATCHES = _Patches()
 
-KERAS3_MODULE = "keras.src.optimizers.loss_scale_optimizer"
-TF_KERAS_MODULE = "tf_keras.src.mixed_precision.loss_scale_optimizer"
+KERAS3_MODULE = tf_internals.KERAS3_LOSS_SCALE_MODULE
+TF_KERAS_MODULE = tf_internals.TF_KERAS_LOSS_SCALE_MODULE
 
 
 def loss_scaling_wanted() -> bool:
@@ -156,7 +157,7 @@ def install(runtime_settings: RuntimeSettings) -> None:
     :func:`amp_rewrite.disable`: the methods are restored, and the state
     starts afresh (its variables stay with the optimizers that track them).
     """
-    from tensorflow.python.eager import backprop
+    import tensorflow as tf
 
     import _amp_rewrite_autoload as autoload
 
@@ -165,7 +166,7 @@ def install(runtime_settings: RuntimeSettings) -> None:
             return
         _PATCHES.settings = runtime_settings
         LEDGER.record(LEDGER_NAME, "the loss-scale settings and state", _forget)
-        tape = backprop.GradientTape
+        tape = tf.GradientTape
         LEDGER.install(LEDGER_NAME, tape, "gradient", _scaled_gradient)
         LEDGER.install(LEDGER_NAME, tape, "jacobian", _unscaled_inside)
         LEDGER.install(LEDGER_NAME, tape, "batch_jacobian", _unscaled_inside)
@@ -190,13 +191,12 @@ def _remove_keras_hooks() -> None:
 
 
 def _patch_keras3(module) -> None:
-    from keras.src import backend
-    from keras.src.optimizers import base_optimizer
-
     with LEDGER.lock:
-        if _PATCHES.settings is None or backend.backend() != "tensorflow":
+        if _PATCHES.settings is None or not _has_keras_internals(tf_internals.KERAS3_OPTIMIZERS):
             return
-        base = base_optimizer.BaseOptimizer
+        backend, base = tf_internals.keras3_optimizer_parts()
+        if backend.backend() != "tensorflow":
+            return
         wrapper = module.LossScaleOptimizer
         LEDGER.install(LEDGER_NAME, base, "apply", _guarded_keras3_apply)
         LEDGER.install(LEDGER_NAME, base, "scale_loss", _marking_scale_loss)
@@ -205,13 +205,26 @@ def _patch_keras3(module) -> None:
     logger.debug("patched Keras 3 optimizers")
 
 
-def _patch_tf_keras(module) -> None:
-    from tf_keras.src.optimizers import optimizer as optimizer_lib
+def _has_keras_internals(capability: tf_internals.Capability) -> bool:
+    """Whether Keras has what the guarded apply needs; if not, new traces run float32 (strict: raise).
 
+    Without the guard a step whose scaled gradients overflow would be
+    applied, so the tf.function hook stops rewriting rather than train on infs.
+    """
+    from amp_rewrite.runtime import tf_function
+
+    is_strict = _PATCHES.settings is not None and _PATCHES.settings.is_strict
+    if tf_internals.usable([capability], "tf.function traces", is_strict=is_strict):
+        return True
+    tf_function.uninstall()
+    return False
+
+
+def _patch_tf_keras(module) -> None:
     with LEDGER.lock:
-        if _PATCHES.settings is None:
+        if _PATCHES.settings is None or not _has_keras_internals(tf_internals.TF_KERAS_OPTIMIZERS):
             return
-        LEDGER.install(LEDGER_NAME, optimizer_lib.Optimizer, "apply_gradients",
+        LEDGER.install(LEDGER_NAME, tf_internals.tf_keras_optimizer_class(), "apply_gradients",
                        _guarded_tf_keras_apply_gradients)
         for wrapper in (module.LossScaleOptimizer, module.LossScaleOptimizerV3):
             LEDGER.install(LEDGER_NAME, wrapper, "get_scaled_loss", _marking_scale_loss)
@@ -229,25 +242,24 @@ def has_state() -> bool:
 
 def state() -> LossScaleState:
     """The loss-scale state, created on first use (in a replica context, through merge_call)."""
-    from tensorflow.python.distribute import distribute_lib
+    import tensorflow as tf
 
     with LEDGER.lock:
         if _PATCHES.state is not None:
             return _PATCHES.state
-    if distribute_lib.has_strategy() and not distribute_lib.in_cross_replica_context():
-        return distribute_lib.get_replica_context().merge_call(lambda _strategy: _create_state())
+    if tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context():
+        return tf.distribute.get_replica_context().merge_call(lambda _strategy: _create_state())
     return _create_state()
 
 
 def _create_state() -> LossScaleState:
     import tensorflow as tf
-    from tensorflow.python.framework import ops
 
     with LEDGER.lock:
         if _PATCHES.state is not None:
             return _PATCHES.state
         scaling = _loss_scale_settings()
-        with ops.init_scope(), tf.name_scope(SCOPE):
+        with tf.init_scope(), tf.name_scope(SCOPE):
             module = tf.Module(name=SCOPE)
 
             def variable(value, name, dtype):
@@ -274,7 +286,7 @@ def _track(optimizer, loss_scale: LossScaleState) -> None:
     """Makes the state a checkpoint dependency of ``optimizer`` (deferred restores apply now)."""
     if getattr(optimizer, "_amp_rewrite_tracks_state", None) is loss_scale.module:
         return
-    optimizer._track_trackable(loss_scale.module, name=CHECKPOINT_NAME, overwrite=True)  # pylint: disable=protected-access
+    tf_internals.track_trackable(optimizer, loss_scale.module, CHECKPOINT_NAME)
     object.__setattr__(optimizer, "_amp_rewrite_tracks_state", loss_scale.module)
 
 
@@ -315,7 +327,7 @@ def _scaled_gradient(original, tape, target, sources, output_gradients=None, *ar
 
 def _not_recorded(tape):
     """The tape must not record the scaling: it is not part of the user's function."""
-    return tape.stop_recording() if tape._recording else contextlib.nullcontext()  # pylint: disable=protected-access
+    return tape.stop_recording() if tf_internals.tape_is_recording(tape) else contextlib.nullcontext()
 
 
 def _is_scalable(target, sources) -> bool:
@@ -357,9 +369,9 @@ def _marking_wrapper_init(original, wrapper, *args, **kwargs):
 
 
 def _graph_being_built():
-    from tensorflow.python.framework import ops
+    import tensorflow as tf
 
-    graph = ops.get_default_graph()
+    graph = tf.compat.v1.get_default_graph()
     return graph if getattr(graph, "building_function", False) else None
 
 
@@ -438,16 +450,12 @@ def _guarded_keras3_apply(original, optimizer, grads, trainable_variables=None):
     if not grads:
         return original(optimizer, grads, trainable_variables)
     if trainable_variables is None:
-        variables = list(optimizer._trainable_variables)  # pylint: disable=protected-access
+        variables = tf_internals.keras3_trainable_variables(optimizer)
     else:
         variables = list(trainable_variables)
         if not optimizer.built:
             # Outside the guard's branch: the slots exist whatever the first step does.
-            from keras.src import backend
-
-            with backend.name_scope(optimizer.name, caller=optimizer):
-                optimizer.build(variables)
-            optimizer.built = True
+            tf_internals.build_keras3_optimizer(optimizer, variables)
 
     def apply(grads_, variables_):
         original(optimizer, list(grads_), list(variables_))
@@ -505,7 +513,6 @@ def _guard_or_warn(optimizer, apply, grads, variables) -> bool:
 def _guard(optimizer, apply, grads, variables) -> None:
     """Runs ``apply(grads, variables)`` if every gradient is finite; updates the scale either way."""
     import tensorflow as tf
-    from tensorflow.python.distribute import distribute_lib
 
     loss_scale = state()
     _track(optimizer, loss_scale)
@@ -513,8 +520,8 @@ def _guard(optimizer, apply, grads, variables) -> None:
     flags = _nonfinite_flags(grads)
     names = [_variable_name(v) for v in variables]
     guarded = _GuardedStep(apply, loss_scale, names, _loss_scale_settings())
-    if distribute_lib.has_strategy() and not distribute_lib.in_cross_replica_context():
-        context = distribute_lib.get_replica_context()
+    if tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context():
+        context = tf.distribute.get_replica_context()
         flags = context.all_reduce(tf.distribute.ReduceOp.SUM, flags)
         # Through merge_call, so that the apply runs for every replica inside one cond.
         context.merge_call(guarded.build, args=(grads, variables, flags))
@@ -638,10 +645,9 @@ class _GuardedStep:
 
     def _is_compiled(self) -> bool:
         """Inside an XLA-compiled function, which cannot print or handle strings."""
-        from tensorflow.python.framework import ops
-        from tensorflow.python.ops import control_flow_util
+        import tensorflow as tf
 
-        return control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph())
+        return tf_internals.is_in_xla_context(tf.compat.v1.get_default_graph())
 
 
 def _stderr():

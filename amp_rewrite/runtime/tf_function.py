@@ -39,6 +39,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+from amp_rewrite import tf_internals
 from amp_rewrite.config import Config
 from amp_rewrite.errors import RuntimeRewriteError, first_line
 from amp_rewrite.runtime.ledger import LEDGER
@@ -47,9 +48,6 @@ from amp_rewrite.runtime.settings import STRICT_ENV, is_true
 logger = logging.getLogger(__name__)
 
 MARK_ATTR = "_amp_rewrite_config"
-# The versions whose tracing internals (transform.CONCRETE_FUNCTION_CALLBACKS,
-# ConcreteFunction/AtomicFunction construction, FunctionCaptures) were tested.
-TESTED_TENSORFLOW = ("2.21.",)
 TF_DATA_ATTR = "_tf_data_function"
 NO_MESSAGE = "(no message)"
 LEDGER_NAME = "tf.function"
@@ -104,13 +102,13 @@ _HOOK = _Hook()
 def install(*, is_strict: bool = False) -> None:
     """Rewrites every ConcreteFunction traced from now on (the runtime's switch).
 
-    On a TensorFlow version the hook was not tested with, nothing is
-    installed: a warning says so (``is_strict`` raises instead). Otherwise the
-    ledger records :func:`uninstall` as the way back.
+    When this TensorFlow lacks an internal the hook needs, nothing is
+    installed: a warning names it (``is_strict`` raises instead). Otherwise
+    the ledger records :func:`uninstall` as the way back.
     """
     with LEDGER.lock:
         _HOOK.is_strict = is_strict
-        if not _is_supported_tensorflow():
+        if not _has_tracing_internals():
             return
         _HOOK.is_global = True
         _register_callback()
@@ -120,43 +118,33 @@ def install(*, is_strict: bool = False) -> None:
 
 def uninstall() -> None:
     """Stops rewriting new traces and puts back the functions the runtime swapped."""
-    from tensorflow.python.eager.polymorphic_function import transform
-
     with LEDGER.lock:
         _HOOK.is_global = False
         for cf, record in list(_HOOK.swapped.items()):
             if not record.report.is_explicit:
                 restore(cf)
         if not _HOOK.wants_marked:
-            while _on_concrete_function in transform.CONCRETE_FUNCTION_CALLBACKS:
-                transform.CONCRETE_FUNCTION_CALLBACKS.remove(_on_concrete_function)
+            callbacks = tf_internals.concrete_function_callbacks()
+            while _on_concrete_function in callbacks:
+                callbacks.remove(_on_concrete_function)
 
 
 def install_for_marked() -> bool:
     """Makes the callback rewrite graphs :func:`marked` traced, whatever the runtime does.
 
-    Returns False (after a warning) on a TensorFlow version the hook was not tested with.
+    Returns False (after a warning) when this TensorFlow lacks an internal the hook needs.
     """
     with LEDGER.lock:
-        if not _is_supported_tensorflow():
+        if not _has_tracing_internals():
             return False
         _HOOK.wants_marked = True
         _register_callback()
         return True
 
 
-def _is_supported_tensorflow() -> bool:
-    """Whether this TensorFlow has the tracing internals the hook was tested with."""
-    import tensorflow as tf
-
-    if tf.__version__.startswith(TESTED_TENSORFLOW):
-        return True
-    message = (f"tf.function traces run in float32: the hook relies on TensorFlow internals "
-               f"tested with {', '.join(v + 'x' for v in TESTED_TENSORFLOW)}, not {tf.__version__}")
-    if _is_strict():
-        raise RuntimeRewriteError(message)
-    logger.warning("amp-rewrite: %s", message)
-    return False
+def _has_tracing_internals() -> bool:
+    """Whether this TensorFlow has the tracing internals the hook needs (a warning, or strict's error, if not)."""
+    return tf_internals.usable([tf_internals.TRACING], "tf.function traces", is_strict=_is_strict())
 
 
 def marked(python_function, config: Config | None):
@@ -164,9 +152,9 @@ def marked(python_function, config: Config | None):
 
     @functools.wraps(python_function)
     def traced(*args, **kwargs):
-        from tensorflow.python.framework import ops
+        import tensorflow as tf
 
-        graph = ops.get_default_graph()
+        graph = tf.compat.v1.get_default_graph()
         if getattr(graph, "building_function", False):
             setattr(graph, MARK_ATTR, config if config is not None else default_config())
         return python_function(*args, **kwargs)
@@ -196,14 +184,13 @@ def restore(concrete_function) -> None:
     with LEDGER.lock:
         record = _HOOK.swapped.pop(concrete_function, None)
         if record is not None:
-            _set_state(concrete_function, record.traced_state)
+            tf_internals.set_concrete_function_state(concrete_function, record.traced_state)
 
 
 def _register_callback() -> None:
-    from tensorflow.python.eager.polymorphic_function import transform
-
-    if _on_concrete_function not in transform.CONCRETE_FUNCTION_CALLBACKS:
-        transform.CONCRETE_FUNCTION_CALLBACKS.append(_on_concrete_function)
+    callbacks = tf_internals.concrete_function_callbacks()
+    if _on_concrete_function not in callbacks:
+        callbacks.append(_on_concrete_function)
 
 
 def _on_concrete_function(concrete_function) -> None:
@@ -240,26 +227,20 @@ def _swap_in(concrete_function, config: Config, *, is_explicit: bool) -> None:
     if rewritten.concrete_function is None:
         logger.debug("tf.function %s: nothing to run in %s", name, config.target)
         return
-    traced_state = dict(vars(concrete_function))
-    if traced_state.get("_garbage_collector") is not None:
-        # Tracing hands the graph of the object it returns over to Python's
-        # collector; the traced graph kept here gets the same treatment.
-        traced_state["_garbage_collector"].release()
-    new_state = dict(vars(rewritten.concrete_function))
-    for key in ("_arg_keywords", "_num_positional_args"):
-        new_state.pop(key, None)
-    if rewritten.has_custom_gradients:
-        # Calls under a tape, and calls from another function's trace, keep the
-        # traced (float32) forward and backward functions.
-        new_state = {"_inference_function": new_state["_inference_function"]}
+    traced_state = tf_internals.concrete_function_state(concrete_function)
+    tf_internals.take_over_graph_collection(traced_state)
+    # With custom gradients, calls under a tape, and calls from another
+    # function's trace, keep the traced (float32) forward and backward functions.
+    new_state = tf_internals.runnable_state(tf_internals.concrete_function_state(rewritten.concrete_function),
+                                            inference_only=rewritten.has_custom_gradients)
     report = FunctionReport(name=name, summary=_summary(rewritten.result),
                             nodes_total=rewritten.result.nodes_total,
                             seconds=time.perf_counter() - start,
                             rewrite_seconds=rewritten.result.seconds, is_explicit=is_explicit,
                             is_inference_only=rewritten.has_custom_gradients)
     record = SwapRecord(report, traced_state, rewritten)
-    vars(concrete_function).update(new_state)
-    vars(concrete_function)["_call_flat"] = _first_eager_call_guard(concrete_function, record)
+    tf_internals.set_concrete_function_state(concrete_function, {**traced_state, **new_state})
+    tf_internals.override_call(concrete_function, _first_eager_call_guard(concrete_function, record))
     _HOOK.swapped[concrete_function] = record
     _HOOK.history.append(report)
     logger.info("amp-rewrite: tf.function %s: %s (rewrite %.3f s, reload %.3f s)", name,
@@ -278,17 +259,16 @@ def _first_eager_call_guard(concrete_function, record: SwapRecord):
     function_ref = weakref.ref(concrete_function)
 
     def call_flat(tensor_inputs, captured_inputs):
-        from tensorflow.python.eager import context
+        import tensorflow as tf
 
         cf: Any = function_ref()
-        run = type(cf)._call_flat
-        if not context.executing_eagerly():
-            return run(cf, tensor_inputs, captured_inputs)  # builds a call; nothing runs yet
+        if not tf.executing_eagerly():
+            return tf_internals.call_concrete_function(cf, tensor_inputs, captured_inputs)  # builds a call
         try:
-            outputs = run(cf, tensor_inputs, captured_inputs)
+            outputs = tf_internals.call_concrete_function(cf, tensor_inputs, captured_inputs)
         except Exception as exc:
             return _first_run_failed(cf, record, exc, tensor_inputs, captured_inputs)
-        vars(cf).pop("_call_flat", None)
+        tf_internals.drop_call_override(cf)
         return outputs
 
     return call_flat
@@ -296,13 +276,13 @@ def _first_eager_call_guard(concrete_function, record: SwapRecord):
 
 def _first_run_failed(cf, record: SwapRecord, exc, tensor_inputs, captured_inputs):
     """The rewritten function failed on its first run: try the traced one."""
-    rewritten_state = dict(vars(cf))
-    _set_state(cf, record.traced_state)
+    rewritten_state = tf_internals.concrete_function_state(cf)
+    tf_internals.set_concrete_function_state(cf, record.traced_state)
     try:
-        outputs = type(cf)._call_flat(cf, tensor_inputs, captured_inputs)
+        outputs = tf_internals.call_concrete_function(cf, tensor_inputs, captured_inputs)
     except Exception:
         # The traced function fails too: the caller's error, not the rewrite's.
-        _set_state(cf, rewritten_state)
+        tf_internals.set_concrete_function_state(cf, rewritten_state)
         raise exc from None
     with LEDGER.lock:
         _HOOK.swapped.pop(cf, None)
@@ -312,12 +292,6 @@ def _first_run_failed(cf, record: SwapRecord, exc, tensor_inputs, captured_input
         raise RuntimeRewriteError(f"tf.function {name}: {reason}") from exc
     logger.warning("amp-rewrite: tf.function %s runs in float32: %s", name, reason)
     return outputs
-
-
-def _set_state(concrete_function, state: dict) -> None:
-    current = vars(concrete_function)
-    current.clear()
-    current.update(state)
 
 
 def default_config() -> Config:
