@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="amp-rewrite",
         description="Rewrite a float32 TensorFlow graph to mixed precision (float16 or bfloat16). "
-                    "`amp-rewrite explain IN NODE` says why a node got its precision.",
+                    "`amp-rewrite explain IN NODE` says why a node got its precision; "
+                    "`amp-rewrite doctor IN` says why the result may not run faster.",
     )
     parser.add_argument("input", help="input graph: .pb (binary GraphDef), .pbtxt (text), or a SavedModel directory")
     parser.add_argument("output", help="output graph (format from its name unless --output-format), "
@@ -102,6 +103,20 @@ def build_explain_parser() -> argparse.ArgumentParser:
     parser.add_argument("input", help="input graph: .pb, .pbtxt, or a SavedModel directory")
     parser.add_argument("node", help="the node to explain; a node inside a function is FUNCTION::NODE")
     _add_rewrite_options(parser)
+    return parser
+
+
+def build_doctor_parser() -> argparse.ArgumentParser:
+    """``amp-rewrite doctor IN [options]``."""
+    parser = argparse.ArgumentParser(
+        prog="amp-rewrite doctor",
+        description="Rewrite IN in memory and say why it may not run faster: heavy ops left float32, "
+                    "shapes tensor cores cannot use, float32 islands and Casts in loops, ranked by the "
+                    "share of FLOPs or bytes each concerns, and the speed-up they allow at most.",
+    )
+    parser.add_argument("input", help="input graph: .pb, .pbtxt, or a SavedModel directory")
+    _add_rewrite_options(parser)
+    parser.add_argument("--top", type=_integer(1, 10_000), default=20, help="findings to print (default 20)")
     return parser
 
 
@@ -329,12 +344,13 @@ def _finish(args, result, stage) -> None:
     from amp_rewrite import graph_io
 
     report_bytes = None
+    doctor = _doctor_section(result) if args.report else None
     if args.report and args.report.endswith(".html"):
         from amp_rewrite.html_report import render_html
 
-        report_bytes = render_html(result, title=os.path.basename(args.input)).encode()
+        report_bytes = render_html(result, title=os.path.basename(args.input), doctor=doctor).encode()
     elif args.report:
-        report_bytes = (json.dumps(result.report(), indent=1, sort_keys=True) + "\n").encode()
+        report_bytes = (json.dumps({**result.report(), "doctor": doctor}, indent=1, sort_keys=True) + "\n").encode()
     with graph_io.Outputs() as outputs:
         if report_bytes is not None:
             outputs.add_file(args.report, report_bytes)
@@ -342,6 +358,12 @@ def _finish(args, result, stage) -> None:
         outputs.commit()
     if not args.quiet:
         print(result.summary())
+
+
+def _doctor_section(result) -> dict:
+    from amp_rewrite.doctor import diagnose
+
+    return diagnose(result).as_dict()
 
 
 def run_explain(args) -> int:
@@ -362,6 +384,21 @@ def run_explain(args) -> int:
     return EXIT_OK
 
 
+def run_doctor(args) -> int:
+    """Prints the doctor's findings and bound for IN."""
+    from amp_rewrite import graph_io
+    from amp_rewrite.doctor import diagnose, render_lines
+
+    if graph_io.is_saved_model_dir(args.input):
+        result = _rewrite_saved_model(args)[1]
+    else:
+        result = _load_and_rewrite(args)
+    print(f"{args.input}: {result.summary(with_flops=False)}")
+    for line in render_lines(diagnose(result), limit=args.top):
+        print(line)
+    return EXIT_OK
+
+
 class Terminated(BaseException):
     """SIGTERM, raised like KeyboardInterrupt so that staged outputs are removed on the way out."""
 
@@ -372,9 +409,9 @@ def _on_sigterm(signum, frame):
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    explaining = bool(argv) and argv[0] == "explain"
-    parser = build_explain_parser() if explaining else build_parser()
-    args = parser.parse_args(argv[1:] if explaining else argv)
+    command = argv[0] if argv and argv[0] in ("explain", "doctor") else ""
+    parser = {"explain": build_explain_parser, "doctor": build_doctor_parser}.get(command, build_parser)()
+    args = parser.parse_args(argv[1:] if command else argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="amp-rewrite: %(levelname)s: %(message)s")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -382,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
         quiet_tensorflow_import()
     previous_sigterm = _install_sigterm()
     try:
-        return run_explain(args) if explaining else run(args)
+        return {"explain": run_explain, "doctor": run_doctor}.get(command, run)(args)
     except UsageError as exc:
         print(f"amp-rewrite: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
