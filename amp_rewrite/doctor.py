@@ -261,11 +261,12 @@ def _island_finding(island: Island, cast_bytes: dict, all_bytes: int, outcomes: 
     kept_by = [{"node": name, "op": outcomes[name]["op"],
                 "list": origins.get(("deny", outcomes[name]["op"]), "deny list")} for name in keepers]
     remedy = " ".join(f"--deny-remove {op} --infer-add {op}" for op in entries)
-    fix = (f"if {', '.join(entries)} is safe in half here, {remedy} and check with --validate; "
+    fix = (f"if {', '.join(entries)} {'is' if len(entries) == 1 else 'are'} safe in half here, {remedy} "
+           "and check with --validate; "
            f"that saves {len(casts)} Casts per step" if entries else
            "join it to its half neighbours (amp-rewrite explain IN NODE says why it stays float32)")
     why = (f"{len(island.nodes)} float32 node{'s' if len(island.nodes) != 1 else ''} between half ops "
-           f"({' → '.join(island.nodes[:4])}{' → ...' if len(island.nodes) > 4 else ''}) cost "
+           f"({', '.join(island.nodes[:4])}{', ...' if len(island.nodes) > 4 else ''}) cost "
            f"{len(island.casts_in)} Cast{'s' if len(island.casts_in) != 1 else ''} in and "
            f"{len(island.casts_out)} out per step"
            + (f", {known:,} bytes" if known is not None else ", bytes unknown (no static shapes)")
@@ -310,6 +311,10 @@ def render_lines(diagnosis: Diagnosis, *, limit: int = 20) -> list[str]:
     if diagnosis.device_type == "CPU" and b.speedup_bound is not None:
         lines.append("    (the bound assumes half math is no slower than float32; CPUs without native half "
                      "arithmetic run it slower: measure with --benchmark)")
+    in_islands = sum(f.cast_bytes or 0 for f in diagnosis.findings if f.kind == "float32_island")
+    if b.cast_bytes:
+        lines.append(f"Cast bytes: {in_islands / b.cast_bytes:.1%} in float32 islands, the rest where half "
+                     "regions meet inputs, weights, outputs and loops")
     shown = diagnosis.findings[:limit]
     lines.append(f"findings: {len(diagnosis.findings)}" + (", largest share first" if shown else ""))
     for k, finding in enumerate(shown, 1):

@@ -194,6 +194,9 @@ def test_bound_uses_the_graphs_half_share_and_all_cast_bytes():
     # x in (32x26), the island's two (32x13), out (32x32); weights are folded Consts, no Cast
     assert bound.cast_bytes == (32 * 26 + 2 * 32 * 13 + 32 * 32) * 6
     assert len(result.casts) == 4
+    island = 2 * 32 * 13 * 6
+    text = "\n".join(render_lines(diagnose(result)))
+    assert f"Cast bytes: {island / bound.cast_bytes:.1%} in float32 islands" in text
 
 
 def test_findings_of_every_kind_are_ranked_by_share_and_printed_in_that_order():
