@@ -25,6 +25,10 @@ from amp_rewrite.graph_facts import parse_input
 HALF_CPU_FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512_fp16", "avx512_bf16", "amx_bf16", "amx_fp16")
 
 
+#: A measured speed-up closer to 1 than this is no difference on a shared machine.
+SAME_SPEED = 0.05
+
+
 class BenchmarkError(AmpRewriteError):
     """A graph could not be run to time it; the message names the graph and the node."""
 
@@ -155,7 +159,10 @@ def measurement_line(m: Measurement, *, target: str, bound: float | None) -> str
     head = (f"measured on this machine's {m.device}{features}: float32 {m.float32_seconds * 1e3:.2f} ms, "
             f"{target} {m.half_seconds * 1e3:.2f} ms per step (median of {m.runs}, interleaved): "
             f"{m.speedup:.2f}x; bound {bound_text}")
-    if m.speedup < 1:
+    if m.speedup < 1 - SAME_SPEED:
         return (f"{head}. {target} is SLOWER than float32 here ({1 / m.speedup:.1f}x the time): stay float32 "
                 f"on this machine")
+    if m.speedup <= 1 + SAME_SPEED:
+        return (f"{head}. {target} gains nothing measurable here (within {SAME_SPEED:.0%}): stay float32 on this "
+                "machine unless memory is what you need")
     return f"{head}. {target} is faster here"

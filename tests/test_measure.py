@@ -63,6 +63,9 @@ def test_the_line_says_plainly_when_half_is_slower_and_suggests_float32():
     line = measurement_line(slower, target="float16", bound=1.8)
     assert "0.25x" in line and "bound 1.80x" in line and "SLOWER" in line and "stay float32" in line
     assert "no avx512f avx512_fp16 avx512_bf16" in line
+    same = Measurement(float32_seconds=0.0100, half_seconds=0.0099, runs=10, device="CPU")
+    line = measurement_line(same, target="float16", bound=2.0)
+    assert "1.01x" in line and "gains nothing measurable" in line and "stay float32" in line
     faster = Measurement(float32_seconds=0.030, half_seconds=0.020, runs=10, device="GPU")
     line = measurement_line(faster, target="float16", bound=None)
     assert "1.50x" in line and "bound unknown" in line and "SLOWER" not in line and "CPU:" not in line
