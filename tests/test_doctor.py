@@ -237,3 +237,18 @@ def test_cli_doctor_on_a_missing_file_is_one_line(tmp_path):
     done = cli("doctor", tmp_path / "nothing.pb", cwd=tmp_path)
     assert done.returncode == 1
     assert_one_line_error(done.stderr, "nothing.pb")
+
+
+def test_doctor_reads_a_saved_model_and_names_nodes_inside_its_functions(tmp_path, capsys):
+    from amp_rewrite.cli import main
+
+    module = tf.Module()
+    module.w = tf.Variable(tf.ones([26, 13]))
+    module.f = tf.function(lambda x: tf.matmul(tf.exp(tf.matmul(x, module.w)), tf.ones([13, 64])),
+                           input_signature=[tf.TensorSpec([32, 26], tf.float32)])
+    tf.saved_model.save(module, str(tmp_path / "sm"))
+    assert main(["doctor", str(tmp_path / "sm"), "--device-type", "GPU"]) == 0
+    out = capsys.readouterr().out
+    found = [line for line in out.splitlines() if line[:3].strip().rstrip(".").isdigit()]
+    assert len(found) == 3 and "tensor_core_shape: " in found[0] and "::" in found[0]
+    assert "float32_island: " in found[2] and found[2].endswith("::Exp")
