@@ -127,7 +127,7 @@ def diagnose(result) -> Diagnosis:
     heavy = {name: entry for name, entry in outcomes.items() if entry["op"] in FLOP_OPS}
     flops = {name: op_flops(ops[name]) if name in ops else None for name in heavy}
     total = sum(f for f in flops.values() if f)
-    half = sum(f for name, f in flops.items() if f and heavy[name]["precision"] != "float32")
+    half = sum(f for name, f in flops.items() if f and heavy[name]["precision"] in ("float16", "bfloat16"))
     cast_bytes = {name: cast_traffic(ops[name]) if name in ops else None for name in result.casts}
     all_bytes = sum(b for b in cast_bytes.values() if b)
     findings = [*_float32_heavy_ops(result, heavy, flops, total)]
