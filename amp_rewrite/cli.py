@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="amp-rewrite",
         description="Rewrite a float32 TensorFlow graph to mixed precision (float16 or bfloat16). "
-                    "`amp-rewrite explain IN NODE` says why a node got its precision.",
+                    "`amp-rewrite explain IN NODE` says why a node got its precision; "
+                    "`amp-rewrite doctor IN` says why the result may not run faster.",
     )
     parser.add_argument("input", help="input graph: .pb (binary GraphDef), .pbtxt (text), or a SavedModel directory")
     parser.add_argument("output", help="output graph (format from its name unless --output-format), "
@@ -102,6 +103,31 @@ def build_explain_parser() -> argparse.ArgumentParser:
     parser.add_argument("input", help="input graph: .pb, .pbtxt, or a SavedModel directory")
     parser.add_argument("node", help="the node to explain; a node inside a function is FUNCTION::NODE")
     _add_rewrite_options(parser)
+    return parser
+
+
+def build_doctor_parser() -> argparse.ArgumentParser:
+    """``amp-rewrite doctor IN [options]``."""
+    parser = argparse.ArgumentParser(
+        prog="amp-rewrite doctor",
+        description="Rewrite IN in memory and say why it may not run faster: heavy ops left float32, "
+                    "shapes tensor cores cannot use, float32 islands and Casts in loops, ranked by the "
+                    "share of FLOPs or bytes each concerns, and the speed-up they allow at most.",
+    )
+    parser.add_argument("input", help="input graph: .pb, .pbtxt, or a SavedModel directory")
+    _add_rewrite_options(parser)
+    parser.add_argument("--top", type=_integer(1, 10_000), default=20, help="findings to print (default 20)")
+    bench = parser.add_argument_group("measured speed-up (GraphDef input)")
+    bench.add_argument("--benchmark", action="store_true",
+                       help="time the graph in float32 and rewritten on this machine, interleaved, and print the "
+                            "measured speed-up beside the bound")
+    bench.add_argument("--inputs", metavar="FEEDS.npz", default=None,
+                       help="inputs: an .npz whose keys are placeholder or tensor names (default: random)")
+    bench.add_argument("--seed", type=_integer(0, 2 ** 63 - 1), default=0, help="seed for the random inputs")
+    bench.add_argument("--runs", type=_integer(1, 100_000), default=10, help="timed steps of each graph (default 10)")
+    bench.add_argument("--init-op", metavar="NAME", default=None,
+                       help="a node to run once before timing, such as a training graph's variable "
+                            "initializer (default: a node named 'init', if there is one)")
     return parser
 
 
@@ -329,12 +355,13 @@ def _finish(args, result, stage) -> None:
     from amp_rewrite import graph_io
 
     report_bytes = None
+    doctor = _doctor_section(result) if args.report else None
     if args.report and args.report.endswith(".html"):
         from amp_rewrite.html_report import render_html
 
-        report_bytes = render_html(result, title=os.path.basename(args.input)).encode()
+        report_bytes = render_html(result, title=os.path.basename(args.input), doctor=doctor).encode()
     elif args.report:
-        report_bytes = (json.dumps(result.report(), indent=1, sort_keys=True) + "\n").encode()
+        report_bytes = (json.dumps({**result.report(), "doctor": doctor}, indent=1, sort_keys=True) + "\n").encode()
     with graph_io.Outputs() as outputs:
         if report_bytes is not None:
             outputs.add_file(args.report, report_bytes)
@@ -342,6 +369,12 @@ def _finish(args, result, stage) -> None:
         outputs.commit()
     if not args.quiet:
         print(result.summary())
+
+
+def _doctor_section(result) -> dict:
+    from amp_rewrite.doctor import diagnose
+
+    return diagnose(result).as_dict()
 
 
 def run_explain(args) -> int:
@@ -362,6 +395,41 @@ def run_explain(args) -> int:
     return EXIT_OK
 
 
+def run_doctor(args) -> int:
+    """Prints the doctor's findings and bound for IN."""
+    from amp_rewrite import graph_io
+    from amp_rewrite.doctor import diagnose, render_lines
+
+    saved_model = graph_io.is_saved_model_dir(args.input)
+    if saved_model and (args.benchmark or args.inputs):
+        raise UsageError(f"{args.input}: {'--benchmark' if args.benchmark else '--inputs'} takes a GraphDef input "
+                         "(.pb or .pbtxt), not a SavedModel; time a frozen graph of the model instead")
+    result = _rewrite_saved_model(args)[1] if saved_model else _load_and_rewrite(args)
+    print(f"{args.input}: {result.summary(with_flops=False)}")
+    diagnosis = diagnose(result)
+    for line in render_lines(diagnosis, limit=args.top):
+        print(line)
+    if args.benchmark:
+        print(_benchmark_line(args, result, diagnosis.bound.speedup_bound))
+    return EXIT_OK
+
+
+def _benchmark_line(args, result, bound) -> str:
+    """Times the float32 graph (read again) against the rewritten one; the measured line."""
+    from amp_rewrite import graph_io, validate
+    from amp_rewrite.measure import measure_speedup, measurement_line
+
+    original = graph_io.load_graph_def(args.input, input_format=args.input_format)
+    feeds = _sample_inputs(args.inputs) if args.inputs else validate.random_feeds(original, seed=args.seed)
+    fetches = result.config.fetches or tuple(sorted(_sinks_with_outputs(original)))
+    init_op = args.init_op or ("init" if any(n.name == "init" for n in original.node) else None)
+    if init_op and not any(n.name == init_op for n in original.node):
+        raise UsageError(f"{args.input}: --init-op {init_op!r} names no node of the graph")
+    measured = measure_speedup(original, result.graph_def, feeds=feeds, fetches=fetches, runs=args.runs,
+                               init_op=init_op)
+    return measurement_line(measured, target=result.config.target, bound=bound)
+
+
 class Terminated(BaseException):
     """SIGTERM, raised like KeyboardInterrupt so that staged outputs are removed on the way out."""
 
@@ -372,9 +440,9 @@ def _on_sigterm(signum, frame):
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    explaining = bool(argv) and argv[0] == "explain"
-    parser = build_explain_parser() if explaining else build_parser()
-    args = parser.parse_args(argv[1:] if explaining else argv)
+    command = argv[0] if argv and argv[0] in ("explain", "doctor") else ""
+    parser = {"explain": build_explain_parser, "doctor": build_doctor_parser}.get(command, build_parser)()
+    args = parser.parse_args(argv[1:] if command else argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="amp-rewrite: %(levelname)s: %(message)s")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -382,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
         quiet_tensorflow_import()
     previous_sigterm = _install_sigterm()
     try:
-        return run_explain(args) if explaining else run(args)
+        return {"explain": run_explain, "doctor": run_doctor}.get(command, run)(args)
     except UsageError as exc:
         print(f"amp-rewrite: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

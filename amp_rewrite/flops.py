@@ -97,19 +97,11 @@ def half_flop_share(graph_def) -> float | None:
     Returns None when the graph holds no such op with a known shape, or when
     TensorFlow cannot import it (an unregistered op, for instance).
     """
-    blocker = import_blocker(graph_def)
-    if blocker:
-        logger.debug("FLOP share unknown: %s", blocker)
-        return None
-    try:
-        main_ops = _imported_flop_ops(graph_def)
-    except Exception as exc:  # noqa: BLE001 - any import failure means "unknown"
-        logger.debug("FLOP share unknown: graph does not import: %s", exc)
+    ops = imported_ops(graph_def, FLOP_OPS)
+    if ops is None:
         return None
     total = half = 0
-    for op in main_ops + _function_ops(graph_def):
-        if op.type not in FLOP_OPS:
-            continue
+    for op in ops.values():
         flops = op_flops(op)
         if flops is None:
             continue
@@ -119,21 +111,45 @@ def half_flop_share(graph_def) -> float | None:
     return half / total if total else None
 
 
-def _imported_flop_ops(graph_def) -> list:
-    """The graph's MatMul/Conv ops, imported with shapes; only they and their producers become Python ops."""
-    wanted = [node.name for node in graph_def.node if node.op in FLOP_OPS]
+def imported_ops(graph_def, kinds) -> dict | None:
+    """The nodes whose op is in ``kinds`` as ``tf.Operation`` objects with inferred shapes.
+
+    Keys are the node's name, or ``function::node`` for a node of a library
+    function (each function is built once, on its own, from its FunctionDef).
+    Returns None when TensorFlow cannot import the graph; a function it
+    cannot build is left out.
+    """
+    blocker = import_blocker(graph_def)
+    if blocker:
+        logger.debug("shapes unknown: %s", blocker)
+        return None
+    try:
+        main_ops = _imported_main_ops(graph_def, kinds)
+    except Exception as exc:  # noqa: BLE001 - any import failure means "unknown"
+        logger.debug("shapes unknown: graph does not import: %s", exc)
+        return None
+    found = {op.name: op for op in main_ops if op.type in kinds}
+    found.update((name, op) for name, op in _function_ops(graph_def, kinds) if op.type in kinds)
+    return found
+
+
+def _imported_main_ops(graph_def, kinds) -> list:
+    """The main graph's ops of ``kinds``, imported with shapes; only they and their producers become Python ops."""
+    wanted = [node.name for node in graph_def.node if node.op in kinds]
     return tf_internals.import_selected_ops(graph_def, wanted) if wanted else []
 
 
-def _function_ops(graph_def) -> list:
-    ops = []
+def _function_ops(graph_def, kinds) -> list[tuple[str, Any]]:
+    """(``function::node``, op) for every op of each library function that holds an op of ``kinds``."""
+    ops: list[tuple[str, Any]] = []
     for fdef in graph_def.library.function:
-        if not any(node.op in FLOP_OPS for node in fdef.node_def):
+        if not any(node.op in kinds for node in fdef.node_def):
             continue
+        prefix = fdef.signature.name + "::"
         try:
-            ops.extend(tf_internals.function_def_to_graph(fdef).get_operations())
+            ops.extend((prefix + op.name, op) for op in tf_internals.function_def_to_graph(fdef).get_operations())
         except Exception as exc:  # noqa: BLE001 - a function we cannot build counts as unknown
-            logger.debug("FLOPs of function %s unknown: %s", fdef.signature.name, exc)
+            logger.debug("shapes in function %s unknown: %s", fdef.signature.name, exc)
     return ops
 
 

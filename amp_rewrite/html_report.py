@@ -72,12 +72,14 @@ class _Node:
     converted: bool
 
 
-def render_html(result: RewriteResult, *, title: str) -> str:
+def render_html(result: RewriteResult, *, title: str, doctor: dict | None = None) -> str:
     """Renders ``result`` as one self-contained HTML page.
 
     Args:
         result: a :class:`~amp_rewrite.pipeline.RewriteResult`.
         title: the page title (escaped; any text is safe).
+        doctor: the doctor's findings (:meth:`amp_rewrite.doctor.Diagnosis.as_dict`), shown in a
+            "why not faster" panel whose node names link to the nodes.
 
     Returns:
         The HTML document. It references no external resource and is the same
@@ -89,6 +91,8 @@ def render_html(result: RewriteResult, *, title: str) -> str:
     edges, control = _edges(flat)
     column, row = layered_layout(len(nodes), edges + _control_edges_into_sinks(edges, control, len(nodes)))
     data = _page_data(nodes, edges, control, column, row, report)
+    if doctor is not None:
+        data["doctor"] = doctor
     logger.debug("rendered %d nodes and %d edges", len(nodes), len(edges) + len(control))
     return _page_template().replace("{{TITLE}}", html.escape(title)).replace("{{DATA}}", _script_json(data))
 

@@ -342,8 +342,20 @@ def override_call(concrete_function, call) -> None:
     vars(concrete_function)["_call_flat"] = call
 
 
+def call_override(concrete_function):
+    """The call :func:`override_call` made this ConcreteFunction run, or None."""
+    return vars(concrete_function).get("_call_flat")
+
+
 def drop_call_override(concrete_function) -> None:
     vars(concrete_function).pop("_call_flat", None)
+
+
+def profiler_trace_format():
+    """The protobuf module of the profiler's trace files (``XSpace``)."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    return xplane_pb2
 
 
 # --- training ------------------------------------------------------------------------------

@@ -322,6 +322,28 @@ function buildLegend() {
     document.getElementById("stats").append(span);
   }
 }
+function buildDoctor() {  // the doctor's bound and findings, node names linking to the nodes
+  if (!D.doctor) return;
+  const box = document.getElementById("doctor"), body = document.getElementById("doctor-body");
+  const b = D.doctor.bound, index = new Map(D.name.map((name, i) => [name, i]));
+  const head = document.createElement("div");
+  head.textContent = b.speedup_bound === null ? "bound: unknown (no heavy op with a known shape)"
+    : `bound: at most ${b.speedup_bound.toFixed(2)}x the float32 speed`;
+  const list = document.createElement("ol");
+  for (const f of D.doctor.findings) {
+    const li = document.createElement("li");
+    const share = f.share === null ? "share ?" : `${(100 * f.share).toFixed(1)}% of ${f.measure.replace("_", " ")}`;
+    li.append(document.createTextNode(`[${share}] ${f.kind}: `));
+    f.nodes.slice(0, 3).forEach((name, k) => {
+      if (k) li.append(document.createTextNode(", "));
+      li.append(index.has(name) ? link(index.get(name)) : document.createTextNode(name));
+    });
+    const why = document.createElement("div"); why.textContent = f.why;
+    const fix = document.createElement("div"); fix.textContent = "fix: " + f.fix;
+    li.append(why, fix); list.append(li);
+  }
+  body.append(head, list); box.hidden = false;
+}
 function link(i) {
   const a = document.createElement("a"); a.textContent = D.name[i]; a.href = "#node=" + encodeURIComponent(D.name[i]);
   return a;
@@ -369,7 +391,7 @@ function readHash() {
 window.addEventListener("hashchange", readHash);
 
 // ---- start --------------------------------------------------------------------------
-resize(); wrapBands(); buildLegend(); fit(); applyQuery(""); readHash(); draw();
+resize(); wrapBands(); buildLegend(); buildDoctor(); fit(); applyQuery(""); readHash(); draw();
 const ms = performance.now() - t0;
 document.getElementById("count").dataset.renderMs = ms.toFixed(0);
 document.title = document.title;

@@ -204,7 +204,7 @@ def _install_tf2_patches(settings: RuntimeSettings) -> None:
     """``tf.function`` traces run rewritten; the tape and Keras optimizers scale the loss."""
     from amp_rewrite.runtime import tf2_loss_scale, tf_function
 
-    tf_function.install(is_strict=settings.is_strict)
+    tf_function.install(is_strict=settings.is_strict, profile_after=settings.profile_after)
     if scales_loss(settings):
         tf2_loss_scale.install(settings)
 

@@ -194,6 +194,10 @@ class ShadowRunner:
         self._calls: dict = {}
         self._stopped_rewriting = False
         self._log = _LossScaleLog(every=settings.loss_scale.log_every)
+        if settings.profile_after is not None:
+            from amp_rewrite.runtime.profile import watch_session
+
+            watch_session(self, settings.profile_after)
 
     @property
     def shadow_graph(self):

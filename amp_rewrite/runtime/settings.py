@@ -28,6 +28,7 @@ LOSS_SCALE_INIT_ENV = "AMP_LOSS_SCALE_INIT"
 GROWTH_INTERVAL_ENV = "AMP_LOSS_SCALE_GROWTH_INTERVAL"
 LOG_EVERY_ENV = "AMP_LOSS_SCALE_LOG_STEPS"
 FIND_OVERFLOW_ENV = "AMP_REWRITE_FIND_OVERFLOW"
+PROFILE_ENV = "AMP_REWRITE_PROFILE"
 
 DEFAULT_INITIAL_SCALE = 2.0 ** 15
 DEFAULT_GROWTH_INTERVAL = 2000
@@ -83,6 +84,8 @@ class RuntimeSettings:
         is_finding_overflow: probe rewritten tf.functions for the first op whose
             half output is not finite.
         target: ``auto`` (chosen for the machine), ``float16`` or ``bfloat16``.
+        profile_after: profile one step after this many steps of a session or
+            a rewritten tf.function, then never again; None: never.
     """
 
     dump_dir: str | None = None
@@ -90,6 +93,7 @@ class RuntimeSettings:
     loss_scale: LossScaleSettings = LossScaleSettings()
     is_finding_overflow: bool = False
     target: str = "auto"
+    profile_after: int | None = None
 
     def __post_init__(self):
         if self.target not in TARGETS:
@@ -102,7 +106,8 @@ class RuntimeSettings:
         dump_dir = environ.get(DUMP_DIR_ENV) or environ.get(TF_LOG_PATH_ENV) or None
         return cls(dump_dir=dump_dir, is_strict=is_true(environ.get(STRICT_ENV)),
                    loss_scale=_loss_scale_from_env(environ), target=_target_from_env(environ),
-                   is_finding_overflow=is_true(environ.get(FIND_OVERFLOW_ENV)))
+                   is_finding_overflow=is_true(environ.get(FIND_OVERFLOW_ENV)),
+                   profile_after=_profile_from_env(environ))
 
 
 def is_true(value: str | None) -> bool:
@@ -115,6 +120,12 @@ def _target_from_env(environ: Mapping[str, str]) -> str:
     if target not in TARGETS:
         raise UsageError(f"{TARGET_ENV}={text!r}: choose one of {', '.join(TARGETS)}")
     return target
+
+
+def _profile_from_env(environ: Mapping[str, str]) -> int | None:
+    if not environ.get(PROFILE_ENV, "").strip():
+        return None
+    return _number(environ, PROFILE_ENV, int, None, minimum=1)
 
 
 def _loss_scale_from_env(environ: Mapping[str, str]) -> LossScaleSettings:

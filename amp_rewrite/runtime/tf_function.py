@@ -94,13 +94,17 @@ class _Hook:
         self.wants_marked = False
         self.swapped: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.history: list[FunctionReport] = []
+        self.profiles: Any = None  # a runtime.profile.FunctionProfiles with AMP_REWRITE_PROFILE
 
 
 _HOOK = _Hook()
 
 
-def install(*, is_strict: bool = False) -> None:
+def install(*, is_strict: bool = False, profile_after: int | None = None) -> None:
     """Rewrites every ConcreteFunction traced from now on (the runtime's switch).
+
+    With ``profile_after``, one eager call after that many calls of a
+    rewritten function is profiled (:mod:`amp_rewrite.runtime.profile`).
 
     When this TensorFlow lacks an internal the hook needs, nothing is
     installed: a warning names it (``is_strict`` raises instead). Otherwise
@@ -108,6 +112,10 @@ def install(*, is_strict: bool = False) -> None:
     """
     with LEDGER.lock:
         _HOOK.is_strict = is_strict
+        if profile_after is not None:
+            from amp_rewrite.runtime.profile import FunctionProfiles
+
+            _HOOK.profiles = FunctionProfiles(profile_after)
         if not _has_tracing_internals():
             return
         _HOOK.is_global = True
@@ -120,6 +128,7 @@ def uninstall() -> None:
     """Stops rewriting new traces and puts back the functions the runtime swapped."""
     with LEDGER.lock:
         _HOOK.is_global = False
+        _HOOK.profiles = None
         for cf, record in list(_HOOK.swapped.items()):
             if not record.report.is_explicit:
                 restore(cf)
@@ -241,6 +250,8 @@ def _swap_in(concrete_function, config: Config, *, is_explicit: bool) -> None:
     record = SwapRecord(report, traced_state, rewritten)
     tf_internals.set_concrete_function_state(concrete_function, {**traced_state, **new_state})
     tf_internals.override_call(concrete_function, _first_eager_call_guard(concrete_function, record))
+    if _HOOK.profiles is not None:
+        _HOOK.profiles.watch(concrete_function)
     _HOOK.swapped[concrete_function] = record
     _HOOK.history.append(report)
     logger.info("amp-rewrite: tf.function %s: %s (rewrite %.3f s, reload %.3f s)", name,
