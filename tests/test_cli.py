@@ -140,6 +140,16 @@ def test_package_version_is_the_installed_distributions():
     assert re.fullmatch(r"\d+\.\d+\.\d+", amp_rewrite.__version__)
 
 
+def test_a_checkout_imported_without_installing_reports_an_unknown_version(monkeypatch):
+    import amp_rewrite
+
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    assert amp_rewrite._installed_version.__wrapped__() == "0+unknown"
+
+
 def test_outputs_get_the_usual_file_mode(graph_file, tmp_path):
     out, report = tmp_path / "out.pb", tmp_path / "r.json"
     old = os.umask(0o022)
