@@ -6,8 +6,8 @@
 #      so a file the sdist leaves out fails here.
 #   3. LICENSE is in the sdist and in both wheels' .dist-info.
 #   4. The wheel built from the sdist goes into a fresh virtualenv with the
-#      `cpu` extra (pip's cache serves TensorFlow; nothing is byte-compiled
-#      ahead, which halves the install). From another directory it prints its
+#      `cpu` extra (pip takes TensorFlow from its cache or a local index where
+#      it has one; nothing is byte-compiled ahead). From another directory it prints its
 #      version, runs the README's first command on the example graph the sdist
 #      carries (the summary line must be the one the README shows), writes an
 #      HTML report, and ENABLE_AUTO_MP=1 patches TensorFlow at start-up.
