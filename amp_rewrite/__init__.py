@@ -6,8 +6,11 @@ this package patches nothing and does not import TensorFlow until a graph is
 rewritten. :func:`enable` (what ``ENABLE_AUTO_MP=1`` does at start-up) makes
 TF1 sessions and traced ``tf.function``s run rewritten graphs, and TF1
 optimizers and Keras ``compile`` scale the loss. :func:`function` is a
-``tf.function`` that runs rewritten without the switch.
+``tf.function`` that runs rewritten without the switch. ``__version__`` is
+the installed distribution's version (``amp-rewrite --version`` prints it).
 """
+
+import functools
 
 from amp_rewrite.config import Config
 from amp_rewrite.errors import AmpRewriteError, GraphError, InputFileError, ListError, RuntimeRewriteError, UsageError
@@ -26,11 +29,29 @@ _LAZY = {
 
 
 def __getattr__(name: str):
+    if name == "__version__":
+        return _installed_version()
     if name in _LAZY:
         import importlib
 
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'amp_rewrite' has no attribute {name!r}")
+
+
+@functools.cache
+def _installed_version() -> str:
+    """The installed distribution's version, which pyproject.toml's ``version`` sets.
+
+    Read on first use: importing importlib.metadata costs about a third of this
+    package's own import. A checkout imported without being installed has no
+    metadata and reports ``0+unknown``.
+    """
+    from importlib import metadata
+
+    try:
+        return metadata.version("amp-rewrite")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
 
 
 def enable(**kwargs) -> None:
@@ -68,4 +89,3 @@ __all__ = [
     "rewrite_saved_model",
     "validated_rewrite",
 ]
-__version__ = "0.1.0"

@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "`amp-rewrite explain IN NODE` says why a node got its precision; "
                     "`amp-rewrite doctor IN` says why the result may not run faster.",
     )
+    _add_version_flag(parser)
     parser.add_argument("input", help="input graph: .pb (binary GraphDef), .pbtxt (text), or a SavedModel directory")
     parser.add_argument("output", help="output graph (format from its name unless --output-format), "
                                        "or a SavedModel directory when the input is one")
@@ -93,6 +94,27 @@ def _integer(low: int, high: int):
     return parse
 
 
+class _PrintVersion(argparse.Action):
+    """``--version``: prints ``amp-rewrite X.Y.Z`` and exits 0, whatever else the command line holds.
+
+    Like argparse's own version action, but the version is read from the package
+    metadata only when the flag is given.
+    """
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        import amp_rewrite
+
+        print(f"amp-rewrite {amp_rewrite.__version__}")
+        parser.exit()
+
+
+def _add_version_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--version", action=_PrintVersion, help="print the installed version and exit")
+
+
 def build_explain_parser() -> argparse.ArgumentParser:
     """``amp-rewrite explain IN NODE [options]``."""
     parser = argparse.ArgumentParser(
@@ -100,6 +122,7 @@ def build_explain_parser() -> argparse.ArgumentParser:
         description="Rewrite IN in memory and print why NODE got its precision, following each "
                     "cause back to the op-list entry that started it.",
     )
+    _add_version_flag(parser)
     parser.add_argument("input", help="input graph: .pb, .pbtxt, or a SavedModel directory")
     parser.add_argument("node", help="the node to explain; a node inside a function is FUNCTION::NODE")
     _add_rewrite_options(parser)

@@ -1,5 +1,6 @@
 """The command line, end to end in a subprocess."""
 
+import importlib.metadata
 import json
 import os
 import re
@@ -108,6 +109,45 @@ def test_bundled_example_rewrites(tmp_path):
     assert proc.stdout.startswith("converted ")
     gd = tf.compat.v1.GraphDef.FromString((tmp_path / "mlp_amp.pb").read_bytes())
     assert any(n.op == "MatMul" and n.attr["T"].type == F16 for n in gd.node)
+
+
+@pytest.mark.parametrize("args", [
+    ["--version"],
+    ["explain", "--version"],
+    ["GRAPH", "--version"],  # beside a positional, before the missing OUT is an error
+    ["--version", "GRAPH", "out.pb", "--target", "nope"],
+])
+def test_version_flag_prints_the_installed_version_and_exits_0(graph_file, tmp_path, args):
+    args = [str(graph_file) if a == "GRAPH" else a for a in args]
+    proc = cli(*args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"amp-rewrite {importlib.metadata.version('amp-rewrite')}\n"
+    assert re.fullmatch(r"amp-rewrite \d+\.\d+\.\d+\n", proc.stdout)
+    assert not (tmp_path / "out.pb").exists()
+
+
+def test_console_script_prints_the_version(tmp_path):
+    script = Path(sys.executable).parent / ("amp-rewrite.exe" if os.name == "nt" else "amp-rewrite")
+    proc = subprocess.run([str(script), "--version"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"amp-rewrite {importlib.metadata.version('amp-rewrite')}\n"
+
+
+def test_package_version_is_the_installed_distributions():
+    import amp_rewrite
+
+    assert amp_rewrite.__version__ == importlib.metadata.version("amp-rewrite")
+    assert re.fullmatch(r"\d+\.\d+\.\d+", amp_rewrite.__version__)
+
+
+def test_a_checkout_imported_without_installing_reports_an_unknown_version(monkeypatch):
+    import amp_rewrite
+
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    assert amp_rewrite._installed_version.__wrapped__() == "0+unknown"
 
 
 def test_outputs_get_the_usual_file_mode(graph_file, tmp_path):
