@@ -111,6 +111,9 @@ def _add_rewrite_options(parser: argparse.ArgumentParser) -> None:
                              "comma-separated lists allowed). Default: every node without consumers")
     parser.add_argument("--preserve", action="append", default=[], metavar="NAME",
                         help="a further node never to change, e.g. a fed tensor (repeatable)")
+    parser.add_argument("--keep-float32", action="append", default=[], metavar="REGEX",
+                        help="keep float32 every node whose name contains a match of REGEX (Python syntax, "
+                             "re.search; FUNCTION::NODE inside functions); repeatable")
     parser.add_argument("--target", choices=TARGETS, default="float16")
     parser.add_argument("--level", choices=LEVELS, default=None,
                         help="default: $TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LEVEL or DEFAULT")
@@ -153,7 +156,7 @@ def config_from_args(args, environ=None) -> Config:
     explicit = {"level": args.level} if args.level else {}
     config = Config.from_env(environ, list_edits=_flag_edits(args), **explicit)
     fields = {"target": args.target, "lists_dir": args.lists, "device_type": args.device_type,
-              "preserve": _split_names(args.preserve)}
+              "preserve": _split_names(args.preserve), "keep_float32_patterns": tuple(args.keep_float32)}
     if args.dump_dir:
         fields["dump_dir"] = args.dump_dir
     if args.level:
@@ -335,6 +338,7 @@ def _finish(args, result, stage) -> None:
         report_bytes = render_html(result, title=os.path.basename(args.input)).encode()
     elif args.report:
         report_bytes = (json.dumps(result.report(), indent=1, sort_keys=True) + "\n").encode()
+    _warn_unmatched(args, result)
     with graph_io.Outputs() as outputs:
         if report_bytes is not None:
             outputs.add_file(args.report, report_bytes)
@@ -342,6 +346,11 @@ def _finish(args, result, stage) -> None:
         outputs.commit()
     if not args.quiet:
         print(result.summary())
+
+
+def _warn_unmatched(args, result) -> None:
+    for pattern in result.unmatched_patterns:
+        logging.getLogger(__name__).warning("%s: --keep-float32 %r matches no node", args.input, pattern)
 
 
 def run_explain(args) -> int:
@@ -353,6 +362,7 @@ def run_explain(args) -> int:
         result = _rewrite_saved_model(args)[1]
     else:
         result = _load_and_rewrite(args)
+    _warn_unmatched(args, result)
     if args.node not in result.node_outcomes:
         inside = [name for name in result.node_outcomes if name.endswith("::" + args.node)]
         hint = f"; inside functions: {', '.join(inside[:3])}{', ...' if len(inside) > 3 else ''}" if inside else ""

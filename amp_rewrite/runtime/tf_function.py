@@ -323,13 +323,16 @@ def _set_state(concrete_function, state: dict) -> None:
 def default_config() -> Config:
     """The environment's configuration, for the device type functions will run on.
 
-    The target is the runtime's (float16 when the runtime is off).
+    The target is the runtime's (float16 when the runtime is off), and so are
+    the keep-float32 patterns.
     """
     from amp_rewrite import runtime
     from amp_rewrite.op_registry import default_device_type
 
+    settings = runtime.current_settings()
     return Config.from_env(device_type=default_device_type(runs_here=True),
-                           target=runtime.current_target() or "float16")
+                           target=runtime.current_target() or "float16",
+                           keep_float32_patterns=settings.keep_float32 if settings is not None else ())
 
 
 def _is_strict() -> bool:
