@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="amp-rewrite",
         description="Rewrite a float32 TensorFlow graph to mixed precision (float16 or bfloat16). "
-                    "`amp-rewrite explain IN NODE` says why a node got its precision.",
+                    "`amp-rewrite explain IN NODE` says why a node got its precision; "
+                    "`amp-rewrite strip IN OUT` turns a mixed graph back into float32.",
     )
     parser.add_argument("input", help="input graph: .pb (binary GraphDef), .pbtxt (text), or a SavedModel directory")
     parser.add_argument("output", help="output graph (format from its name unless --output-format), "
@@ -103,6 +104,62 @@ def build_explain_parser() -> argparse.ArgumentParser:
     parser.add_argument("node", help="the node to explain; a node inside a function is FUNCTION::NODE")
     _add_rewrite_options(parser)
     return parser
+
+
+def build_strip_parser() -> argparse.ArgumentParser:
+    """``amp-rewrite strip IN OUT [options]``."""
+    parser = argparse.ArgumentParser(
+        prog="amp-rewrite strip",
+        description="Turn a mixed-precision graph (Keras mixed_float16, or one amp-rewrite wrote) back into "
+                    "float32, or retarget its half type (--target bfloat16 on a float16 graph, and the reverse).",
+    )
+    parser.add_argument("input", help="input graph: .pb, .pbtxt, or a SavedModel directory")
+    parser.add_argument("output", help="output graph, or a SavedModel directory when the input is one")
+    parser.add_argument("--target", choices=("float32", "float16", "bfloat16"), default="float32",
+                        help="float32 (default) undoes mixed precision; a half type retypes the other half type")
+    parser.add_argument("--fetch", action="append", default=[], metavar="NAME",
+                        help="a node the graph's user fetches; it keeps its dtype (repeatable). "
+                             "Default: every node without consumers")
+    parser.add_argument("--input-format", choices=("pb", "pbtxt"), default=None)
+    parser.add_argument("--output-format", choices=("pb", "pbtxt"), default=None)
+    parser.add_argument("--in-place", action="store_true", help="allow OUTPUT to be INPUT")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print no summary line")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="TensorFlow's start-up messages too")
+    return parser
+
+
+def run_strip(args) -> int:
+    """Strips IN to OUT; prints the summary line."""
+    from amp_rewrite import graph_io
+    from amp_rewrite.strip import strip, strip_saved_model
+
+    if _same_path(args.input, args.output) and not args.in_place:
+        raise UsageError(f"{args.output}: output is the input file; pass --in-place to overwrite it")
+    if graph_io.is_saved_model_dir(args.input):
+        graph_io.saved_model_target(args.output, replace=args.in_place)
+        saved = graph_io.load_saved_model(args.input)
+        with _naming_input(args.input):
+            stripped, result = strip_saved_model(saved, target=args.target)
+        graph_io.save_saved_model(stripped, args.input, args.output, replace=args.in_place)
+    else:
+        graph_io.output_file_target(args.output)
+        graph_def = graph_io.load_graph_def(args.input, input_format=args.input_format)
+        with _naming_input(args.input):
+            result = strip(graph_def, target=args.target, fetches=_split_names(args.fetch) or None)
+        graph_io.save_graph_def(result.graph_def, args.output,
+                                output_format=graph_io.format_of(args.output, args.output_format))
+    if not args.quiet:
+        print(result.summary())
+    return EXIT_OK
+
+
+@contextmanager
+def _naming_input(path: str):
+    """A GraphError raised inside names the input file first."""
+    try:
+        yield
+    except GraphError as exc:
+        raise GraphError(f"{path}: {exc}") from None
 
 
 def _add_rewrite_options(parser: argparse.ArgumentParser) -> None:
@@ -382,9 +439,9 @@ def _on_sigterm(signum, frame):
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    explaining = bool(argv) and argv[0] == "explain"
-    parser = build_explain_parser() if explaining else build_parser()
-    args = parser.parse_args(argv[1:] if explaining else argv)
+    command = argv[0] if argv and argv[0] in ("explain", "strip") else ""
+    parser = {"explain": build_explain_parser, "strip": build_strip_parser}.get(command, build_parser)()
+    args = parser.parse_args(argv[1:] if command else argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="amp-rewrite: %(levelname)s: %(message)s")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -392,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
         quiet_tensorflow_import()
     previous_sigterm = _install_sigterm()
     try:
-        return run_explain(args) if explaining else run(args)
+        return {"explain": run_explain, "strip": run_strip}.get(command, run)(args)
     except UsageError as exc:
         print(f"amp-rewrite: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
