@@ -24,6 +24,9 @@ Guarantees:
   function stays as traced; the first eager call that fails in the rewritten
   function, but not in the traced one, does the same. With
   ``AMP_REWRITE_STRICT=1`` a :class:`RuntimeRewriteError` is raised instead.
+- A function holding a loss-scaled optimizer step that is skipped with the
+  scale at its floor of 1 runs its traced float32 body from the next call
+  (:mod:`amp_rewrite.runtime.tf2_fallback`), with the same warning or error.
 - :func:`uninstall`, which the runtime's ledger calls on
   :func:`amp_rewrite.disable`, puts back every function it swapped (functions
   from :func:`amp_rewrite.function` keep theirs).
@@ -235,6 +238,7 @@ def _swap_in(concrete_function, config: Config, *, is_explicit: bool) -> None:
     start = time.perf_counter()
     name = _function_name(concrete_function)
     tf2_loss_scale.check_traced(concrete_function.graph, name)
+    is_guarded = tf2_loss_scale.has_guarded_apply(concrete_function.graph)
     probing = {"is_probing_overflow": True} if tf2_loss_scale.is_finding_overflow() else {}
     rewritten = rewrite_concrete(concrete_function, config, **probing)
     if rewritten.concrete_function is None:
@@ -259,7 +263,13 @@ def _swap_in(concrete_function, config: Config, *, is_explicit: bool) -> None:
                             is_inference_only=rewritten.has_custom_gradients)
     record = SwapRecord(report, traced_state, rewritten)
     vars(concrete_function).update(new_state)
-    vars(concrete_function)["_call_flat"] = _first_eager_call_guard(concrete_function, record)
+    watch = None
+    if is_guarded:
+        from amp_rewrite.runtime import tf2_fallback
+
+        if tf2_fallback.is_wanted():
+            watch = tf2_fallback.floor_watch(concrete_function, _fall_back_hopeless)
+    vars(concrete_function)["_call_flat"] = _first_eager_call_guard(concrete_function, record, then=watch)
     _HOOK.swapped[concrete_function] = record
     _HOOK.history.append(report)
     logger.info("amp-rewrite: tf.function %s: %s (rewrite %.3f s, reload %.3f s)", name,
@@ -270,10 +280,11 @@ def _swap_in(concrete_function, config: Config, *, is_explicit: bool) -> None:
                     rewritten.custom_gradient_ops[0])
 
 
-def _first_eager_call_guard(concrete_function, record: SwapRecord):
+def _first_eager_call_guard(concrete_function, record: SwapRecord, *, then=None):
     """A ``_call_flat`` that checks the first eager run of the rewritten function.
 
-    Once a run succeeds the guard removes itself, so later calls cost nothing.
+    Once a run succeeds the guard removes itself, so later calls cost nothing,
+    or gives its place to ``then`` (the loss-scale floor watch).
     """
     function_ref = weakref.ref(concrete_function)
 
@@ -288,10 +299,25 @@ def _first_eager_call_guard(concrete_function, record: SwapRecord):
             outputs = run(cf, tensor_inputs, captured_inputs)
         except Exception as exc:
             return _first_run_failed(cf, record, exc, tensor_inputs, captured_inputs)
-        vars(cf).pop("_call_flat", None)
+        if then is None:
+            vars(cf).pop("_call_flat", None)
+        else:
+            vars(cf)["_call_flat"] = then
         return outputs
 
     return call_flat
+
+
+def _fall_back_hopeless(concrete_function, reason: str) -> None:
+    """No loss scale helps this rewritten function: its traced float32 body runs from the next call."""
+    record = record_of(concrete_function)
+    if record is None:
+        return
+    name = record.report.name
+    if _is_strict():
+        raise RuntimeRewriteError(f"tf.function {name}: {reason}")
+    restore(concrete_function)
+    logger.warning("amp-rewrite: tf.function %s runs in float32 from the next call: %s", name, reason)
 
 
 def _first_run_failed(cf, record: SwapRecord, exc, tensor_inputs, captured_inputs):
