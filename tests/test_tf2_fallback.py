@@ -114,3 +114,16 @@ def test_a_fixed_scale_of_one_keeps_skipping_in_half(amp_runtime, caplog):
     assert not any(np.isfinite(losses))
     np.testing.assert_array_equal(w, 300.0)
     assert not [m for m in warnings_of(caplog) if "runs in float32" in m]
+
+
+def test_a_skip_at_the_floor_on_the_first_call_falls_back_every_trace(amp_runtime, caplog):
+    # The optimizer creates its variables in the first call, so the function is traced
+    # twice; the second trace must run float32 too.
+    float32_losses, float32_w = custom_loop(3)
+    amp_runtime(RuntimeSettings(target="float16", loss_scale=LossScaleSettings(initial_scale=1.0)))
+    with caplog.at_level(logging.WARNING, logger="amp_rewrite"):
+        losses, w = custom_loop(4)
+    assert not np.isfinite(losses[0])
+    np.testing.assert_allclose(losses[1:], float32_losses, rtol=1e-6)
+    np.testing.assert_allclose(w, float32_w, rtol=1e-6)
+    assert len([m for m in warnings_of(caplog) if "runs in float32 from the next call" in m]) == 1

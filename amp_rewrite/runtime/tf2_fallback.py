@@ -45,28 +45,45 @@ def is_wanted() -> bool:
     return settings is not None and settings.loss_scale.is_dynamic
 
 
-def floor_watch(concrete_function, on_hopeless: Callable[[object, str], None]):
-    """A ``_call_flat`` for ``concrete_function`` that calls ``on_hopeless(cf, reason)`` after a skip at the floor.
+class FloorWatch:
+    """The ``_call_flat`` of a watched function: calls it, then calls ``on_hopeless(cf, reason)`` after a skip at 1.
 
     ``on_hopeless`` runs after the call returned its outputs (which are still
-    returned), so the step that skipped is not run again.
+    returned), so the step that skipped is not run again. The first-call
+    guard of :mod:`amp_rewrite.runtime.tf_function` uses :meth:`count` and
+    :meth:`check` around the first call, which it runs itself.
     """
-    function_ref = weakref.ref(concrete_function)
 
-    def call_flat(tensor_inputs, captured_inputs):
+    def __init__(self, concrete_function, on_hopeless: Callable[[object, str], None]):
+        self.function_ref = weakref.ref(concrete_function)
+        self.on_hopeless = on_hopeless
+
+    def __call__(self, tensor_inputs, captured_inputs):
         from tensorflow.python.eager import context
 
-        cf: Any = function_ref()
+        cf: Any = self.function_ref()
         run = type(cf)._call_flat
         if not context.executing_eagerly():
             return run(cf, tensor_inputs, captured_inputs)
-        before = _skipped_steps()
+        before = self.count()
         outputs = run(cf, tensor_inputs, captured_inputs)
-        if _skipped_at_floor_since(before):
-            on_hopeless(cf, FLOOR_REASON)
+        self.check(cf, before)
         return outputs
 
-    return call_flat
+    @staticmethod
+    def count() -> int | None:
+        """The process's skipped-step count now (None before any step was scaled)."""
+        return _skipped_steps()
+
+    def check(self, concrete_function, before: int | None) -> None:
+        """Calls ``on_hopeless`` if a step was skipped at the floor since the count was ``before``."""
+        if _skipped_at_floor_since(before):
+            self.on_hopeless(concrete_function, FLOOR_REASON)
+
+
+def floor_watch(concrete_function, on_hopeless: Callable[[object, str], None]) -> FloorWatch:
+    """A :class:`FloorWatch` for ``concrete_function``."""
+    return FloorWatch(concrete_function, on_hopeless)
 
 
 def _skipped_steps() -> int | None:

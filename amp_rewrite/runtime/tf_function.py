@@ -263,13 +263,8 @@ def _swap_in(concrete_function, config: Config, *, is_explicit: bool) -> None:
                             is_inference_only=rewritten.has_custom_gradients)
     record = SwapRecord(report, traced_state, rewritten)
     vars(concrete_function).update(new_state)
-    watch = None
-    if is_guarded:
-        from amp_rewrite.runtime import tf2_fallback
-
-        if tf2_fallback.is_wanted():
-            watch = tf2_fallback.floor_watch(concrete_function, _fall_back_hopeless)
-    vars(concrete_function)["_call_flat"] = _first_eager_call_guard(concrete_function, record, then=watch)
+    vars(concrete_function)["_call_flat"] = _first_eager_call_guard(
+        concrete_function, record, then=_floor_watch(concrete_function) if is_guarded else None)
     _HOOK.swapped[concrete_function] = record
     _HOOK.history.append(report)
     logger.info("amp-rewrite: tf.function %s: %s (rewrite %.3f s, reload %.3f s)", name,
@@ -295,6 +290,7 @@ def _first_eager_call_guard(concrete_function, record: SwapRecord, *, then=None)
         run = type(cf)._call_flat
         if not context.executing_eagerly():
             return run(cf, tensor_inputs, captured_inputs)  # builds a call; nothing runs yet
+        before = then.count() if then is not None else None
         try:
             outputs = run(cf, tensor_inputs, captured_inputs)
         except Exception as exc:
@@ -303,20 +299,38 @@ def _first_eager_call_guard(concrete_function, record: SwapRecord, *, then=None)
             vars(cf).pop("_call_flat", None)
         else:
             vars(cf)["_call_flat"] = then
+            then.check(cf, before)
         return outputs
 
     return call_flat
 
 
+def _floor_watch(concrete_function):
+    """The ``_call_flat`` that watches a function holding a guarded apply for skips at the scale floor, or None."""
+    from amp_rewrite.runtime import tf2_fallback
+
+    return tf2_fallback.floor_watch(concrete_function, _fall_back_hopeless) if tf2_fallback.is_wanted() else None
+
+
 def _fall_back_hopeless(concrete_function, reason: str) -> None:
-    """No loss scale helps this rewritten function: its traced float32 body runs from the next call."""
+    """No loss scale helps this rewritten function: its traced float32 body runs from the next call.
+
+    So do the other watched traces of the same name: a ``tf.function`` that
+    creates variables is traced twice, once creating them and once to run.
+    """
     record = record_of(concrete_function)
     if record is None:
         return
     name = record.report.name
     if _is_strict():
         raise RuntimeRewriteError(f"tf.function {name}: {reason}")
-    restore(concrete_function)
+    from amp_rewrite.runtime import tf2_loss_scale
+
+    with LEDGER.lock:
+        siblings = [cf for cf, other in _HOOK.swapped.items() if other.report.name == name
+                    and tf2_loss_scale.has_guarded_apply(other.traced_state.get("_func_graph"))]
+    for cf in [concrete_function, *siblings]:
+        restore(cf)
     logger.warning("amp-rewrite: tf.function %s runs in float32 from the next call: %s", name, reason)
 
 
