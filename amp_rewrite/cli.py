@@ -39,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="amp-rewrite",
         description="Rewrite a float32 TensorFlow graph to mixed precision (float16 or bfloat16). "
                     "`amp-rewrite explain IN NODE` says why a node got its precision; "
-                    "`amp-rewrite doctor IN` says why the result may not run faster.",
+                    "`amp-rewrite doctor IN` says why the result may not run faster; "
+                    "`amp-rewrite strip IN OUT` turns a mixed graph back into float32.",
     )
     _add_version_flag(parser)
     parser.add_argument("input", help="input graph: .pb (binary GraphDef), .pbtxt (text), or a SavedModel directory")
@@ -154,12 +155,71 @@ def build_doctor_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def build_strip_parser() -> argparse.ArgumentParser:
+    """``amp-rewrite strip IN OUT [options]``."""
+    parser = argparse.ArgumentParser(
+        prog="amp-rewrite strip",
+        description="Turn a mixed-precision graph (Keras mixed_float16, or one amp-rewrite wrote) back into "
+                    "float32, or retarget its half type (--target bfloat16 on a float16 graph, and the reverse).",
+    )
+    parser.add_argument("input", help="input graph: .pb, .pbtxt, or a SavedModel directory")
+    parser.add_argument("output", help="output graph, or a SavedModel directory when the input is one")
+    parser.add_argument("--target", choices=("float32", "float16", "bfloat16"), default="float32",
+                        help="float32 (default) undoes mixed precision; a half type retypes the other half type")
+    parser.add_argument("--fetch", action="append", default=[], metavar="NAME",
+                        help="a node the graph's user fetches; it keeps its dtype (repeatable). "
+                             "Default: every node without consumers")
+    parser.add_argument("--input-format", choices=("pb", "pbtxt"), default=None)
+    parser.add_argument("--output-format", choices=("pb", "pbtxt"), default=None)
+    parser.add_argument("--in-place", action="store_true", help="allow OUTPUT to be INPUT")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print no summary line")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="TensorFlow's start-up messages too")
+    return parser
+
+
+def run_strip(args) -> int:
+    """Strips IN to OUT; prints the summary line."""
+    from amp_rewrite import graph_io
+    from amp_rewrite.strip import strip, strip_saved_model
+
+    if _same_path(args.input, args.output) and not args.in_place:
+        raise UsageError(f"{args.output}: output is the input file; pass --in-place to overwrite it")
+    if graph_io.is_saved_model_dir(args.input):
+        graph_io.saved_model_target(args.output, replace=args.in_place)
+        saved = graph_io.load_saved_model(args.input)
+        with _naming_input(args.input):
+            stripped, result = strip_saved_model(saved, target=args.target)
+        graph_io.save_saved_model(stripped, args.input, args.output, replace=args.in_place)
+    else:
+        graph_io.output_file_target(args.output)
+        graph_def = graph_io.load_graph_def(args.input, input_format=args.input_format)
+        with _naming_input(args.input):
+            result = strip(graph_def, target=args.target, fetches=_split_names(args.fetch) or None)
+        graph_io.save_graph_def(result.graph_def, args.output,
+                                output_format=graph_io.format_of(args.output, args.output_format))
+    if not args.quiet:
+        print(result.summary())
+    return EXIT_OK
+
+
+@contextmanager
+def _naming_input(path: str):
+    """A GraphError raised inside names the input file first."""
+    try:
+        yield
+    except GraphError as exc:
+        raise GraphError(f"{path}: {exc}") from None
+
+
 def _add_rewrite_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fetch", action="append", default=[], metavar="NAME",
                         help="a node the graph's user fetches; it keeps its dtype (repeatable; "
                              "comma-separated lists allowed). Default: every node without consumers")
     parser.add_argument("--preserve", action="append", default=[], metavar="NAME",
                         help="a further node never to change, e.g. a fed tensor (repeatable)")
+    parser.add_argument("--keep-float32", action="append", default=[], metavar="REGEX",
+                        help="keep float32 every node whose name contains a match of REGEX (Python syntax, "
+                             "re.search; FUNCTION::NODE inside functions); repeatable")
     parser.add_argument("--target", choices=TARGETS, default="float16")
     parser.add_argument("--level", choices=LEVELS, default=None,
                         help="default: $TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LEVEL or DEFAULT")
@@ -202,7 +262,7 @@ def config_from_args(args, environ=None) -> Config:
     explicit = {"level": args.level} if args.level else {}
     config = Config.from_env(environ, list_edits=_flag_edits(args), **explicit)
     fields = {"target": args.target, "lists_dir": args.lists, "device_type": args.device_type,
-              "preserve": _split_names(args.preserve)}
+              "preserve": _split_names(args.preserve), "keep_float32_patterns": tuple(args.keep_float32)}
     if args.dump_dir:
         fields["dump_dir"] = args.dump_dir
     if args.level:
@@ -385,6 +445,7 @@ def _finish(args, result, stage) -> None:
         report_bytes = render_html(result, title=os.path.basename(args.input), doctor=doctor).encode()
     elif args.report:
         report_bytes = (json.dumps({**result.report(), "doctor": doctor}, indent=1, sort_keys=True) + "\n").encode()
+    _warn_unmatched(args, result)
     with graph_io.Outputs() as outputs:
         if report_bytes is not None:
             outputs.add_file(args.report, report_bytes)
@@ -400,6 +461,11 @@ def _doctor_section(result) -> dict:
     return diagnose(result).as_dict()
 
 
+def _warn_unmatched(args, result) -> None:
+    for pattern in result.unmatched_patterns:
+        logging.getLogger(__name__).warning("%s: --keep-float32 %r matches no node", args.input, pattern)
+
+
 def run_explain(args) -> int:
     """Prints the chain of reasons for one node."""
     from amp_rewrite import graph_io
@@ -409,6 +475,7 @@ def run_explain(args) -> int:
         result = _rewrite_saved_model(args)[1]
     else:
         result = _load_and_rewrite(args)
+    _warn_unmatched(args, result)
     if args.node not in result.node_outcomes:
         inside = [name for name in result.node_outcomes if name.endswith("::" + args.node)]
         hint = f"; inside functions: {', '.join(inside[:3])}{', ...' if len(inside) > 3 else ''}" if inside else ""
@@ -463,8 +530,9 @@ def _on_sigterm(signum, frame):
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    command = argv[0] if argv and argv[0] in ("explain", "doctor") else ""
-    parser = {"explain": build_explain_parser, "doctor": build_doctor_parser}.get(command, build_parser)()
+    command = argv[0] if argv and argv[0] in ("explain", "doctor", "strip") else ""
+    parser = {"explain": build_explain_parser, "doctor": build_doctor_parser,
+              "strip": build_strip_parser}.get(command, build_parser)()
     args = parser.parse_args(argv[1:] if command else argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="amp-rewrite: %(levelname)s: %(message)s")
@@ -473,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
         quiet_tensorflow_import()
     previous_sigterm = _install_sigterm()
     try:
-        return {"explain": run_explain, "doctor": run_doctor}.get(command, run)(args)
+        return {"explain": run_explain, "doctor": run_doctor, "strip": run_strip}.get(command, run)(args)
     except UsageError as exc:
         print(f"amp-rewrite: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

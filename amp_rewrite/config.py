@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from amp_rewrite.errors import UsageError
+from amp_rewrite.keep_patterns import compile_patterns
 from amp_rewrite.op_lists import ENV_PREFIX, TARGETS, ListEdit, env_edits
 
 LEVELS = ("DEFAULT", "TENSOR_CORES_ONLY", "TREAT_INFER_AS_DENY", "UNSAFE_FORCE_ALL")
@@ -40,6 +41,9 @@ class Config:
         fixed_signatures: library functions whose arguments and results keep
             their dtypes for every caller (the functions a SavedModel restores);
             their bodies are rewritten, with Casts inside.
+        keep_float32_patterns: regular expressions; a node whose name (``function::node``
+            inside a function) contains a match stays float32, like a preserved
+            node (see :mod:`amp_rewrite.keep_patterns`).
     """
 
     target: str = "float16"
@@ -53,6 +57,7 @@ class Config:
     keep_float32: tuple[tuple[str, str], ...] = ()
     release: tuple[str, ...] = ()
     fixed_signatures: tuple[str, ...] = ()
+    keep_float32_patterns: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.target not in TARGETS:
@@ -63,6 +68,7 @@ class Config:
             raise UsageError(
                 f"unknown device type {self.device_type!r}; choose one of {', '.join(DEVICE_TYPES)}"
             )
+        compile_patterns(self.keep_float32_patterns)
         if self.level == "UNSAFE_FORCE_ALL" and self.target == "bfloat16":
             # TensorFlow refuses this too: few ops have bfloat16 kernels.
             raise UsageError("level UNSAFE_FORCE_ALL is only available for float16")

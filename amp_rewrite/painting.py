@@ -128,13 +128,17 @@ class PaintContext:
         device_type: the device type the graph runs on.
         preserved: names of nodes never to change.
         force_all: the UNSAFE_FORCE_ALL level.
+        keep_float32: main-graph node name → reason, for nodes to leave float32.
+        kept_by_pattern: node index (any body) → reason, for the nodes a
+            keep-float32 pattern matched; left alone like preserved nodes.
     """
 
     def __init__(self, graph: TypedGraph, lists: OpLists, *, target_dtype: int,
                  device_type: str, preserved: frozenset[str], force_all: bool = False,
                  keep_float32: dict[str, str] | None = None, release: frozenset[str] = frozenset(),
-                 fixed_signatures: frozenset[str] = frozenset()):
+                 fixed_signatures: frozenset[str] = frozenset(), kept_by_pattern: dict[int, str] | None = None):
         self.graph = graph
+        self.kept_by_pattern = kept_by_pattern or {}
         self.fixed_signatures = fixed_signatures
         self.keep_float32 = keep_float32 or {}
         self.released = {graph.index[n] for n in release if n in graph.index}
@@ -169,9 +173,10 @@ class PaintContext:
         fixed = {i for i in graph.virtual
                  if graph.bodies[graph.body_of[i]].function in self.fixed_signatures} if self.fixed_signatures else ()
         index = graph.bodies[0].index
-        special = {index[name] for name in special if name in index}  # main-graph nodes, by index
+        special_nodes = {index[name] for name in special if name in index}  # main-graph nodes, by index
+        special_nodes.update(self.kept_by_pattern)  # any body's nodes, by index
         for i, node in enumerate(graph.nodes):
-            if i in special or i in opaque or i in fixed:
+            if i in special_nodes or i in opaque or i in fixed:
                 append(self._skip_reason(i))
                 continue
             device = node.device
@@ -186,6 +191,8 @@ class PaintContext:
             return "fetched or preserved: keeps its dtype"
         if graph.body_of[i] == 0 and node.name in self.keep_float32:
             return self.keep_float32[node.name]
+        if i in self.kept_by_pattern:
+            return self.kept_by_pattern[i]
         if i in graph.opaque_calls:
             return f"call not rewritten: {graph.opaque_calls[i]}"
         if i in graph.virtual and graph.bodies[graph.body_of[i]].function in self.fixed_signatures:

@@ -64,6 +64,7 @@ from amp_rewrite.errors import AmpRewriteError, GraphError, PaintingRuleError
 from amp_rewrite.explain import node_outcomes
 from amp_rewrite.functions import LibraryResult, finalize_functions
 from amp_rewrite.graph_facts import DT_BFLOAT16, DT_FLOAT, DT_HALF, node_name, sinks
+from amp_rewrite.keep_patterns import match_patterns
 from amp_rewrite.op_lists import OpLists, load_lists
 from amp_rewrite.op_registry import OpRegistry, default_device_type, graph_pb2
 from amp_rewrite.painting import PaintContext, Painting, Rule
@@ -118,6 +119,7 @@ class RewriteResult:
         lists: the effective op lists.
         seconds: wall time of the rewrite.
         applied: what changed, by the report's names (:class:`AppliedNames`).
+        unmatched_patterns: the config's keep-float32 patterns that matched no node.
     """
 
     graph_def: Any
@@ -130,6 +132,7 @@ class RewriteResult:
     unknown_ops: tuple[str, ...] = ()
     validation: Any = None
     step_seconds: dict[str, float] = field(default_factory=dict, repr=False)
+    unmatched_patterns: tuple[str, ...] = ()
 
     @cached_property
     def node_outcomes(self) -> dict[str, dict]:
@@ -263,10 +266,14 @@ def _rewrite(graph_def, *, fetches, target, config, in_place) -> RewriteResult:
     lap("copy")
     graph = TypedGraph(work, OpRegistry(work.library))
     lap("typed view")
+    kept, unmatched = match_patterns(graph, config.keep_float32_patterns)
+    for pattern in unmatched:
+        logger.debug("keep-float32 pattern %r matches no node", pattern)
     ctx = PaintContext(graph, lists, target_dtype=TARGET_DTYPES[config.target],
                        device_type=config.device_type, preserved=preserved,
                        force_all=config.level == "UNSAFE_FORCE_ALL", keep_float32=dict(config.keep_float32),
-                       release=frozenset(config.release), fixed_signatures=frozenset(config.fixed_signatures))
+                       release=frozenset(config.release), fixed_signatures=frozenset(config.fixed_signatures),
+                       kept_by_pattern=kept)
     painting = paint(ctx)
     lap("painting")
     restore_unconverted_batch_norms(graph, painting, promoted)
@@ -282,6 +289,7 @@ def _rewrite(graph_def, *, fetches, target, config, in_place) -> RewriteResult:
         explain=lambda: node_outcomes(ctx, painting, applied, was_float32),
         unknown_ops=tuple(graph.unknown_ops),
         step_seconds=lap.seconds,
+        unmatched_patterns=unmatched,
     )
     if checks_requested():
         left_alone = {graph.nodes[i].name for i in graph.bodies[0].index.values() if ctx.skip_reason[i] is not None}

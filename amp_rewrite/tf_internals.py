@@ -318,6 +318,11 @@ def set_concrete_function_state(concrete_function, state: dict) -> None:
     current.update(state)
 
 
+def graph_in_state(state: dict):
+    """The FuncGraph of a ConcreteFunction whose state :func:`concrete_function_state` returned."""
+    return state.get("_func_graph")
+
+
 def take_over_graph_collection(state: dict) -> None:
     """Tracing hands the graph of the function it returns to Python's collector; ``state`` keeps it."""
     collector = state.get("_garbage_collector")

@@ -11,7 +11,7 @@ from amp_rewrite.op_lists import ENV_PREFIX  # noqa: E402
 def _no_amp_env(monkeypatch):
     """Tests start without TensorFlow's AMP variables, whatever the shell exported."""
     for name in list(os.environ):
-        if name.startswith(ENV_PREFIX):
+        if name.startswith(ENV_PREFIX) or name == "AMP_REWRITE_KEEP_FLOAT32":
             monkeypatch.delenv(name)
 
 

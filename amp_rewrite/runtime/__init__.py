@@ -38,7 +38,7 @@ from amp_rewrite.runtime.target import TargetChoice, choose_target
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RuntimeSettings", "TargetChoice", "current_target", "disable", "enable",
+__all__ = ["RuntimeSettings", "TargetChoice", "current_settings", "current_target", "disable", "enable",
            "is_enabled", "target_choice"]
 
 
@@ -113,6 +113,11 @@ def current_target() -> str | None:
     """``"float16"`` or ``"bfloat16"`` while the runtime rewrites; None when scripts run float32."""
     choice = _RUNTIME.choice
     return choice.target if choice is not None and is_enabled() else None
+
+
+def current_settings() -> RuntimeSettings | None:
+    """The settings the runtime was enabled with; None while it is off."""
+    return _RUNTIME.settings if _RUNTIME.is_requested else None
 
 
 def _apply_patches(_module=None) -> None:

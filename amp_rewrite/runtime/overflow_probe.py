@@ -5,8 +5,10 @@ was born. In this mode each rebuilt body of a rewritten ``tf.function`` gets
 probes: for every float16/bfloat16 output, in the order the body lists its
 nodes (forward before backward, as traced), whether all its values are
 finite. When one is not, the step prints the first such node, its op, and how
-to keep it in float32. The probes cost a reduction per half tensor, so they
-are only added in this mode; the rewritten graph is otherwise unchanged.
+to keep it in float32. A TF1 session's training step gets the same probes
+over the half outputs the step runs (:func:`session_probe`), fetched with the
+step and logged as a warning. The probes cost a reduction per half tensor, so
+they are only added in this mode; the rewritten graph is otherwise unchanged.
 """
 
 from __future__ import annotations
@@ -41,22 +43,51 @@ def add_probes(graph, function_name: str) -> None:
     if not tensors:
         return
     with graph.as_default(), tf.name_scope("amp_rewrite_overflow_probe"):
-        finite = tf.stack([tf.reduce_all(tf.math.is_finite(t)) for t in tensors])
-        nodes = tf.constant([t.op.name for t in tensors])
-        messages = tf.constant([
-            f"output {t.value_index} of node '{t.op.name}' (op {t.op.type}, {t.dtype.name}); "
-            + advice(t.op.name, t.op.type) for t in tensors])
-        first = tf.argmin(tf.cast(finite, tf.int32), output_type=tf.int32)
+        finite, line = _first_non_finite(tensors, f"tf.function {function_name}")
 
         def report():
-            line = tf.strings.join([
-                f"amp-rewrite: tf.function {function_name}: first non-finite half output in graph order: ",
-                tf.gather(messages, first)])
             with tf.control_dependencies([tf.print(line, output_stream=_stderr())]):
-                return tf.identity(tf.gather(nodes, first))
+                return tf.identity(line)
 
         probe = tf.cond(tf.reduce_all(finite), lambda: tf.constant(""), report)
     graph.control_outputs.append(probe.op)
+
+
+def session_probe(graph, ops):
+    """A string tensor of ``graph`` (a session's): "" or the line naming its first non-finite half output.
+
+    Only the half outputs of ``ops`` (the ops a run executes anyway, in any
+    order) outside v1 loops and conds are probed, so fetching the probe with
+    that run needs no other feed; None when there are none.
+    """
+    import tensorflow as tf
+
+    running = {op.name for op in ops}
+    tensors = [t for t in half_outputs(graph) if t.op.name in running and not _in_v1_frame(t.op)]
+    if not tensors:
+        return None
+    with graph.as_default(), tf.name_scope("amp_rewrite_overflow_probe"):
+        finite, line = _first_non_finite(tensors, "session graph")
+        return tf.where(tf.reduce_all(finite), tf.constant(""), line)
+
+
+def _first_non_finite(tensors, where: str):
+    """Per tensor whether it is all finite, and the line naming the first that is not."""
+    import tensorflow as tf
+
+    finite = tf.stack([tf.reduce_all(tf.math.is_finite(t)) for t in tensors])
+    messages = tf.constant([
+        f"output {t.value_index} of node '{t.op.name}' (op {t.op.type}, {t.dtype.name}); "
+        + advice(t.op.name, t.op.type) for t in tensors])
+    first = tf.argmin(tf.cast(finite, tf.int32), output_type=tf.int32)
+    line = tf.strings.join([f"amp-rewrite: {where}: first non-finite half output in graph order: ",
+                            tf.gather(messages, first)])
+    return finite, line
+
+
+def _in_v1_frame(op) -> bool:
+    """Whether ``op`` runs inside a v1 while loop or cond, whose tensors cannot be read from outside."""
+    return getattr(op, "_control_flow_context", None) is not None
 
 
 def _stderr():

@@ -162,18 +162,26 @@ class _FunctionWatch:
         if self.calls <= self.profiles.after:
             return self._finish(cf, run(tensor_inputs, captured_inputs))
         self.profiles.is_done = True
-        tf_internals.drop_call_override(cf)
+        self._leave(cf)
         return profile_call(lambda: run(tensor_inputs, captured_inputs), cf, self.calls)
 
     def _finish(self, cf, outputs):
-        """Stays installed when the inner ``_call_flat`` removed itself (and so this watcher)."""
-        if self.inner is not None and tf_internals.call_override(cf) is None:
-            self.inner = None
+        """Stays installed when the inner call removed itself or handed over to another (and so this watcher)."""
+        current = tf_internals.call_override(cf)
+        if current is not self:
+            self.inner = current
             if not self.profiles.is_done:
                 self.install()
-        elif self.profiles.is_done and tf_internals.call_override(cf) is self:
-            tf_internals.drop_call_override(cf)
+        elif self.profiles.is_done:
+            self._leave(cf)
         return outputs
+
+    def _leave(self, cf) -> None:
+        """Gives the function back the call it had inside this watcher (the floor watch, say), or none."""
+        if self.inner is None:
+            tf_internals.drop_call_override(cf)
+        else:
+            tf_internals.override_call(cf, self.inner)
 
 
 def profile_call(call: Callable, concrete_function, number: int):

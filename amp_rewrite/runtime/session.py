@@ -49,7 +49,7 @@ from amp_rewrite import tf_internals
 from amp_rewrite.errors import RuntimeRewriteError, first_line
 from amp_rewrite.graph_facts import node_name
 from amp_rewrite.pipeline import rewrite
-from amp_rewrite.runtime import loss_scale
+from amp_rewrite.runtime import loss_scale, overflow_probe
 from amp_rewrite.runtime.settings import RuntimeSettings
 from amp_rewrite.runtime.shadow_graph import CAST_BACK_SUFFIX as CAST_BACK_SUFFIX  # re-exported
 from amp_rewrite.runtime.shadow_graph import SHADOW_ATTR, ShadowGraph
@@ -73,8 +73,9 @@ class RunPlan:
         fetches: shadow elements to fetch: the script's, then loss-scale reports.
         fetch_dtypes: per script fetch, the numpy dtype to cast back to, or None.
         feeds: per fed tensor name, the shadow tensor and the dtype to feed it in (or None).
-        reports: how many loss-scale report tensors close ``fetches``.
+        reports: how many loss-scale report tensors follow the script's fetches.
         runs: how many times the general path ran it (a call is resolved from the second).
+        has_probe: the last fetch is the overflow probe (``AMP_REWRITE_FIND_OVERFLOW=1``).
     """
 
     fetches: list
@@ -82,6 +83,7 @@ class RunPlan:
     feeds: dict
     reports: int = 0
     runs: int = 0
+    has_probe: bool = False
 
 
 @dataclass
@@ -277,6 +279,8 @@ class ShadowRunner:
         known = self._calls.get(call_key)
         if known is not None and known.version == key[0]:
             return  # resolved already: this call's values needed the general path
+        if plan.has_probe:
+            return  # the probe's line is logged by the general path
         feed_keys = tuple(feed_dict) if feed_dict else ()
         if set(key[1]) & set(key[2]) or not all(_is_plain_tensor(f, self.graph) for f in feed_keys):
             return  # a fetch that is fed comes back from the feed, which only run() knows
@@ -295,7 +299,9 @@ class ShadowRunner:
 
     def _results(self, plan, mapper, fetches, values):
         n_script = len(plan.fetch_dtypes)
-        self._record_loss_scale(values[n_script:])
+        if plan.has_probe and values[-1]:
+            logger.warning("%s", values[-1].decode())
+        self._record_loss_scale(values[n_script:n_script + plan.reports])
         results = [_to_script(v, d) for v, d in zip(values[:n_script], plan.fetch_dtypes)]
         if mapper is not None:
             return mapper.build_results(results)
@@ -413,7 +419,8 @@ class ShadowRunner:
                     self._build()
                 elif self.graph.version != self.shadow.version:
                     self._grow()
-                plan = _make_plan(self.graph, self.shadow.graph, fetch_names, feed_names)
+                plan = _make_plan(self.graph, self.shadow.graph, fetch_names, feed_names,
+                                  is_probing=self.settings.is_finding_overflow)
                 self.shadow.initialise_loss_scale_state()
             except Exception as exc:
                 reason = f"rewrite failed: {_error_line(exc)}"
@@ -557,8 +564,12 @@ def patched_close(original, session):
 
 # --- helpers ---------------------------------------------------------------
 
-def _make_plan(graph, shadow, fetch_names, feed_names) -> RunPlan:
-    """The :class:`RunPlan` of a call to ``graph`` with these fetches and feeds, on its ``shadow``."""
+def _make_plan(graph, shadow, fetch_names, feed_names, *, is_probing: bool = False) -> RunPlan:
+    """The :class:`RunPlan` of a call to ``graph`` with these fetches and feeds, on its ``shadow``.
+
+    With ``is_probing``, a training step (one with loss-scale reports) also
+    fetches the overflow probe of the half ops it runs.
+    """
     fetches, fetch_dtypes = [], []
     for name in fetch_names:
         original = graph.as_graph_element(name)
@@ -571,7 +582,10 @@ def _make_plan(graph, shadow, fetch_names, feed_names) -> RunPlan:
         feeds[name] = (element, _dtype_change(graph.get_tensor_by_name(name), element))
     reports = _reports_for(graph, fetch_names)
     fetches += [shadow.get_tensor_by_name(report.tensor.name) for report in reports]
-    return RunPlan(fetches, fetch_dtypes, feeds, len(reports))
+    probe = overflow_probe.session_probe(shadow, _ancestors(fetches)) if is_probing and reports else None
+    if probe is not None:
+        fetches.append(probe)
+    return RunPlan(fetches, fetch_dtypes, feeds, len(reports), has_probe=probe is not None)
 
 
 def _reports_for(graph, fetch_names):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from amp_rewrite.errors import UsageError
+from amp_rewrite.keep_patterns import compile_patterns, split_env
 
 TRUE_VALUES = ("1", "true", "yes", "on")
 DUMP_DIR_ENV = "AMP_REWRITE_DUMP_DIR"
@@ -29,6 +30,7 @@ GROWTH_INTERVAL_ENV = "AMP_LOSS_SCALE_GROWTH_INTERVAL"
 LOG_EVERY_ENV = "AMP_LOSS_SCALE_LOG_STEPS"
 FIND_OVERFLOW_ENV = "AMP_REWRITE_FIND_OVERFLOW"
 PROFILE_ENV = "AMP_REWRITE_PROFILE"
+KEEP_FLOAT32_ENV = "AMP_REWRITE_KEEP_FLOAT32"
 
 DEFAULT_INITIAL_SCALE = 2.0 ** 15
 DEFAULT_GROWTH_INTERVAL = 2000
@@ -86,6 +88,8 @@ class RuntimeSettings:
         target: ``auto`` (chosen for the machine), ``float16`` or ``bfloat16``.
         profile_after: profile one step after this many steps of a session or
             a rewritten tf.function, then never again; None: never.
+        keep_float32: name patterns of nodes every rewrite keeps float32
+            (``AMP_REWRITE_KEEP_FLOAT32``, separated by ``;``).
     """
 
     dump_dir: str | None = None
@@ -94,10 +98,12 @@ class RuntimeSettings:
     is_finding_overflow: bool = False
     target: str = "auto"
     profile_after: int | None = None
+    keep_float32: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.target not in TARGETS:
             raise UsageError(f"unknown target {self.target!r}; choose one of {', '.join(TARGETS)}")
+        compile_patterns(self.keep_float32, source=KEEP_FLOAT32_ENV)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> RuntimeSettings:
@@ -107,7 +113,8 @@ class RuntimeSettings:
         return cls(dump_dir=dump_dir, is_strict=is_true(environ.get(STRICT_ENV)),
                    loss_scale=_loss_scale_from_env(environ), target=_target_from_env(environ),
                    is_finding_overflow=is_true(environ.get(FIND_OVERFLOW_ENV)),
-                   profile_after=_profile_from_env(environ))
+                   profile_after=_profile_from_env(environ),
+                   keep_float32=split_env(environ.get(KEEP_FLOAT32_ENV, "")))
 
 
 def is_true(value: str | None) -> bool:

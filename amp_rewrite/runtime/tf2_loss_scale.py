@@ -120,6 +120,8 @@ class _Pending:
 
     def __init__(self):
         self.graphs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # Every function graph a guarded apply was traced in, nested ones included.
+        self.guarded: weakref.WeakSet = weakref.WeakSet()
         self.eager_gradients = 0
         self.eager_applies = 0
 
@@ -408,6 +410,9 @@ def _note_guarded_apply() -> None:
         key = _outer_function_graph(graph)
         gradients, applies = pending.graphs.get(key, (0, 0))
         pending.graphs[key] = (gradients, applies + 1)
+        while graph is not None and getattr(graph, "building_function", False):
+            pending.guarded.add(graph)
+            graph = getattr(graph, "outer_graph", None)
 
 
 def check_traced(graph, name: str) -> None:
@@ -416,6 +421,12 @@ def check_traced(graph, name: str) -> None:
         gradients, applies = _PATCHES.pending.graphs.get(graph, (0, 0))
     if gradients and not applies:
         _warn_unguarded(f"gradients taken in tf.function {name}")
+
+
+def has_guarded_apply(graph) -> bool:
+    """Whether the traced tf.function ``graph`` applies an optimizer through the guard (maybe in a callee)."""
+    with LEDGER.lock:
+        return graph in _PATCHES.pending.guarded
 
 
 def _warn_unguarded(what: str) -> None:

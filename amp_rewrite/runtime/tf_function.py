@@ -24,6 +24,9 @@ Guarantees:
   function stays as traced; the first eager call that fails in the rewritten
   function, but not in the traced one, does the same. With
   ``AMP_REWRITE_STRICT=1`` a :class:`RuntimeRewriteError` is raised instead.
+- A function holding a loss-scaled optimizer step that is skipped with the
+  scale at its floor of 1 runs its traced float32 body from the next call
+  (:mod:`amp_rewrite.runtime.tf2_fallback`), with the same warning or error.
 - :func:`uninstall`, which the runtime's ledger calls on
   :func:`amp_rewrite.disable`, puts back every function it swapped (functions
   from :func:`amp_rewrite.function` keep theirs).
@@ -231,6 +234,7 @@ def _swap_in(concrete_function, config: Config, *, is_explicit: bool) -> None:
     start = time.perf_counter()
     name = _function_name(concrete_function)
     tf2_loss_scale.check_traced(concrete_function.graph, name)
+    is_guarded = tf2_loss_scale.has_guarded_apply(concrete_function.graph)
     probing = {"is_probing_overflow": True} if tf2_loss_scale.is_finding_overflow() else {}
     rewritten = rewrite_concrete(concrete_function, config, **probing)
     if rewritten.concrete_function is None:
@@ -249,7 +253,8 @@ def _swap_in(concrete_function, config: Config, *, is_explicit: bool) -> None:
                             is_inference_only=rewritten.has_custom_gradients)
     record = SwapRecord(report, traced_state, rewritten)
     tf_internals.set_concrete_function_state(concrete_function, {**traced_state, **new_state})
-    tf_internals.override_call(concrete_function, _first_eager_call_guard(concrete_function, record))
+    tf_internals.override_call(concrete_function, _first_eager_call_guard(
+        concrete_function, record, then=_floor_watch(concrete_function) if is_guarded else None))
     if _HOOK.profiles is not None:
         _HOOK.profiles.watch(concrete_function)
     _HOOK.swapped[concrete_function] = record
@@ -262,10 +267,11 @@ def _swap_in(concrete_function, config: Config, *, is_explicit: bool) -> None:
                     rewritten.custom_gradient_ops[0])
 
 
-def _first_eager_call_guard(concrete_function, record: SwapRecord):
+def _first_eager_call_guard(concrete_function, record: SwapRecord, *, then=None):
     """A ``_call_flat`` that checks the first eager run of the rewritten function.
 
-    Once a run succeeds the guard removes itself, so later calls cost nothing.
+    Once a run succeeds the guard removes itself, so later calls cost nothing,
+    or gives its place to ``then`` (the loss-scale floor watch).
     """
     function_ref = weakref.ref(concrete_function)
 
@@ -275,14 +281,48 @@ def _first_eager_call_guard(concrete_function, record: SwapRecord):
         cf: Any = function_ref()
         if not tf.executing_eagerly():
             return tf_internals.call_concrete_function(cf, tensor_inputs, captured_inputs)  # builds a call
+        before = then.count() if then is not None else None
         try:
             outputs = tf_internals.call_concrete_function(cf, tensor_inputs, captured_inputs)
         except Exception as exc:
             return _first_run_failed(cf, record, exc, tensor_inputs, captured_inputs)
-        tf_internals.drop_call_override(cf)
+        if then is None:
+            tf_internals.drop_call_override(cf)
+        else:
+            tf_internals.override_call(cf, then)
+            then.check(cf, before)
         return outputs
 
     return call_flat
+
+
+def _floor_watch(concrete_function):
+    """The ``_call_flat`` that watches a function holding a guarded apply for skips at the scale floor, or None."""
+    from amp_rewrite.runtime import tf2_fallback
+
+    return tf2_fallback.floor_watch(concrete_function, _fall_back_hopeless) if tf2_fallback.is_wanted() else None
+
+
+def _fall_back_hopeless(concrete_function, reason: str) -> None:
+    """No loss scale helps this rewritten function: its traced float32 body runs from the next call.
+
+    So do the other watched traces of the same name: a ``tf.function`` that
+    creates variables is traced twice, once creating them and once to run.
+    """
+    record = record_of(concrete_function)
+    if record is None:
+        return
+    name = record.report.name
+    if _is_strict():
+        raise RuntimeRewriteError(f"tf.function {name}: {reason}")
+    from amp_rewrite.runtime import tf2_loss_scale
+
+    with LEDGER.lock:
+        siblings = [cf for cf, other in _HOOK.swapped.items() if other.report.name == name
+                    and tf2_loss_scale.has_guarded_apply(tf_internals.graph_in_state(other.traced_state))]
+    for cf in [concrete_function, *siblings]:
+        restore(cf)
+    logger.warning("amp-rewrite: tf.function %s runs in float32 from the next call: %s", name, reason)
 
 
 def _first_run_failed(cf, record: SwapRecord, exc, tensor_inputs, captured_inputs):
@@ -308,13 +348,16 @@ def _first_run_failed(cf, record: SwapRecord, exc, tensor_inputs, captured_input
 def default_config() -> Config:
     """The environment's configuration, for the device type functions will run on.
 
-    The target is the runtime's (float16 when the runtime is off).
+    The target is the runtime's (float16 when the runtime is off), and so are
+    the keep-float32 patterns.
     """
     from amp_rewrite import runtime
     from amp_rewrite.op_registry import default_device_type
 
+    settings = runtime.current_settings()
     return Config.from_env(device_type=default_device_type(runs_here=True),
-                           target=runtime.current_target() or "float16")
+                           target=runtime.current_target() or "float16",
+                           keep_float32_patterns=settings.keep_float32 if settings is not None else ())
 
 
 def _is_strict() -> bool:
