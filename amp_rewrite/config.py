@@ -40,6 +40,15 @@ class Config:
         fixed_signatures: library functions whose arguments and results keep
             their dtypes for every caller (the functions a SavedModel restores);
             their bodies are rewritten, with Casts inside.
+        is_tuning: time each heavy op in float32 and in the target on this
+            machine and keep it float32 where half is not faster
+            (:mod:`amp_rewrite.tuner`). Off by default: the output then
+            depends only on the graph and the lists.
+        tune_budget_seconds: the time one graph may spend measuring.
+        tune_cache_dir: where timings are kept; None for
+            :func:`amp_rewrite.tune_cache.default_cache_dir`.
+        tune_batch: the size an unknown first dimension of the graph's inputs
+            is timed at; 0 leaves such ops to the lists.
     """
 
     target: str = "float16"
@@ -53,6 +62,10 @@ class Config:
     keep_float32: tuple[tuple[str, str], ...] = ()
     release: tuple[str, ...] = ()
     fixed_signatures: tuple[str, ...] = ()
+    is_tuning: bool = False
+    tune_budget_seconds: float = 30.0
+    tune_cache_dir: str | None = None
+    tune_batch: int = 32
 
     def __post_init__(self):
         if self.target not in TARGETS:
@@ -66,6 +79,10 @@ class Config:
         if self.level == "UNSAFE_FORCE_ALL" and self.target == "bfloat16":
             # TensorFlow refuses this too: few ops have bfloat16 kernels.
             raise UsageError("level UNSAFE_FORCE_ALL is only available for float16")
+        if not (isinstance(self.tune_batch, int) and 0 <= self.tune_batch <= 1 << 20):
+            raise UsageError(f"tuning batch {self.tune_batch!r}: must be an integer from 0 to {1 << 20}")
+        if not self.tune_budget_seconds >= 0:
+            raise UsageError(f"tuning budget {self.tune_budget_seconds!r}: must be a number of seconds >= 0")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **fields) -> Config:

@@ -101,7 +101,7 @@ def half_flop_share(graph_def) -> float | None:
         logger.debug("FLOP share unknown: %s", blocker)
         return None
     try:
-        main_ops = _imported_flop_ops(graph_def)
+        main_ops = imported_ops(graph_def, [node.name for node in graph_def.node if node.op in FLOP_OPS])
     except Exception as exc:  # noqa: BLE001 - any import failure means "unknown"
         logger.debug("FLOP share unknown: graph does not import: %s", exc)
         return None
@@ -118,13 +118,12 @@ def half_flop_share(graph_def) -> float | None:
     return half / total if total else None
 
 
-def _imported_flop_ops(graph_def) -> list:
-    """The graph's MatMul/Conv ops, imported with shapes; only they and their producers become Python ops."""
+def imported_ops(graph_def, wanted: list[str]) -> list:
+    """The ops named ``wanted``, imported with shapes; only they and their producers become Python ops."""
     import tensorflow as tf
     from tensorflow.python.client import pywrap_tf_session as c_api
     from tensorflow.python.framework import c_api_util
 
-    wanted = [node.name for node in graph_def.node if node.op in FLOP_OPS]
     graph = tf.Graph()
     if not wanted:
         return []

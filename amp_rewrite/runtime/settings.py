@@ -28,6 +28,12 @@ LOSS_SCALE_INIT_ENV = "AMP_LOSS_SCALE_INIT"
 GROWTH_INTERVAL_ENV = "AMP_LOSS_SCALE_GROWTH_INTERVAL"
 LOG_EVERY_ENV = "AMP_LOSS_SCALE_LOG_STEPS"
 FIND_OVERFLOW_ENV = "AMP_REWRITE_FIND_OVERFLOW"
+TUNE_ENV = "AMP_REWRITE_TUNE"
+TUNE_BUDGET_ENV = "AMP_REWRITE_TUNE_BUDGET"
+TUNE_CACHE_ENV = "AMP_REWRITE_TUNE_CACHE"
+TUNE_BATCH_ENV = "AMP_REWRITE_TUNE_BATCH"
+DEFAULT_TUNE_BUDGET = 30.0
+DEFAULT_TUNE_BATCH = 32
 
 DEFAULT_INITIAL_SCALE = 2.0 ** 15
 DEFAULT_GROWTH_INTERVAL = 2000
@@ -83,6 +89,10 @@ class RuntimeSettings:
         is_finding_overflow: probe rewritten tf.functions for the first op whose
             half output is not finite.
         target: ``auto`` (chosen for the machine), ``float16`` or ``bfloat16``.
+        is_tuning: measure heavy ops and keep float32 where half is not faster here.
+        tune_budget_seconds: the measuring time one graph may take.
+        tune_cache_dir: where timings are kept (None: the user cache directory).
+        tune_batch: the size an unknown batch dimension is timed at (0: not timed).
     """
 
     dump_dir: str | None = None
@@ -90,6 +100,10 @@ class RuntimeSettings:
     loss_scale: LossScaleSettings = LossScaleSettings()
     is_finding_overflow: bool = False
     target: str = "auto"
+    is_tuning: bool = False
+    tune_budget_seconds: float = DEFAULT_TUNE_BUDGET
+    tune_cache_dir: str | None = None
+    tune_batch: int = DEFAULT_TUNE_BATCH
 
     def __post_init__(self):
         if self.target not in TARGETS:
@@ -102,7 +116,16 @@ class RuntimeSettings:
         dump_dir = environ.get(DUMP_DIR_ENV) or environ.get(TF_LOG_PATH_ENV) or None
         return cls(dump_dir=dump_dir, is_strict=is_true(environ.get(STRICT_ENV)),
                    loss_scale=_loss_scale_from_env(environ), target=_target_from_env(environ),
-                   is_finding_overflow=is_true(environ.get(FIND_OVERFLOW_ENV)))
+                   is_finding_overflow=is_true(environ.get(FIND_OVERFLOW_ENV)),
+                   is_tuning=is_true(environ.get(TUNE_ENV)),
+                   tune_budget_seconds=_number(environ, TUNE_BUDGET_ENV, float, DEFAULT_TUNE_BUDGET, minimum=0.0),
+                   tune_cache_dir=environ.get(TUNE_CACHE_ENV) or None,
+                   tune_batch=min(_number(environ, TUNE_BATCH_ENV, int, DEFAULT_TUNE_BATCH, minimum=0), 1 << 20))
+
+    def rewrite_fields(self) -> dict:
+        """The :class:`amp_rewrite.Config` fields these settings decide: the tuning ones."""
+        return {"is_tuning": self.is_tuning, "tune_budget_seconds": self.tune_budget_seconds,
+                "tune_cache_dir": self.tune_cache_dir, "tune_batch": self.tune_batch}
 
 
 def is_true(value: str | None) -> bool:

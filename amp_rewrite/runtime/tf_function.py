@@ -328,8 +328,10 @@ def default_config() -> Config:
     from amp_rewrite import runtime
     from amp_rewrite.op_registry import default_device_type
 
+    settings = runtime.current_settings()
     return Config.from_env(device_type=default_device_type(runs_here=True),
-                           target=runtime.current_target() or "float16")
+                           target=runtime.current_target() or "float16",
+                           **(settings.rewrite_fields() if settings is not None else {}))
 
 
 def _is_strict() -> bool:
