@@ -469,6 +469,8 @@ def keep_float32_where_half_is_slower(ctx: PaintContext, painting: Painting) -> 
         if (graph.ops[node] in tuner.ops and vid not in painting.deny and ctx.can_convert(vid)
                 and (vid in painting.allow or ctx.vertex_list[vid] == _INFER)):
             candidates.setdefault(node, []).append(vid)
+    if not candidates:
+        return
     nodes = [(node, tuple(str(graph.vertex_attr[v]) for v in vids)) for node, vids in candidates.items()]
     for node, decision in tuner.decide(graph, nodes).items():
         for vid in candidates[node]:

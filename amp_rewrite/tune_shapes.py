@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -45,13 +47,17 @@ class InputSpec:
         return f"{DTYPE_NAMES.get(self.dtype, f'dtype{self.dtype}')}{list(self.shape)}".replace(" ", "")
 
 
-def input_specs(graph, nodes: list[int], *, batch: int | None = None
+def input_specs(graph, nodes: list[int], *, batch: int | None = None, traced: Mapping[str, Any] | None = None
                 ) -> tuple[dict[int, tuple[InputSpec, ...] | str], set[int]]:
     """Per node index of the typed view ``graph``: its inputs' specs, or why they are not static.
 
     Also returns the nodes whose graph or function needed ``batch`` for an
     unknown first dimension (None: no hint, such shapes stay unknown).
+    ``traced`` maps function names to the graphs TensorFlow traced them into
+    (the runtime has them): their ops know the shapes of variables, which a
+    FunctionDef does not record, so they are read instead of a rebuilt body.
     """
+    traced = traced or {}
     found: dict[int, tuple[InputSpec, ...] | str] = {}
     hinted: set[int] = set()
     main = [i for i in nodes if graph.body_of[i] == 0]
@@ -63,11 +69,38 @@ def input_specs(graph, nodes: list[int], *, batch: int | None = None
     for i in nodes:
         if graph.body_of[i] != 0:
             by_function.setdefault(graph.bodies[graph.body_of[i]].function, []).append(i)
-    for name, members in by_function.items():
-        specs, was_hinted = _function_specs(graph, name, members, batch)
-        found.update(specs)
-        hinted.update(members if was_hinted else ())
+    for name in [name for name in by_function if name in traced]:
+        members = by_function.pop(name)
+        found.update(_traced_specs(traced[name], graph, members))
+    if by_function:
+        with _library_graph(graph.graph_def).as_default():
+            for name, members in by_function.items():
+                specs, was_hinted = _function_specs(graph, name, members, batch)
+                found.update(specs)
+                hinted.update(members if was_hinted else ())
     return found, hinted
+
+
+def _traced_specs(traced_graph, graph, nodes: list[int]) -> dict[int, tuple[InputSpec, ...] | str]:
+    found: dict[int, tuple[InputSpec, ...] | str] = {}
+    for i in nodes:
+        try:
+            found[i] = _specs(traced_graph.get_operation_by_name(graph.nodes[i].name))
+        except (KeyError, ValueError):
+            found[i] = "input shapes unknown (not in the traced graph)"
+    return found
+
+
+def _library_graph(graph_def):
+    """A scratch graph holding the library, so that a function body can call (or branch to) the others."""
+    import tensorflow as tf
+
+    scratch = tf.Graph()
+    library_only = type(graph_def)()
+    library_only.library.CopyFrom(graph_def.library)
+    with scratch.as_default():
+        tf.compat.v1.import_graph_def(library_only, name="")
+    return scratch
 
 
 def _main_specs(graph, nodes: list[int], batch: int | None):

@@ -23,8 +23,9 @@ import functools
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from amp_rewrite.errors import first_line
 from amp_rewrite.graph_facts import DTYPE_NAMES
@@ -101,12 +102,16 @@ class Tuner:
         batch_hint: the size an unknown first dimension of the graph's inputs
             is timed at (:mod:`amp_rewrite.tune_shapes`); None leaves it unknown.
         clock: seconds, for the budget.
+        traced_graphs: function name → the graph it was traced into, whose ops
+            know variable shapes (:func:`amp_rewrite.tune_shapes.input_specs`).
     """
 
     def __init__(self, *, target: str, device_type: str, measure: Measure | None, cache: TuneCache | None,
                  budget_seconds: float = DEFAULT_BUDGET_SECONDS, unmeasurable: str = "",
-                 batch_hint: int | None = DEFAULT_BATCH_HINT, clock: Callable[[], float] = time.perf_counter):
+                 batch_hint: int | None = DEFAULT_BATCH_HINT, clock: Callable[[], float] = time.perf_counter,
+                 traced_graphs: Mapping[str, Any] | None = None):
         self.batch_hint = batch_hint
+        self.traced_graphs = dict(traced_graphs or {})
         self.target = target
         self.device_type = device_type
         self.measure = measure
@@ -124,7 +129,7 @@ class Tuner:
         Nodes are decided in the order given; the budget runs out on the last ones.
         """
         nodes = list(nodes)
-        specs, hinted = input_specs(graph, [i for i, _ in nodes], batch=self.batch_hint)
+        specs, hinted = input_specs(graph, [i for i, _ in nodes], batch=self.batch_hint, traced=self.traced_graphs)
         decisions: dict[int, Decision] = {}
         spent = 0.0
         timings: dict[str, Timing | str] = {}
@@ -196,7 +201,7 @@ def dtype_name(dtype: int) -> str:
     return DTYPE_NAMES.get(dtype, f"dtype{dtype}")
 
 
-def tuner_for(config) -> Tuner:
+def tuner_for(config, *, traced_graphs: Mapping[str, Any] | None = None) -> Tuner:
     """The tuner a rewrite with ``config`` uses: real timings on this machine, the disk cache."""
     import tensorflow as tf
 
@@ -219,4 +224,4 @@ def tuner_for(config) -> Tuner:
                       tensorflow=tf.__version__)
     return Tuner(target=config.target, device_type=device_type, measure=measure, cache=cache,
                  budget_seconds=config.tune_budget_seconds, unmeasurable=unmeasurable,
-                 batch_hint=config.tune_batch or None)
+                 batch_hint=config.tune_batch or None, traced_graphs=traced_graphs)

@@ -357,3 +357,32 @@ def test_ops_inside_functions_are_timed_from_the_functions_shapes():
     assert function_nodes and "kept float32: 2 ms" in result.node_outcomes[function_nodes[0]]["reason"]
     assert not half_nodes(result.graph_def) and not result.applied.functions_rewritten
     assert_same_outputs_within_half(gd, result.graph_def, ["y"], {"x": np.ones((5, 8), np.float32)})
+
+
+def test_the_runtime_times_function_ops_with_the_traced_variable_shapes(amp_runtime, monkeypatch, tmp_path):
+    from amp_rewrite import tune_timing
+    from amp_rewrite.runtime.settings import RuntimeSettings
+
+    cases = []
+
+    def fake_measure(case, *, device_type):
+        cases.append(case)
+        return Timing(1e-3, 2e-3 if case.op == "MatMul" else 0.5e-3)  # MatMul slower in half, Relu not heavy
+
+    monkeypatch.setattr(tune_timing, "measure", fake_measure)
+    kernel = tf.Variable(rng(7).standard_normal((16, 8)).astype(np.float32) * 0.3)
+    other = tf.Variable(rng(8).standard_normal((8, 8)).astype(np.float32) * 0.3)
+
+    def step(x):
+        return tf.matmul(tf.nn.relu(tf.matmul(x, kernel)), other)
+
+    x = tf.constant(rng(9).standard_normal((4, 16)).astype(np.float32))
+    want = tf.function(step)(x).numpy()
+    amp_runtime(RuntimeSettings(target="bfloat16", is_tuning=True, tune_cache_dir=str(tmp_path)))
+    function = tf.function(step)
+    got = function(x).numpy()
+    shapes = sorted(tuple(spec.shape for spec in case.inputs) for case in cases)
+    assert shapes == [((4, 8), (8, 8)), ((4, 16), (16, 8))]  # the variables' shapes, from the traced graph
+    traced = function.get_concrete_function(x)
+    assert not any(op.get_attr("T") == tf.bfloat16 for op in traced.graph.get_operations() if op.type == "MatMul")
+    np.testing.assert_array_equal(got, want)  # nothing left in bfloat16: the float32 numbers exactly

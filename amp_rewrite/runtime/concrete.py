@@ -91,7 +91,8 @@ def rewrite_concrete(concrete_function, config: Config, *,
         is_probing_overflow = False
     originals = _library_functions(concrete_function.graph)
     graph_def = _entry_graph_def(entry, [f.definition for f in originals.values()])
-    result = rewrite(graph_def, config=replace(config, fetches=(ENTRY_CALL,), preserve=()), in_place=True)
+    result = rewrite(graph_def, config=replace(config, fetches=(ENTRY_CALL,), preserve=()), in_place=True,
+                     tuner=_tuner(config, concrete_function, originals))
     changed = set(result.applied.functions_rewritten)
     if entry.signature.name not in changed:
         return RewrittenFunction(None, result)
@@ -102,6 +103,17 @@ def rewrite_concrete(concrete_function, config: Config, *,
     new = loader.load_entry(entry.signature.name, concrete_function)
     custom = _differentiated_custom_gradients(entry.signature.name, library, changed)
     return RewrittenFunction(new, result, custom_gradient_ops=tuple(custom))
+
+
+def _tuner(config: Config, concrete_function, originals: dict):
+    """With tuning on, a tuner that reads shapes off the traced graphs (they know the variables' shapes)."""
+    if not config.is_tuning:
+        return None
+    from amp_rewrite.tuner import tuner_for
+
+    traced = {name: f.graph for name, f in originals.items() if getattr(f, "graph", None) is not None}
+    traced[concrete_function.function_def.signature.name] = concrete_function.graph
+    return tuner_for(config, traced_graphs=traced)
 
 
 def _library_functions(graph) -> dict:
