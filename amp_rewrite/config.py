@@ -49,6 +49,9 @@ class Config:
             :func:`amp_rewrite.tune_cache.default_cache_dir`.
         tune_batch: the size an unknown first dimension of the graph's inputs
             is timed at; 0 leaves such ops to the lists.
+        opaque_functions: (function name, reason) pairs: library functions
+            left as they are; every call of one is opaque (the runtime's
+            XLA-compiled functions on a CPU).
     """
 
     target: str = "float16"
@@ -66,6 +69,7 @@ class Config:
     tune_budget_seconds: float = 30.0
     tune_cache_dir: str | None = None
     tune_batch: int = 32
+    opaque_functions: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
         if self.target not in TARGETS:

@@ -269,7 +269,7 @@ def _rewrite(graph_def, *, fetches, target, config, in_place, tuner) -> RewriteR
     preserved = _preserved_nodes(work, config)
     promoted = promote_batch_norms(work, skip=preserved)
     lap("copy")
-    graph = TypedGraph(work, OpRegistry(work.library))
+    graph = TypedGraph(work, OpRegistry(work.library), opaque_functions=dict(config.opaque_functions))
     lap("typed view")
     if tuner is None and config.is_tuning:
         from amp_rewrite.tuner import tuner_for

@@ -89,7 +89,7 @@ def rewrite_concrete(concrete_function, config: Config, *,
                        "probes (trace it with jit_compile=False to find the op)",
                        _GENERATED_NAME.match(entry.signature.name).group(1))  # type: ignore[union-attr]
         is_probing_overflow = False
-    originals = _library_functions(concrete_function.graph)
+    originals = library_functions(concrete_function.graph)
     graph_def = _entry_graph_def(entry, [f.definition for f in originals.values()])
     result = rewrite(graph_def, config=replace(config, fetches=(ENTRY_CALL,), preserve=()), in_place=True,
                      tuner=_tuner(config, concrete_function, originals))
@@ -116,7 +116,7 @@ def _tuner(config: Config, concrete_function, originals: dict):
     return tuner_for(config, traced_graphs=traced)
 
 
-def _library_functions(graph) -> dict:
+def library_functions(graph) -> dict:
     """Name → the function object (AtomicFunction) of everything the graph can call."""
     return {_text(f.name): f for f in graph._functions.values()}  # pylint: disable=protected-access
 
