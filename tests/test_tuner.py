@@ -386,3 +386,35 @@ def test_the_runtime_times_function_ops_with_the_traced_variable_shapes(amp_runt
     traced = function.get_concrete_function(x)
     assert not any(op.get_attr("T") == tf.bfloat16 for op in traced.graph.get_operations() if op.type == "MatMul")
     np.testing.assert_array_equal(got, want)  # nothing left in bfloat16: the float32 numbers exactly
+
+
+def test_a_function_the_hook_rewrote_keeps_its_measured_choices_when_a_caller_is_rewritten(
+        amp_runtime, monkeypatch, tmp_path):
+    from amp_rewrite import tune_timing
+    from amp_rewrite.runtime import tf_function
+    from amp_rewrite.runtime.settings import RuntimeSettings
+
+    def fake_measure(case, *, device_type):  # the 16-wide MatMul is faster in half, the 8-wide one slower
+        return Timing(1e-3, 0.5e-3 if case.inputs[1].shape == (16, 16) else 2e-3)
+
+    monkeypatch.setattr(tune_timing, "measure", fake_measure)
+    fast = tf.Variable(rng(7).standard_normal((16, 16)).astype(np.float32) * 0.3)
+    slow = tf.Variable(rng(8).standard_normal((16, 8)).astype(np.float32) * 0.3)
+    amp_runtime(RuntimeSettings(target="bfloat16", is_tuning=True, tune_cache_dir=str(tmp_path)))
+
+    @tf.function
+    def inner(x):
+        return tf.matmul(tf.matmul(x, fast, name="mm_fast"), slow, name="mm_slow")
+
+    @tf.function
+    def outer(x):
+        return inner(x) * 2.0, tf.matmul(x, fast, name="mm_outer")  # its own half op: it is rewritten
+
+    x = tf.constant(rng(9).standard_normal((4, 16)).astype(np.float32))
+    inner.get_concrete_function(x)  # traced, tuned and swapped first, as Keras' inner step is
+    record = tf_function.record_of(outer.get_concrete_function(x))
+    outcomes = record.rewritten.result.node_outcomes
+    slow_reason = next(e["reason"] for name, e in outcomes.items() if name.endswith("::mm_slow"))
+    assert "kept float32: 2 ms in bfloat16 vs 1 ms in float32" in slow_reason
+    library = record.rewritten.result.graph_def.library.function
+    assert all(node.attr["T"].type == F32 for f in library for node in f.node_def if node.name == "mm_slow")

@@ -103,6 +103,8 @@ class _Hook:
         self.is_strict = False
         self.wants_marked = False
         self.swapped: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # rewritten function name → the graph traced for it (node names agree), for the tuner
+        self.traced_graphs: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self.history: list[FunctionReport] = []
 
 
@@ -285,7 +287,7 @@ def _swap_in(concrete_function, config: Config, *, is_explicit: bool) -> None:
     name = _function_name(concrete_function)
     tf2_loss_scale.check_traced(concrete_function.graph, name)
     probing = {"is_probing_overflow": True} if tf2_loss_scale.is_finding_overflow() else {}
-    rewritten = rewrite_concrete(concrete_function, config, **probing)
+    rewritten = rewrite_concrete(concrete_function, config, traced_graphs=_HOOK.traced_graphs, **probing)
     if rewritten.concrete_function is None:
         logger.debug("tf.function %s: nothing to run in %s", name, config.target)
         return
@@ -307,6 +309,8 @@ def _swap_in(concrete_function, config: Config, *, is_explicit: bool) -> None:
                             rewrite_seconds=rewritten.result.seconds, is_explicit=is_explicit,
                             is_inference_only=rewritten.has_custom_gradients)
     record = SwapRecord(report, traced_state, rewritten)
+    new_function: Any = rewritten.concrete_function
+    _HOOK.traced_graphs[new_function.function_def.signature.name] = concrete_function.graph
     vars(concrete_function).update(new_state)
     vars(concrete_function)["_call_flat"] = _first_eager_call_guard(concrete_function, record)
     _HOOK.swapped[concrete_function] = record
