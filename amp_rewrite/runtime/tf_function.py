@@ -286,8 +286,10 @@ def _swap_in(concrete_function, config: Config, *, is_explicit: bool) -> None:
     start = time.perf_counter()
     name = _function_name(concrete_function)
     tf2_loss_scale.check_traced(concrete_function.graph, name)
-    probing = {"is_probing_overflow": True} if tf2_loss_scale.is_finding_overflow() else {}
-    rewritten = rewrite_concrete(concrete_function, config, traced_graphs=_HOOK.traced_graphs, **probing)
+    extra: dict[str, Any] = {"is_probing_overflow": True} if tf2_loss_scale.is_finding_overflow() else {}
+    if config.is_tuning:
+        extra["traced_graphs"] = _HOOK.traced_graphs
+    rewritten = rewrite_concrete(concrete_function, config, **extra)
     if rewritten.concrete_function is None:
         logger.debug("tf.function %s: nothing to run in %s", name, config.target)
         return
