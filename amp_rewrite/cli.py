@@ -81,6 +81,16 @@ def _tolerance(text: str) -> float:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a finite number of seconds >= 0")
+    return value
+
+
 def _integer(low: int, high: int):
     def parse(text: str) -> int:
         try:
@@ -237,6 +247,16 @@ def _add_rewrite_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dump-dir", metavar="DIR", default=None,
                         help="write the graph before and after, and the effective lists, here "
                              "(default: $AMP_REWRITE_DUMP_DIR or $TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LOG_PATH)")
+    parser.add_argument("--tune", action="store_true",
+                        help="time each heavy op in float32 and in the target on this machine and keep it "
+                             "float32 where half is not faster (timings cached in $AMP_REWRITE_TUNE_CACHE, "
+                             "else $XDG_CACHE_HOME/amp-rewrite)")
+    parser.add_argument("--tune-budget", type=_seconds, default=30.0, metavar="SECONDS",
+                        help="with --tune: the measuring time the graph may take; ops not measured within it "
+                             "keep the lists' verdict (default 30)")
+    parser.add_argument("--tune-batch", type=_integer(0, 1 << 20), default=32, metavar="N",
+                        help="with --tune: time ops whose inputs have an unknown first (batch) dimension at N; "
+                             "0 leaves them to the lists (default 32)")
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="-v: INFO logs and TensorFlow's own start-up messages; -vv: also what each painting "
                              "rule changed and every node's decision, in the words of explain")
@@ -262,7 +282,8 @@ def config_from_args(args, environ=None) -> Config:
     explicit = {"level": args.level} if args.level else {}
     config = Config.from_env(environ, list_edits=_flag_edits(args), **explicit)
     fields = {"target": args.target, "lists_dir": args.lists, "device_type": args.device_type,
-              "preserve": _split_names(args.preserve), "keep_float32_patterns": tuple(args.keep_float32)}
+              "preserve": _split_names(args.preserve), "keep_float32_patterns": tuple(args.keep_float32),
+              "is_tuning": args.tune, "tune_budget_seconds": args.tune_budget, "tune_batch": args.tune_batch}
     if args.dump_dir:
         fields["dump_dir"] = args.dump_dir
     if args.level:

@@ -44,6 +44,18 @@ class Config:
         keep_float32_patterns: regular expressions; a node whose name (``function::node``
             inside a function) contains a match stays float32, like a preserved
             node (see :mod:`amp_rewrite.keep_patterns`).
+        is_tuning: time each heavy op in float32 and in the target on this
+            machine and keep it float32 where half is not faster
+            (:mod:`amp_rewrite.tuner`). Off by default: the output then
+            depends only on the graph and the lists.
+        tune_budget_seconds: the time one graph may spend measuring.
+        tune_cache_dir: where timings are kept; None for
+            :func:`amp_rewrite.tune_cache.default_cache_dir`.
+        tune_batch: the size an unknown first dimension of the graph's inputs
+            is timed at; 0 leaves such ops to the lists.
+        opaque_functions: (function name, reason) pairs: library functions
+            left as they are; every call of one is opaque (the runtime's
+            XLA-compiled functions on a CPU).
     """
 
     target: str = "float16"
@@ -58,6 +70,11 @@ class Config:
     release: tuple[str, ...] = ()
     fixed_signatures: tuple[str, ...] = ()
     keep_float32_patterns: tuple[str, ...] = ()
+    is_tuning: bool = False
+    tune_budget_seconds: float = 30.0
+    tune_cache_dir: str | None = None
+    tune_batch: int = 32
+    opaque_functions: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
         if self.target not in TARGETS:
@@ -72,6 +89,10 @@ class Config:
         if self.level == "UNSAFE_FORCE_ALL" and self.target == "bfloat16":
             # TensorFlow refuses this too: few ops have bfloat16 kernels.
             raise UsageError("level UNSAFE_FORCE_ALL is only available for float16")
+        if not (isinstance(self.tune_batch, int) and 0 <= self.tune_batch <= 1 << 20):
+            raise UsageError(f"tuning batch {self.tune_batch!r}: must be an integer from 0 to {1 << 20}")
+        if not self.tune_budget_seconds >= 0:
+            raise UsageError(f"tuning budget {self.tune_budget_seconds!r}: must be a number of seconds >= 0")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **fields) -> Config:

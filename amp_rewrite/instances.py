@@ -27,6 +27,7 @@ The typed view (:mod:`amp_rewrite.typed_graph`) is built over these nodes.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -110,10 +111,12 @@ class Instances:
         bodies: the main graph (index 0) and the function instances.
         virtual: the global indices of the virtual ``_Arg`` / ``_Retval`` nodes.
         opaque_calls: call node → why its functions could not be instantiated.
+        opaque_functions: function name → why its calls are never instantiated (given by the caller).
     """
 
-    def __init__(self, graph_def, registry: OpRegistry):
+    def __init__(self, graph_def, registry: OpRegistry, *, opaque_functions: Mapping[str, str] | None = None):
         self.registry = registry
+        self.opaque_functions = dict(opaque_functions or {})
         self.library = {f.signature.name: f for f in graph_def.library.function}
         self.nodes: list = []
         self.names: list[str] = []
@@ -186,6 +189,8 @@ class Instances:
         fdef = self.library.get(fname)
         if fdef is None:
             return f"function {fname} is not in the graph's library"
+        if fname in self.opaque_functions:
+            return self.opaque_functions[fname]
         if parent.depth + 1 > MAX_CALL_DEPTH or len(self.bodies) >= MAX_INSTANCES:
             return "too many nested or repeated function calls"
         if self._on_call_path(parent, fname):

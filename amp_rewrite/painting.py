@@ -111,6 +111,10 @@ class Painting:
             self._rules[vid], self._causes[vid] = rule, cause
             self.denied += 1
 
+    def note(self, vid: int, rule: str) -> None:
+        """Replaces the rule that decided the vertex's colour, without changing the colour."""
+        self._rules[vid] = rule
+
     def unmark_allow(self, vid: int, rule: str, cause: int | None = None) -> None:
         if vid in self.allow:
             self.allow.discard(vid)
@@ -131,14 +135,17 @@ class PaintContext:
         keep_float32: main-graph node name → reason, for nodes to leave float32.
         kept_by_pattern: node index (any body) → reason, for the nodes a
             keep-float32 pattern matched; left alone like preserved nodes.
+        tuner: measures heavy ops (:class:`amp_rewrite.tuner.Tuner`), or None when tuning is off.
     """
 
     def __init__(self, graph: TypedGraph, lists: OpLists, *, target_dtype: int,
                  device_type: str, preserved: frozenset[str], force_all: bool = False,
                  keep_float32: dict[str, str] | None = None, release: frozenset[str] = frozenset(),
-                 fixed_signatures: frozenset[str] = frozenset(), kept_by_pattern: dict[int, str] | None = None):
+                 fixed_signatures: frozenset[str] = frozenset(), kept_by_pattern: dict[int, str] | None = None,
+                 tuner: Any = None):
         self.graph = graph
         self.kept_by_pattern = kept_by_pattern or {}
+        self.tuner = tuner
         self.fixed_signatures = fixed_signatures
         self.keep_float32 = keep_float32 or {}
         self.released = {graph.index[n] for n in release if n in graph.index}
@@ -452,6 +459,36 @@ def paint_allow_ops(ctx: PaintContext, painting: Painting) -> None:
             painting.mark_allow(vid, "forced (UNSAFE_FORCE_ALL)")
 
 
+def keep_float32_where_half_is_slower(ctx: PaintContext, painting: Painting) -> None:
+    """With tuning on, paints DENY each heavy allow or infer op that measured no faster in half.
+
+    ``allow(MatMul, 1.8 ms in half vs 1.2 ms in float32)`` becomes ``DENY``;
+    an allow op measured faster keeps its ALLOW and the timings join its
+    reason. An infer op (a batch norm) measured slower is painted DENY before
+    the rules that would spread half to it; one measured faster is left to
+    them. An op the tuner could not measure keeps the lists' verdict.
+    """
+    tuner = ctx.tuner
+    if tuner is None:
+        return
+    graph = ctx.graph
+    candidates: dict[int, list[int]] = {}
+    for vid, node in enumerate(graph.vertex_node):
+        if (graph.ops[node] in tuner.ops and vid not in painting.deny and ctx.can_convert(vid)
+                and (vid in painting.allow or ctx.vertex_list[vid] == _INFER)):
+            candidates.setdefault(node, []).append(vid)
+    if not candidates:
+        return
+    nodes = [(node, tuple(str(graph.vertex_attr[v]) for v in vids)) for node, vids in candidates.items()]
+    for node, decision in tuner.decide(graph, nodes).items():
+        for vid in candidates[node]:
+            if not decision.is_half:
+                painting.mark_deny(vid, decision.reason)
+            elif vid in painting.allow:
+                rule = painting.reason(vid)
+                painting.note(vid, f"{rule[0] if rule else 'allow-list op'}, {decision.reason}")
+
+
 def paint_deny_forward(ctx: PaintContext, painting: Painting) -> None:
     """Paints DENY each deny op and the clear/infer ops on its paths to a deny or infer op.
 
@@ -675,6 +712,7 @@ Rule = Callable[[PaintContext, Painting], None]
 ROOT_RULES: tuple[Rule, ...] = (
     deny_escaping_tensor_lists,
     paint_allow_ops,
+    keep_float32_where_half_is_slower,
 )
 #: The rules that spread the roots' colours and then make them agree where
 #: values must hold one dtype, in the order they run.

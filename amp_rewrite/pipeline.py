@@ -11,24 +11,27 @@ to that tuple):
    view keeps a float32 element type.
 2. ``paint_allow_ops``: every float32 vertex of an allow-list op that has a
    half kernel is painted.
+3. ``keep_float32_where_half_is_slower``: with tuning on
+   (:mod:`amp_rewrite.tuner`), a heavy allow or infer op measured no faster
+   in half on this device stays float32.
    With no vertex painted now, there is nothing to do: :func:`paint` stops.
-3. ``paint_deny_forward``: each deny-list op, and the clear/infer ops on its
+4. ``paint_deny_forward``: each deny-list op, and the clear/infer ops on its
    paths to another deny or infer op, stay float32.
-4. ``match_tensor_list_clusters``: the ops of a data structure get one
+5. ``match_tensor_list_clusters``: the ops of a data structure get one
    element type.
-5. ``paint_between_allow``: clear and infer ops on a path between two allow
+6. ``paint_between_allow``: clear and infer ops on a path between two allow
    ops join them.
-6. ``paint_infer_after_allow``: an infer op fed by a half op (and no deny op)
+7. ``paint_infer_after_allow``: an infer op fed by a half op (and no deny op)
    joins it, repeated to a fixed point.
-7. ``paint_clear_around_allow``: clear ops connected to a half op through
+8. ``paint_clear_around_allow``: clear ops connected to a half op through
    clear ops join it.
-8. ``match_tensor_list_clusters``: again, for the ops step 7 painted.
-9. ``choose_loop_variable_types``: each While loop variable takes the dtype
-   that needs fewer Casts per iteration.
-10. ``match_call_boundaries``: a call's ports and its callee's arguments and
+9. ``match_tensor_list_clusters``: again, for the ops step 8 painted.
+10. ``choose_loop_variable_types``: each While loop variable takes the dtype
+    that needs fewer Casts per iteration.
+11. ``match_call_boundaries``: a call's ports and its callee's arguments and
     results agree.
-11. ``match_loop_edges``: a NextIteration and its Merges agree.
-12. ``retarget_existing_casts``: an existing Cast feeding only half ops casts
+12. ``match_loop_edges``: a NextIteration and its Merges agree.
+13. ``retarget_existing_casts``: an existing Cast feeding only half ops casts
     to half.
 
 Then the batch norms whose ``T`` was not painted turn back into V1;
@@ -196,7 +199,7 @@ class RewriteResult:
 
 
 def rewrite(graph_def, *, fetches=None, target: str | None = None,
-            config: Config | None = None, in_place: bool = False) -> RewriteResult:
+            config: Config | None = None, in_place: bool = False, tuner=None) -> RewriteResult:
     """Rewrites a float32 GraphDef to mixed precision.
 
     Args:
@@ -214,6 +217,10 @@ def rewrite(graph_def, *, fetches=None, target: str | None = None,
             still made when ``config.dump_dir`` or the self-checks need the
             original.)
 
+        tuner: the :class:`amp_rewrite.tuner.Tuner` to consult instead of the
+            one ``config.is_tuning`` builds (which measures on this machine);
+            with either, heavy ops measured no faster in half stay float32.
+
     Returns:
         A :class:`RewriteResult` with the new GraphDef and the report.
 
@@ -222,7 +229,8 @@ def rewrite(graph_def, *, fetches=None, target: str | None = None,
         ListError: the op lists are inconsistent.
     """
     with _collector_paused():
-        return _rewrite(graph_def, fetches=fetches, target=target, config=config, in_place=in_place)
+        return _rewrite(graph_def, fetches=fetches, target=target, config=config, in_place=in_place,
+                        tuner=tuner)
 
 
 @contextmanager
@@ -242,7 +250,7 @@ def _collector_paused():
             gc.enable()
 
 
-def _rewrite(graph_def, *, fetches, target, config, in_place) -> RewriteResult:
+def _rewrite(graph_def, *, fetches, target, config, in_place, tuner) -> RewriteResult:
     start = time.perf_counter()
     config = config if config is not None else Config.from_env()
     if fetches is not None:
@@ -264,12 +272,16 @@ def _rewrite(graph_def, *, fetches, target, config, in_place) -> RewriteResult:
     preserved = _preserved_nodes(work, config)
     promoted = promote_batch_norms(work, skip=preserved)
     lap("copy")
-    graph = TypedGraph(work, OpRegistry(work.library))
+    graph = TypedGraph(work, OpRegistry(work.library), opaque_functions=dict(config.opaque_functions))
     lap("typed view")
     kept, unmatched = match_patterns(graph, config.keep_float32_patterns)
     for pattern in unmatched:
         logger.debug("keep-float32 pattern %r matches no node", pattern)
-    ctx = PaintContext(graph, lists, target_dtype=TARGET_DTYPES[config.target],
+    if tuner is None and config.is_tuning:
+        from amp_rewrite.tuner import tuner_for
+
+        tuner = tuner_for(config)
+    ctx = PaintContext(graph, lists, target_dtype=TARGET_DTYPES[config.target], tuner=tuner,
                        device_type=config.device_type, preserved=preserved,
                        force_all=config.level == "UNSAFE_FORCE_ALL", keep_float32=dict(config.keep_float32),
                        release=frozenset(config.release), fixed_signatures=frozenset(config.fixed_signatures),

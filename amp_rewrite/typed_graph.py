@@ -34,7 +34,7 @@ import itertools
 import logging
 import operator
 from array import array
-from collections.abc import Callable, Container, Iterable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from typing import NamedTuple
 
 from amp_rewrite.errors import GraphError
@@ -86,13 +86,17 @@ class TypedGraph:
 
     Per-node and per-vertex containers are tuples, not lists, sharing one int
     object per vertex id: at 200k nodes each extra object costs megabytes.
+
+    ``opaque_functions`` (function name → reason) are never instantiated:
+    every call of one is opaque, with that reason.
     """
 
-    def __init__(self, graph_def, registry: OpRegistry | None = None):
+    def __init__(self, graph_def, registry: OpRegistry | None = None, *,
+                 opaque_functions: Mapping[str, str] | None = None):
         self.graph_def = graph_def
         self.registry = registry if registry is not None else OpRegistry(graph_def.library)
         self._facts: dict[str, _OpFacts] = {}
-        instances = Instances(graph_def, self.registry)
+        instances = Instances(graph_def, self.registry, opaque_functions=opaque_functions)
         self.library, self.nodes, self.names = instances.library, instances.nodes, instances.names
         self.ops, self.body_of = instances.ops, instances.body_of
         self.bodies, self.virtual, self.opaque_calls = instances.bodies, instances.virtual, instances.opaque_calls

@@ -87,11 +87,15 @@ def train_tf1(steps: int) -> dict:
 
 
 def train_keras(steps: int) -> dict:
+    return fit_and_time(keras_cnn(), steps)
+
+
+def keras_cnn(*, jit_compile=False):
+    """The CNN as a compiled Keras model (``jit_compile`` as Keras' ``compile`` takes it)."""
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     import keras
 
     keras.utils.set_random_seed(0)
-    x_all, y_all = data()
     model = keras.Sequential([
         keras.Input((SIZE, SIZE, 3)),
         keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
@@ -104,8 +108,22 @@ def train_keras(steps: int) -> dict:
         keras.layers.Dense(128, activation="relu"),
         keras.layers.Dense(CLASSES),
     ])
+    return compiled(model, jit_compile=jit_compile)
+
+
+def compiled(model, *, jit_compile=False):
+    import keras
+
     model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=jit_compile)
+    return model
+
+
+def fit_and_time(model, steps: int) -> dict:
+    """Trains ``model`` for WARMUP + ``steps`` batches; the measured steps' times and every loss."""
+    import keras
+
+    x_all, y_all = data()
 
     class Timer(keras.callbacks.Callback):
         def __init__(self):

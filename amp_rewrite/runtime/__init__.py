@@ -109,15 +109,15 @@ def target_choice() -> TargetChoice | None:
     return _RUNTIME.choice
 
 
+def current_settings() -> RuntimeSettings | None:
+    """The settings the runtime was enabled with; None while it is off."""
+    return _RUNTIME.settings if _RUNTIME.is_requested else None
+
+
 def current_target() -> str | None:
     """``"float16"`` or ``"bfloat16"`` while the runtime rewrites; None when scripts run float32."""
     choice = _RUNTIME.choice
     return choice.target if choice is not None and is_enabled() else None
-
-
-def current_settings() -> RuntimeSettings | None:
-    """The settings the runtime was enabled with; None while it is off."""
-    return _RUNTIME.settings if _RUNTIME.is_requested else None
 
 
 def _apply_patches(_module=None) -> None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -72,7 +73,8 @@ class RewrittenFunction:
 
 
 def rewrite_concrete(concrete_function, config: Config, *,
-                     is_probing_overflow: bool = False) -> RewrittenFunction:
+                     is_probing_overflow: bool = False, traced_graphs: Mapping[str, Any] | None = None
+                     ) -> RewrittenFunction:
     """Rewrites ``concrete_function`` (never modified) and loads the result.
 
     Args:
@@ -80,6 +82,9 @@ def rewrite_concrete(concrete_function, config: Config, *,
         config: the rewrite configuration; ``fetches`` and ``preserve`` are set here.
         is_probing_overflow: give each rebuilt body finiteness probes on its half
             outputs (:func:`amp_rewrite.runtime.overflow_probe.add_probes`).
+        traced_graphs: function name → traced graph, for functions the
+            library holds in a form that no longer knows its shapes (one this
+            hook rewrote and loaded); the tuner reads their shapes there.
 
     Raises:
         Any error of the rewrite or of TensorFlow while loading the result.
@@ -90,9 +95,10 @@ def rewrite_concrete(concrete_function, config: Config, *,
                        "probes (trace it with jit_compile=False to find the op)",
                        _GENERATED_NAME.match(entry.signature.name).group(1))  # type: ignore[union-attr]
         is_probing_overflow = False
-    originals = _library_functions(concrete_function.graph)
+    originals = library_functions(concrete_function.graph)
     graph_def = _entry_graph_def(entry, [f.definition for f in originals.values()])
-    result = rewrite(graph_def, config=replace(config, fetches=(ENTRY_CALL,), preserve=()), in_place=True)
+    result = rewrite(graph_def, config=replace(config, fetches=(ENTRY_CALL,), preserve=()), in_place=True,
+                     tuner=_tuner(config, concrete_function, originals, traced_graphs or {}))
     changed = set(result.applied.functions_rewritten)
     if entry.signature.name not in changed:
         return RewrittenFunction(None, result)
@@ -105,7 +111,19 @@ def rewrite_concrete(concrete_function, config: Config, *,
     return RewrittenFunction(new, result, custom_gradient_ops=tuple(custom))
 
 
-def _library_functions(graph) -> dict:
+def _tuner(config: Config, concrete_function, originals: dict, known: Mapping[str, Any]):
+    """With tuning on, a tuner that reads shapes off the traced graphs (they know the variables' shapes)."""
+    if not config.is_tuning:
+        return None
+    from amp_rewrite.tuner import tuner_for
+
+    traced = {name: f.graph for name, f in originals.items() if getattr(f, "graph", None) is not None}
+    traced.update((name, known[name]) for name in originals if name in known)
+    traced[concrete_function.function_def.signature.name] = concrete_function.graph
+    return tuner_for(config, traced_graphs=traced)
+
+
+def library_functions(graph) -> dict:
     """Name → the function object (AtomicFunction) of everything the graph can call."""
     return tf_internals.graph_functions(graph)
 

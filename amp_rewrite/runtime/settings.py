@@ -31,6 +31,12 @@ LOG_EVERY_ENV = "AMP_LOSS_SCALE_LOG_STEPS"
 FIND_OVERFLOW_ENV = "AMP_REWRITE_FIND_OVERFLOW"
 PROFILE_ENV = "AMP_REWRITE_PROFILE"
 KEEP_FLOAT32_ENV = "AMP_REWRITE_KEEP_FLOAT32"
+TUNE_ENV = "AMP_REWRITE_TUNE"
+TUNE_BUDGET_ENV = "AMP_REWRITE_TUNE_BUDGET"
+TUNE_CACHE_ENV = "AMP_REWRITE_TUNE_CACHE"
+TUNE_BATCH_ENV = "AMP_REWRITE_TUNE_BATCH"
+DEFAULT_TUNE_BUDGET = 30.0
+DEFAULT_TUNE_BATCH = 32
 
 DEFAULT_INITIAL_SCALE = 2.0 ** 15
 DEFAULT_GROWTH_INTERVAL = 2000
@@ -90,6 +96,10 @@ class RuntimeSettings:
             a rewritten tf.function, then never again; None: never.
         keep_float32: name patterns of nodes every rewrite keeps float32
             (``AMP_REWRITE_KEEP_FLOAT32``, separated by ``;``).
+        is_tuning: measure heavy ops and keep float32 where half is not faster here.
+        tune_budget_seconds: the measuring time one graph may take.
+        tune_cache_dir: where timings are kept (None: the user cache directory).
+        tune_batch: the size an unknown batch dimension is timed at (0: not timed).
     """
 
     dump_dir: str | None = None
@@ -99,6 +109,10 @@ class RuntimeSettings:
     target: str = "auto"
     profile_after: int | None = None
     keep_float32: tuple[str, ...] = ()
+    is_tuning: bool = False
+    tune_budget_seconds: float = DEFAULT_TUNE_BUDGET
+    tune_cache_dir: str | None = None
+    tune_batch: int = DEFAULT_TUNE_BATCH
 
     def __post_init__(self):
         if self.target not in TARGETS:
@@ -114,7 +128,17 @@ class RuntimeSettings:
                    loss_scale=_loss_scale_from_env(environ), target=_target_from_env(environ),
                    is_finding_overflow=is_true(environ.get(FIND_OVERFLOW_ENV)),
                    profile_after=_profile_from_env(environ),
-                   keep_float32=split_env(environ.get(KEEP_FLOAT32_ENV, "")))
+                   keep_float32=split_env(environ.get(KEEP_FLOAT32_ENV, "")),
+                   is_tuning=is_true(environ.get(TUNE_ENV)),
+                   tune_budget_seconds=_number(environ, TUNE_BUDGET_ENV, float, DEFAULT_TUNE_BUDGET, minimum=0.0),
+                   tune_cache_dir=environ.get(TUNE_CACHE_ENV) or None,
+                   tune_batch=min(_number(environ, TUNE_BATCH_ENV, int, DEFAULT_TUNE_BATCH, minimum=0), 1 << 20))
+
+    def rewrite_fields(self) -> dict:
+        """The :class:`amp_rewrite.Config` fields these settings decide: name patterns and tuning."""
+        return {"keep_float32_patterns": self.keep_float32, "is_tuning": self.is_tuning,
+                "tune_budget_seconds": self.tune_budget_seconds, "tune_cache_dir": self.tune_cache_dir,
+                "tune_batch": self.tune_batch}
 
 
 def is_true(value: str | None) -> bool:

@@ -96,7 +96,7 @@ class ShadowGraph:
         graph_def = self.script_graph.as_graph_def(add_shapes=True)
         config = Config.from_env(preserve=tuple(sorted(fed)),
                                  device_type=default_device_type(runs_here=True),
-                                 target=self._target(), keep_float32_patterns=self.settings.keep_float32)
+                                 target=self._target(), **self.settings.rewrite_fields())
         result = rewrite(graph_def, fetches=sorted(set(fetched) | sinks(graph_def)), config=config)
         self._dump(config, graph_def, result.graph_def)
         shadow, shadow_session = self._import(result.graph_def)

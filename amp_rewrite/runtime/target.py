@@ -68,15 +68,9 @@ def choose_target(setting: str = AUTO, *,
 
 def cpu_flags(path: str = CPUINFO_PATH) -> frozenset[str]:
     """The feature flags of the first CPU in ``/proc/cpuinfo``; empty where there is none."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() in ("flags", "Features"):
-                    return frozenset(value.split())
-    except OSError:
-        pass
-    return frozenset()
+    from amp_rewrite.tune_cache import read_cpuinfo
+
+    return read_cpuinfo(path)[1]
 
 
 def _tensorflow_gpus() -> list:

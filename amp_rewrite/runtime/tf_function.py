@@ -20,6 +20,10 @@ Guarantees:
   a tape run the float32 function instead (logged), since custom gradient
   closures only know the traced graph.
 - tf.data functions are left alone: they run on the host's CPU.
+- XLA-compiled functions (``jit_compile=True``) stay float32 when the runtime
+  chose its target (``auto``) for a CPU: XLA's CPU backend has no fast
+  bfloat16 kernels (:func:`xla_keeps_float32`). A requested target, a GPU, or
+  :func:`amp_rewrite.function` rewrites them as any other.
 - If the rewrite or the reload fails, a warning gives the reason and the
   function stays as traced; the first eager call that fails in the rewritten
   function, but not in the traced one, does the same. With
@@ -39,7 +43,7 @@ import logging
 import os
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from amp_rewrite import tf_internals
@@ -52,6 +56,10 @@ logger = logging.getLogger(__name__)
 
 MARK_ATTR = "_amp_rewrite_config"
 TF_DATA_ATTR = "_tf_data_function"
+XLA_ATTR = "_XlaMustCompile"
+XLA_ON_CPU = ("XLA-compiled (jit_compile=True) on a CPU, and XLA's CPU backend has no fast bfloat16 kernels; "
+              "without jit_compile, bfloat16 runs on oneDNN's kernels, faster than float32 on a CPU with "
+              "AVX512_BF16 or AMX-BF16")
 NO_MESSAGE = "(no message)"
 LEDGER_NAME = "tf.function"
 
@@ -96,6 +104,8 @@ class _Hook:
         self.is_strict = False
         self.wants_marked = False
         self.swapped: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # rewritten function name → the graph traced for it (node names agree), for the tuner
+        self.traced_graphs: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self.history: list[FunctionReport] = []
         self.profiles: Any = None  # a runtime.profile.FunctionProfiles with AMP_REWRITE_PROFILE
 
@@ -215,16 +225,57 @@ def _on_concrete_function(concrete_function) -> None:
     if TF_DATA_ATTR in concrete_function.function_def.attr:
         logger.debug("tf.function %s: a tf.data function, left in float32", name)
         return
+    config = config or default_config()
+    if not is_explicit:
+        reason = xla_keeps_float32(concrete_function.function_def, setting=_runtime_setting(),
+                                   device_type=config.device_type)
+        if reason is not None:
+            logger.info("amp-rewrite: tf.function %s runs in float32: %s", name, reason)
+            return
+        config = _with_xla_callees_opaque(concrete_function, config)
     with LEDGER.lock:
         if concrete_function in _HOOK.swapped:
             return
         try:
-            _swap_in(concrete_function, config or default_config(), is_explicit=is_explicit)
+            _swap_in(concrete_function, config, is_explicit=is_explicit)
         except Exception as exc:
             reason = first_line(exc, with_type=True, if_empty=NO_MESSAGE)
             if _is_strict():
                 raise RuntimeRewriteError(f"tf.function {name}: rewrite failed: {reason}") from exc
             logger.warning("amp-rewrite: tf.function %s runs in float32: rewrite failed: %s", name, reason)
+
+
+def xla_keeps_float32(function_def, *, setting: str | None, device_type: str | None) -> str | None:
+    """Why an XLA-compiled function stays float32 under the runtime, or None when it is rewritten.
+
+    Only when the target was chosen for the machine (``setting`` is
+    ``auto``) and the function runs on a CPU: a requested target is what
+    the user asked for, and on a GPU XLA has fast half kernels.
+    """
+    if not (XLA_ATTR in function_def.attr and function_def.attr[XLA_ATTR].b):
+        return None
+    return XLA_ON_CPU if setting == "auto" and device_type == "CPU" else None
+
+
+def _with_xla_callees_opaque(concrete_function, config: Config) -> Config:
+    """``config`` leaving alone the XLA-compiled functions the function calls that must stay float32."""
+    from amp_rewrite.runtime.concrete import library_functions
+
+    setting = _runtime_setting()
+    opaque = []
+    for name, function in sorted(library_functions(concrete_function.graph).items()):
+        reason = xla_keeps_float32(function.definition, setting=setting, device_type=config.device_type)
+        if reason is not None:
+            opaque.append((name, reason))
+    return replace(config, opaque_functions=tuple(opaque)) if opaque else config
+
+
+def _runtime_setting() -> str | None:
+    """The target the runtime was asked for (``auto``, ``float16``, ``bfloat16``); None when it is off."""
+    from amp_rewrite import runtime
+
+    settings = runtime.current_settings()
+    return settings.target if settings is not None else None
 
 
 def _swap_in(concrete_function, config: Config, *, is_explicit: bool) -> None:
@@ -235,8 +286,10 @@ def _swap_in(concrete_function, config: Config, *, is_explicit: bool) -> None:
     name = _function_name(concrete_function)
     tf2_loss_scale.check_traced(concrete_function.graph, name)
     is_guarded = tf2_loss_scale.has_guarded_apply(concrete_function.graph)
-    probing = {"is_probing_overflow": True} if tf2_loss_scale.is_finding_overflow() else {}
-    rewritten = rewrite_concrete(concrete_function, config, **probing)
+    extra: dict[str, Any] = {"is_probing_overflow": True} if tf2_loss_scale.is_finding_overflow() else {}
+    if config.is_tuning:
+        extra["traced_graphs"] = _HOOK.traced_graphs
+    rewritten = rewrite_concrete(concrete_function, config, **extra)
     if rewritten.concrete_function is None:
         logger.debug("tf.function %s: nothing to run in %s", name, config.target)
         return
@@ -252,6 +305,8 @@ def _swap_in(concrete_function, config: Config, *, is_explicit: bool) -> None:
                             rewrite_seconds=rewritten.result.seconds, is_explicit=is_explicit,
                             is_inference_only=rewritten.has_custom_gradients)
     record = SwapRecord(report, traced_state, rewritten)
+    new_function: Any = rewritten.concrete_function
+    _HOOK.traced_graphs[new_function.function_def.signature.name] = concrete_function.graph
     tf_internals.set_concrete_function_state(concrete_function, {**traced_state, **new_state})
     tf_internals.override_call(concrete_function, _first_eager_call_guard(
         concrete_function, record, then=_floor_watch(concrete_function) if is_guarded else None))
@@ -357,7 +412,7 @@ def default_config() -> Config:
     settings = runtime.current_settings()
     return Config.from_env(device_type=default_device_type(runs_here=True),
                            target=runtime.current_target() or "float16",
-                           keep_float32_patterns=settings.keep_float32 if settings is not None else ())
+                           **(settings.rewrite_fields() if settings is not None else {}))
 
 
 def _is_strict() -> bool:
