@@ -96,9 +96,9 @@ def _left_alone_by_autograph(function: Callable) -> Callable:
     """``function``, marked so that AutoGraph runs it (and what it calls) as written.
 
     A patched method called from a ``tf.function`` body would otherwise be
-    converted with the user's code: its Python loops and conditions on
-    tensors turned into graph ops, which some TensorFlow versions get wrong
-    (inside a ``MirroredStrategy`` merge call, for one).
+    converted with the user's code, as TensorFlow's own code is not: its
+    Python conditions turned into graph ops, and its source read again from
+    disk while tracing.
     """
     tf = sys.modules.get("tensorflow")
     if tf is None:  # without TensorFlow nothing traces it
