@@ -133,6 +133,25 @@ def function_call_graph():
     return g.as_graph_def()
 
 
+# Grappler's pass paints an infer op after an allow op since TensorFlow 2.20; the
+# Grappler of TensorFlow 2.16 to 2.19 leaves it float32 (the bundled lists follow 2.21).
+GRAPPLER_INFERS_AFTER_ALLOW = tuple(int(part) for part in tf.__version__.split(".")[:2]) >= (2, 20)
+
+
+@contextlib.contextmanager
+def like_this_grappler():
+    """Our painting as this TensorFlow's Grappler paints: before 2.20, without the infer-after-allow step."""
+    from amp_rewrite import painting
+
+    saved = painting.SPREAD_RULES
+    if not GRAPPLER_INFERS_AFTER_ALLOW:
+        painting.SPREAD_RULES = tuple(rule for rule in saved if rule is not painting.paint_infer_after_allow)
+    try:
+        yield
+    finally:
+        painting.SPREAD_RULES = saved
+
+
 def rng(seed=0):
     return np.random.default_rng(seed)
 

@@ -11,26 +11,29 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import amp, assert_same_outputs_within_half, casts, half_nodes, rng, tf1, v1_control_flow
+from helpers import (
+    amp,
+    assert_same_outputs_within_half,
+    casts,
+    half_nodes,
+    like_this_grappler,
+    rng,
+    tf1,
+    v1_control_flow,
+)
 
-from amp_rewrite import painting
 from amp_rewrite.explain import disagreements
 from amp_rewrite.oracle import grappler_rewrite
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import models  # noqa: E402
 
-# Grappler's pass paints an infer op after an allow op since TensorFlow 2.20; the
-# Grappler of TensorFlow 2.16 to 2.19 leaves it float32 (the bundled lists follow 2.21).
-GRAPPLER_INFERS_AFTER_ALLOW = tuple(int(part) for part in tf.__version__.split(".")[:2]) >= (2, 20)
-
 
 @pytest.fixture(autouse=True)
-def _like_this_grappler(monkeypatch):
-    """On a TensorFlow whose Grappler lacks the infer-after-allow step, ours runs without it too."""
-    if not GRAPPLER_INFERS_AFTER_ALLOW:
-        monkeypatch.setattr(painting, "SPREAD_RULES", tuple(
-            rule for rule in painting.SPREAD_RULES if rule is not painting.paint_infer_after_allow))
+def _like_this_grappler():
+    """Grappler is this TensorFlow's: ours paints as it does (see helpers.like_this_grappler)."""
+    with like_this_grappler():
+        yield
 
 
 def compare(graph_def, fetches):
