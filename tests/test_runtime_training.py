@@ -195,8 +195,26 @@ def test_wrapped_optimizer_is_not_scaled_twice(mlp):
     assert "amp-rewrite: converted" in wrapped.stderr  # the graph is still rewritten
 
 
+def text_graph_write_error(directory) -> str | None:
+    """Why this TensorFlow cannot write a text GraphDef (as MonitoredTrainingSession's checkpoint hook does), or None.
+
+    TensorFlow 2.20 passes ``float_format`` to protobuf's text writer, which
+    protobuf 7 no longer takes; 2.20 does not bound protobuf, so pip may pair them.
+    """
+    try:
+        tf.io.write_graph(tf.Graph(), str(directory), "probe.pbtxt", as_text=True)
+    except TypeError as exc:
+        import google.protobuf
+
+        return f"TensorFlow {tf.__version__} with protobuf {google.protobuf.__version__}: tf.io.write_graph: {exc}"
+    return None
+
+
 @pytest.mark.slow
 def test_monitored_training_session_and_its_checkpoints_cross_over(tmp_path):
+    broken = text_graph_write_error(tmp_path)
+    if broken is not None:
+        pytest.skip(f"MonitoredTrainingSession fails in float32 too here: {broken}")
     """MonitoredTrainingSession: AMP trains like float32 and resumes from either's checkpoints."""
     first = ["--optimizer", "momentum", "--last-step", 10]
     fp32 = Script("train_cnn_monitored.py", first + ["--model-dir", tmp_path / "a"],
