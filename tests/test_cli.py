@@ -12,16 +12,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from google.protobuf import text_format
-from helpers import F16, assert_one_line_error, assert_same_outputs_within_half, half_nodes, our_lines, tf1
+from helpers import F16, assert_one_line_error, assert_same_outputs_within_half, cli, half_nodes, our_lines, tf1
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "tools" / "example" / "mlp.pb"
 
 
-def cli(*args, cwd, env=None):
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("TF_AUTO_MIXED_PRECISION")}
-    environ.update(env or {})
-    return subprocess.run([sys.executable, "-m", "amp_rewrite", *map(str, args)], cwd=cwd, env=environ,
-                          capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")

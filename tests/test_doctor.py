@@ -1,14 +1,11 @@
 """doctor: findings built into small graphs are found, named, measured and ranked."""
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import F16, F32, amp, assert_one_line_error, assert_same_outputs_within_half, rng, tf1
+from helpers import F16, F32, amp, assert_one_line_error, assert_same_outputs_within_half, cli, rng, tf1
 
 from amp_rewrite.doctor import diagnose, padded, render_lines, speedup_bound
 
@@ -209,10 +206,6 @@ def test_findings_of_every_kind_are_ranked_by_share_and_printed_in_that_order():
     assert json.loads(json.dumps(diagnosis.as_dict()))["findings"][0]["nodes"] == list(diagnosis.findings[0].nodes)
 
 
-def cli(*args, cwd):
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("TF_AUTO_MIXED_PRECISION", "AMP_REWRITE"))}
-    return subprocess.run([sys.executable, "-m", "amp_rewrite", *map(str, args)], cwd=cwd, env=environ,
-                          capture_output=True, text=True, timeout=300)
 
 
 def test_cli_doctor_prints_findings_and_the_report_carries_the_same(tmp_path):

@@ -1,8 +1,5 @@
 """Nodes kept float32 by name pattern: Config, the CLI flag and the runtime variable."""
 
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -13,6 +10,7 @@ from helpers import (
     amp,
     assert_one_line_error,
     assert_same_outputs_within_half,
+    cli,
     function_call_graph,
     mlp_session_graph,
     our_lines,
@@ -139,10 +137,6 @@ def test_runtime_tf_function_keeps_matching_nodes_float32(amp_runtime):
     assert types == {"kept_mm": tf.float32, "half_mm": tf.float16}
 
 
-def cli(*args, cwd):
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("TF_AUTO_MIXED_PRECISION")}
-    return subprocess.run([sys.executable, "-m", "amp_rewrite", *map(str, args)], cwd=cwd, env=environ,
-                          capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")

@@ -1,14 +1,11 @@
 """doctor --benchmark: both graphs run, interleaved, on the same inputs; the line says which is faster."""
 
 import itertools
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import amp, rng, tf1
+from helpers import amp, cli, rng, tf1
 
 from amp_rewrite.measure import BenchmarkError, Measurement, cpu_features, measure_speedup, measurement_line
 
@@ -78,10 +75,6 @@ def test_cpu_features_are_read_from_cpuinfo(tmp_path):
     assert cpu_features(str(tmp_path / "none")) == ()
 
 
-def cli(*args, cwd):
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("TF_AUTO_MIXED_PRECISION", "AMP_REWRITE"))}
-    return subprocess.run([sys.executable, "-m", "amp_rewrite", *map(str, args)], cwd=cwd, env=environ,
-                          capture_output=True, text=True, timeout=300)
 
 
 def test_cli_benchmark_runs_the_initializer_and_prints_the_measured_line(tmp_path):

@@ -1,13 +1,10 @@
 """Stripping mixed graphs back to float32, and retargeting their half type."""
 
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import BF16, F16, F32, amp, assert_one_line_error, function_call_graph, our_lines, rng, run, tf1
+from helpers import BF16, F16, F32, amp, assert_one_line_error, cli, function_call_graph, our_lines, rng, run, tf1
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
 from amp_rewrite.errors import GraphError
@@ -205,10 +202,6 @@ def test_stripped_keras_model_converts_to_tflite_and_runs(keras_models):
     np.testing.assert_allclose(got, plain(X).numpy(), rtol=2e-3, atol=2e-3)
 
 
-def cli(*args, cwd):
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("TF_AUTO_MIXED", "AMP_REWRITE"))}
-    return subprocess.run([sys.executable, "-m", "amp_rewrite", *map(str, args)], cwd=cwd, env=environ,
-                          capture_output=True, text=True, timeout=300)
 
 
 def test_cli_strips_a_rewritten_graph(tmp_path):
