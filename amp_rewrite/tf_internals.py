@@ -371,13 +371,6 @@ def replica_components(variable) -> tuple:
     return tuple(getattr(variable, "_values", None) or (variable,))
 
 
-def tf1_optimizer_class():
-    """``tf.compat.v1.train.Optimizer``'s defining class."""
-    from tensorflow.python.training import optimizer
-
-    return optimizer.Optimizer
-
-
 def create_slots(optimizer, var_list) -> None:
     """Creates a TF1 optimizer's slot variables for ``var_list`` now."""
     optimizer._create_slots(var_list)  # noqa: SLF001
