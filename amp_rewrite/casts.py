@@ -199,7 +199,12 @@ def insert_casts(ctx: PaintContext, painting: Painting, was_float32: list[bool],
                 needing.append((dst, k))
         if not needing:
             continue
-        if not src_allow and _reads_past_widening_cast(ctx, src, needing):
+        upstream = None if src_allow else _half_input_of_widening_cast(ctx, src)
+        if upstream is not None:
+            # The widening is exact, so its half input is the value a new Cast back
+            # to half would give: half -> Cast(f32) -> Cast(half) -> op becomes half -> op.
+            for dst, k in needing:
+                graph.nodes[dst].input[k] = upstream
             continue
         dst_type = DT_FLOAT if src_allow else ctx.target_dtype
         src_type = ctx.target_dtype if src_allow else DT_FLOAT
@@ -220,21 +225,14 @@ def insert_casts(ctx: PaintContext, painting: Painting, was_float32: list[bool],
     return new_nodes, widening
 
 
-def _reads_past_widening_cast(ctx: PaintContext, src: int, needing: list[tuple[int, int]]) -> bool:
-    """Lets half consumers of an existing ``half -> float32`` Cast read its half input instead.
-
-    The widening is exact, so the input is the value a new Cast back to half
-    would produce: ``half -> Cast(f32) -> Cast(half) -> op`` becomes ``half -> op``.
-    """
+def _half_input_of_widening_cast(ctx: PaintContext, src: int) -> str | None:
+    """The input of node ``src`` when it is an existing ``half -> float32`` Cast of the target type; else None."""
     graph = ctx.graph
     node = graph.nodes[src]
     if (graph.ops[src] != "Cast" or node.attr["SrcT"].type != ctx.target_dtype
             or node.attr["DstT"].type != DT_FLOAT or not graph.inputs(src)):
-        return False
-    upstream = graph.tensor_ref(*graph.inputs(src)[0])
-    for dst, k in needing:
-        graph.nodes[dst].input[k] = upstream
-    return True
+        return None
+    return graph.tensor_ref(*graph.inputs(src)[0])
 
 
 def bypass_widening_casts(ctx: PaintContext, widening: dict[tuple[int, str], tuple[NewCast, list]]) -> set:

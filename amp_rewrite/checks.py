@@ -11,23 +11,19 @@ A rewrite's output must satisfy, whatever the painting:
 
 :func:`violations` lists what fails; :func:`ensure` raises on the first.
 The tests run them on every rewrite they fuzz; the pipeline runs
-:func:`ensure` on a user's graph when ``AMP_REWRITE_CHECK=1`` or
-``AMP_REWRITE_STRICT=1`` is set, so a broken output is named before
-TensorFlow runs it.
+:func:`ensure` on a user's graph when its config's ``is_checking`` is set
+(``AMP_REWRITE_CHECK=1`` or ``AMP_REWRITE_STRICT=1``, read by
+:meth:`amp_rewrite.Config.from_env`; the runtime sets it in strict mode), so a
+broken output is named before TensorFlow runs it.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from typing import NamedTuple
 
 from amp_rewrite.errors import AmpRewriteError
 from amp_rewrite.graph_facts import DT_BFLOAT16, DT_FLOAT, DT_HALF, node_name, parse_input, sinks
-
-CHECK_ENV = "AMP_REWRITE_CHECK"
-STRICT_ENV = "AMP_REWRITE_STRICT"
-_TRUE = ("1", "true", "yes", "on")
 
 
 class PostconditionError(AmpRewriteError):
@@ -39,12 +35,6 @@ class Violation(NamedTuple):
 
     check: str
     detail: str
-
-
-def checks_requested(environ=None) -> bool:
-    """Whether ``AMP_REWRITE_CHECK`` or ``AMP_REWRITE_STRICT`` asks for the postconditions."""
-    environ = os.environ if environ is None else environ
-    return any((environ.get(name) or "").strip().lower() in _TRUE for name in (CHECK_ENV, STRICT_ENV))
 
 
 def violations(before, after, *, casts: Iterable[str] = (), fetches: Iterable[str] | None = (),

@@ -24,6 +24,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+import _amp_rewrite_import_hook as import_hook
 from amp_rewrite.config import DEVICE_TYPES, LEVELS, Config
 from amp_rewrite.errors import AmpRewriteError, GraphError, UsageError, first_line
 from amp_rewrite.graph_facts import parse_input, sinks
@@ -615,46 +616,18 @@ def quiet_tensorflow_import() -> None:
     the user, and so does a fatal signal's traceback. The import happens only
     if a step needs TensorFlow, so an error found before that stays quick.
     """
-    if "tensorflow" not in sys.modules and not any(isinstance(f, _QuietTensorFlowFinder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _QuietTensorFlowFinder())
+    import_hook.around_import(_banner_kept_from_user, owner=import_hook.CLI)
 
 
-class _QuietTensorFlowFinder:
-    """Finds ``tensorflow`` through the finders after it, and wraps the loader it gets."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name != "tensorflow":
-            return None
-        others = sys.meta_path[sys.meta_path.index(self) + 1:] if self in sys.meta_path else []
-        for finder in others:
-            find = getattr(finder, "find_spec", None)
-            spec = find(name, path, target) if find else None
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _QuietLoader(spec.loader)
-                return spec
-        return None
-
-
-class _QuietLoader:
-    """Runs the real loader with descriptor 2 captured; the module keeps the real loader."""
-
-    def __init__(self, loader):
-        self.loader = loader
-
-    def create_module(self, spec):
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module) -> None:
-        module.__loader__ = self.loader
-        if module.__spec__ is not None:
-            module.__spec__.loader = self.loader
-        with _descriptor_2_captured() as captured:
-            try:
-                self.loader.exec_module(module)
-            except BaseException:
-                captured.replay = True
-                raise
+@contextmanager
+def _banner_kept_from_user():
+    """Descriptor 2 captured while TensorFlow loads; what was captured is passed on if the import fails."""
+    with _descriptor_2_captured() as captured:
+        try:
+            yield
+        except BaseException:
+            captured.replay = True
+            raise
 
 
 @contextmanager

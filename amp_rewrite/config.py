@@ -6,13 +6,21 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from amp_rewrite.environment import (
+    CHECK_ENV,
+    DUMP_DIR_ENV,
+    LEVEL_ENV,
+    STRICT_ENV,
+    TF_LOG_PATH_ENV,
+    TUNE_CACHE_ENV,
+    any_true,
+)
 from amp_rewrite.errors import UsageError
 from amp_rewrite.keep_patterns import compile_patterns
-from amp_rewrite.op_lists import ENV_PREFIX, TARGETS, ListEdit, env_edits
+from amp_rewrite.op_lists import TARGETS, ListEdit, env_edits
 
 LEVELS = ("DEFAULT", "TENSOR_CORES_ONLY", "TREAT_INFER_AS_DENY", "UNSAFE_FORCE_ALL")
-LEVEL_ENV = ENV_PREFIX + "LEVEL"
-DUMP_ENVS = ("AMP_REWRITE_DUMP_DIR", ENV_PREFIX + "LOG_PATH")
+DUMP_ENVS = (DUMP_DIR_ENV, TF_LOG_PATH_ENV)
 DEVICE_TYPES = ("GPU", "CPU")
 
 
@@ -56,6 +64,9 @@ class Config:
         opaque_functions: (function name, reason) pairs: library functions
             left as they are; every call of one is opaque (the runtime's
             XLA-compiled functions on a CPU).
+        is_checking: check the output's structural postconditions
+            (:mod:`amp_rewrite.checks`) and raise on the first one broken;
+            ``AMP_REWRITE_CHECK=1`` or ``AMP_REWRITE_STRICT=1`` set it.
     """
 
     target: str = "float16"
@@ -75,6 +86,7 @@ class Config:
     tune_cache_dir: str | None = None
     tune_batch: int = 32
     opaque_functions: tuple[tuple[str, str], ...] = ()
+    is_checking: bool = False
 
     def __post_init__(self):
         if self.target not in TARGETS:
@@ -96,7 +108,7 @@ class Config:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **fields) -> Config:
-        """A config whose level and list edits come from TensorFlow's environment variables.
+        """A config whose level, list edits, dump directory, checks and timing cache come from the environment.
 
         Explicit ``fields`` win over the environment; ``list_edits`` given here
         are applied after the environment's.
@@ -107,5 +119,7 @@ class Config:
             raise UsageError(f"{LEVEL_ENV}={environ[LEVEL_ENV]!r}: choose one of {', '.join(LEVELS)}")
         extra_edits = tuple(fields.pop("list_edits", ()))
         dump_dir = next((environ[name] for name in DUMP_ENVS if environ.get(name)), None)
-        base = cls(level=level, list_edits=env_edits(environ) + extra_edits, dump_dir=dump_dir)
+        base = cls(level=level, list_edits=env_edits(environ) + extra_edits, dump_dir=dump_dir,
+                   is_checking=any_true(environ, (CHECK_ENV, STRICT_ENV)),
+                   tune_cache_dir=environ.get(TUNE_CACHE_ENV) or None)
         return replace(base, **fields)

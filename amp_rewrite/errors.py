@@ -66,11 +66,14 @@ def first_line(exc: BaseException, *, with_type: bool = False, if_empty: str | N
 class PaintingRuleError(RuntimeError):
     """A painting rule failed unexpectedly: a fault of the rewrite, not of the input.
 
-    The message names the rule and the original error, which is also the
+    The message names the rule, the rules that ran before it (whose changes
+    the failing rule read), and the original error, which is also the
     ``__cause__``. Errors the rules raise on purpose (:class:`AmpRewriteError`)
     pass through unchanged instead.
     """
 
-    def __init__(self, rule: str, error: BaseException):
-        super().__init__(f"painting rule {rule} failed: {first_line(error, with_type=True)}")
+    def __init__(self, rule: str, error: BaseException, ran_before: tuple[str, ...] = ()):
+        after = f" (after {', '.join(ran_before)})" if ran_before else " (the first rule)"
+        super().__init__(f"painting rule {rule} failed{after}: {first_line(error, with_type=True)}")
         self.rule = rule
+        self.ran_before = ran_before

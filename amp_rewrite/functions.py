@@ -70,7 +70,8 @@ def finalize_functions(graph: TypedGraph) -> LibraryResult:
     for body in graph.bodies:
         for call, by_attr in body.children.items():
             _set_callees(graph.nodes[call], {attr: [names[b] for b in bodies] for attr, bodies in by_attr.items()})
-    result.representatives = _rebuild_library(graph, keys, names, result)
+    result.representatives = _representatives(keys, names)
+    result.rewritten = _rebuild_library(graph, result.representatives)
     loop_bodies = _loop_instances(graph)
     for name in result.representatives:
         if any(names[b] == name for b in loop_bodies):
@@ -169,15 +170,25 @@ def _set_callees(node, names: dict[str, list[str]]) -> None:
             node.attr[attr].func.name = functions[0]
 
 
-def _rebuild_library(graph: TypedGraph, keys, names, result: LibraryResult) -> dict[str, int]:
-    """Writes the library: untouched functions, then each rewritten variant after its original.
-
-    Returns the instance written for each rewritten function name.
-    """
+def _representatives(keys: list[str | None], names: list[str]) -> dict[str, int]:
+    """For each function name a rewritten instance gets, the first instance written under it."""
     representative: dict[str, int] = {}
-    for body_id in range(1, len(graph.bodies)):
+    for body_id in range(1, len(keys)):
         if keys[body_id] is not None:
             representative.setdefault(names[body_id], body_id)
+    return representative
+
+
+def _rebuild_library(graph: TypedGraph, representative: dict[str, int]) -> list[str]:
+    """Writes the library: untouched functions, then each rewritten variant after its original.
+
+    Args:
+        representative: the instance to write under each rewritten function name.
+
+    Returns:
+        The names of the functions written from rewritten instances, in library order.
+    """
+    written_names: list[str] = []
     variants: dict[str, list[tuple[str, int]]] = {}
     for name, body_id in representative.items():
         variants.setdefault(graph.bodies[body_id].function, []).append((name, body_id))
@@ -191,11 +202,11 @@ def _rebuild_library(graph: TypedGraph, keys, names, result: LibraryResult) -> d
             written = rebuilt.function.add()
             written.CopyFrom(graph.bodies[body_id].fdef)
             written.signature.name = name
-            result.rewritten.append(name)
+            written_names.append(name)
     rebuilt.gradient.extend(library.gradient)
     rebuilt.registered_gradients.extend(library.registered_gradients)
     library.CopyFrom(rebuilt)
-    return representative
+    return written_names
 
 
 def _loop_instances(graph: TypedGraph) -> set[int]:

@@ -20,6 +20,7 @@ from enum import Enum
 from pathlib import Path
 from typing import NamedTuple
 
+from amp_rewrite.environment import TF_PREFIX
 from amp_rewrite.errors import ListError
 
 logger = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ _ENV_NAMES = {
     "deny": ("DENYLIST", "BLACKLIST"),
     "clear": ("CLEARLIST",),
 }
-ENV_PREFIX = "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_"
+ENV_PREFIX = TF_PREFIX
 
 
 class ListEdit(NamedTuple):

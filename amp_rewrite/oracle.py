@@ -13,9 +13,10 @@ import time
 from contextlib import contextmanager
 
 from amp_rewrite import tf_internals
+from amp_rewrite.environment import EMULATE_FP16_ENV
 from amp_rewrite.graph_facts import node_name
 
-EMULATE_ENV = "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_EMULATE_FP16"
+EMULATE_ENV = EMULATE_FP16_ENV
 
 
 @contextmanager

@@ -38,9 +38,10 @@ Then the batch norms whose ``T`` was not painted turn back into V1;
 :func:`amp_rewrite.casts.apply_painting` retypes the painted attrs, folds
 Consts and inserts the Casts; :func:`amp_rewrite.functions.finalize_functions`
 writes the function instances into the library; :func:`name_changes` names
-what changed, for the report. With ``AMP_REWRITE_CHECK=1`` or
-``AMP_REWRITE_STRICT=1``, :func:`amp_rewrite.checks.ensure` then checks the
-output's structural postconditions. Fetched nodes, feeds, variables and their
+what changed, for the report. When ``config.is_checking`` is set
+(``AMP_REWRITE_CHECK=1`` or ``AMP_REWRITE_STRICT=1`` for the CLI and the
+runtime), :func:`amp_rewrite.checks.ensure` then checks the output's
+structural postconditions. Fetched nodes, feeds, variables and their
 reads are never changed; the caller's GraphDef is never mutated.
 
 Logging: one INFO line per rewrite. At DEBUG, what each rule changed
@@ -61,7 +62,7 @@ from typing import Any
 
 from amp_rewrite import painting as rules
 from amp_rewrite.casts import Applied, apply_painting, promote_batch_norms, restore_unconverted_batch_norms
-from amp_rewrite.checks import checks_requested, ensure
+from amp_rewrite.checks import ensure
 from amp_rewrite.config import Config
 from amp_rewrite.errors import AmpRewriteError, GraphError, PaintingRuleError
 from amp_rewrite.explain import node_outcomes
@@ -90,16 +91,24 @@ def paint(ctx: PaintContext) -> Painting:
     logger.debug("find_tensor_list_clusters: %d clusters, %d writer → reader edges added to the view",
                  len(clusters), len(edges))
     painting = Painting(len(ctx.graph.vertex_node), tensor_list_clusters=clusters)
-    _run_rules(rules.ROOT_RULES, ctx, painting)
+    ran = _run_rules(rules.ROOT_RULES, ctx, painting, ran=("find_tensor_list_clusters",))
     if not painting.allow:
         logger.debug("no allow-list op can run in half; nothing to do")
         return painting
-    _run_rules(rules.SPREAD_RULES, ctx, painting)
+    _run_rules(rules.SPREAD_RULES, ctx, painting, ran=ran)
     return painting
 
 
-def _run_rules(schedule: tuple[Rule, ...], ctx: PaintContext, painting: Painting) -> None:
-    """Runs each rule of ``schedule`` and logs what it changed."""
+def _run_rules(schedule: tuple[Rule, ...], ctx: PaintContext, painting: Painting, *,
+               ran: tuple[str, ...]) -> tuple[str, ...]:
+    """Runs each rule of ``schedule`` and logs what it changed.
+
+    Args:
+        ran: the names of the rules that ran before, in order; a failure names them.
+
+    Returns:
+        ``ran`` followed by the rules of ``schedule``.
+    """
     for rule in schedule:
         before = painting.allowed, painting.denied, painting.unmarked
         try:
@@ -107,9 +116,11 @@ def _run_rules(schedule: tuple[Rule, ...], ctx: PaintContext, painting: Painting
         except (AmpRewriteError, RecursionError, MemoryError):
             raise  # bad input, said in one line by whoever raised it
         except Exception as exc:
-            raise PaintingRuleError(rule.__name__, exc) from exc
+            raise PaintingRuleError(rule.__name__, exc, ran_before=ran) from exc
+        ran += (rule.__name__,)
         logger.debug("%s: +allow %d, +deny %d, unmarked %d", rule.__name__, painting.allowed - before[0],
                      painting.denied - before[1], painting.unmarked - before[2])
+    return ran
 
 
 @dataclass(frozen=True)
@@ -264,7 +275,7 @@ def _rewrite(graph_def, *, fetches, target, config, in_place, tuner) -> RewriteR
 
     lap = _Laps()
     nodes_total = len(graph_def.node) + sum(len(f.node_def) for f in graph_def.library.function)
-    if in_place and not (config.dump_dir or checks_requested()):
+    if in_place and not (config.dump_dir or config.is_checking):
         work = graph_def
     else:
         work = graph_pb2().GraphDef()
@@ -303,7 +314,7 @@ def _rewrite(graph_def, *, fetches, target, config, in_place, tuner) -> RewriteR
         step_seconds=lap.seconds,
         unmatched_patterns=unmatched,
     )
-    if checks_requested():
+    if config.is_checking:
         left_alone = {graph.nodes[i].name for i in graph.bodies[0].index.values() if ctx.skip_reason[i] is not None}
         ensure(graph_def, work, casts=names.casts, fetches=config.fetches, left_alone=left_alone)
     if config.dump_dir:

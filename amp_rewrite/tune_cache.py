@@ -25,7 +25,6 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-CACHE_ENV = "AMP_REWRITE_TUNE_CACHE"
 FORMAT = "amp-rewrite tuning cache 1"
 CPUINFO_PATH = "/proc/cpuinfo"
 # The CPU features whose presence changes which float32/half kernels oneDNN runs.
@@ -70,9 +69,12 @@ def device_description(device_type: str, *, gpu_name: str | None = None, cpuinfo
 
 
 def default_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """The user's cache directory (``XDG_CACHE_HOME`` or ``~/.cache``) for amp-rewrite.
+
+    ``AMP_REWRITE_TUNE_CACHE`` is read with the rest of the configuration
+    (:meth:`amp_rewrite.Config.from_env`), which passes it as the directory.
+    """
     environ = os.environ if environ is None else environ
-    if environ.get(CACHE_ENV):
-        return Path(environ[CACHE_ENV])
     base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "amp-rewrite"
 

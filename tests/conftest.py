@@ -4,15 +4,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest  # noqa: E402
 
-from amp_rewrite.op_lists import ENV_PREFIX  # noqa: E402
+from amp_rewrite.environment import read_by_package  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
 def _no_amp_env(monkeypatch):
-    """Tests start without TensorFlow's AMP variables, whatever the shell exported."""
-    for name in list(os.environ):
-        if name.startswith(ENV_PREFIX) or name == "AMP_REWRITE_KEEP_FLOAT32":
-            monkeypatch.delenv(name)
+    """Tests start without any variable amp-rewrite reads, whatever the shell exported."""
+    for name in read_by_package(os.environ):
+        monkeypatch.delenv(name)
 
 
 @pytest.fixture

@@ -1,11 +1,13 @@
 """Structural postconditions: each check finds its own breakage, and the pipeline runs them on request."""
 
+from dataclasses import replace
+
 import pytest
 import tensorflow as tf
 from helpers import CPU, F16, F32, amp, tf1
 
-from amp_rewrite import pipeline
-from amp_rewrite.checks import PostconditionError, checks_requested, ensure, violations
+from amp_rewrite import Config, pipeline
+from amp_rewrite.checks import PostconditionError, ensure, violations
 
 
 def _graph():
@@ -74,26 +76,37 @@ def test_a_fetch_that_changed_dtype_is_named():
 
 
 def test_checks_are_requested_by_either_variable():
-    assert not checks_requested({})
-    assert checks_requested({"AMP_REWRITE_CHECK": "1"})
-    assert checks_requested({"AMP_REWRITE_STRICT": "true"})
-    assert not checks_requested({"AMP_REWRITE_CHECK": "0"})
+    assert not Config.from_env({}).is_checking
+    assert Config.from_env({"AMP_REWRITE_CHECK": "1"}).is_checking
+    assert Config.from_env({"AMP_REWRITE_STRICT": "true"}).is_checking
+    assert not Config.from_env({"AMP_REWRITE_CHECK": "0"}).is_checking
 
 
 def test_the_pipeline_reports_a_broken_output_by_name_when_asked(monkeypatch):
+    _break_relu(monkeypatch)
+    pipeline.rewrite(_graph(), fetches=["out"], config=CPU)  # not asked: no check
+    with pytest.raises(PostconditionError, match=r"\(edge types\): .*mm:0 -> relu input 0"):
+        pipeline.rewrite(_graph(), fetches=["out"], config=replace(CPU, is_checking=True))
+
+
+def test_the_environment_asks_for_the_checks_of_a_rewrite_without_a_config(monkeypatch):
+    """``rewrite()`` without a config reads the environment once, through ``Config.from_env``."""
+    _break_relu(monkeypatch)
+    monkeypatch.setenv("AMP_REWRITE_CHECK", "1")
+    pipeline.rewrite(_graph(), fetches=["out"], config=CPU)  # an explicit config says no
+    with pytest.raises(PostconditionError, match=r"\(edge types\)"):
+        pipeline.rewrite(_graph(), fetches=["out"], config=None)
+
+
+def _break_relu(monkeypatch):
+    """Makes the pipeline undo one retype after painting, leaving a half -> float32 edge into ``relu``."""
     real = pipeline.apply_painting
 
     def broken(ctx, painting, was_float32):
         applied = real(ctx, painting, was_float32)
         for node in ctx.graph.graph_def.node:
             if node.name == "relu":
-                node.attr["T"].type = F32  # undo one retype, leaving a half -> float32 edge
+                node.attr["T"].type = F32
         return applied
 
     monkeypatch.setattr(pipeline, "apply_painting", broken)
-    monkeypatch.delenv("AMP_REWRITE_CHECK", raising=False)
-    monkeypatch.delenv("AMP_REWRITE_STRICT", raising=False)
-    pipeline.rewrite(_graph(), fetches=["out"], config=CPU)  # not asked: no check
-    monkeypatch.setenv("AMP_REWRITE_CHECK", "1")
-    with pytest.raises(PostconditionError, match=r"\(edge types\): .*mm:0 -> relu input 0"):
-        pipeline.rewrite(_graph(), fetches=["out"], config=CPU)

@@ -300,6 +300,7 @@ def test_an_unexpected_failure_in_a_painting_rule_is_one_line_naming_the_rule(gr
     monkeypatch.setattr(PaintContext, "can_convert", broken)
     code = command.main([str(graph_file), str(tmp_path / "out.pb"), "--device-type", "CPU"])
     assert code == 1
-    line = assert_one_line_error(capsys.readouterr().err, "painting rule paint_allow_ops failed: ValueError: boom")
+    line = assert_one_line_error(capsys.readouterr().err, "painting rule paint_allow_ops failed (after "
+                                 "find_tensor_list_clusters, deny_escaping_tensor_lists): ValueError: boom")
     assert line.endswith("(unexpected; run with -v for details)")
     assert not (tmp_path / "out.pb").exists()

@@ -187,9 +187,27 @@ def test_an_unexpected_failure_inside_a_rule_names_the_rule(monkeypatch):
         raise ValueError("boom")
 
     monkeypatch.setattr(painting.PaintContext, "can_convert", broken)
-    with pytest.raises(PaintingRuleError, match=r"^painting rule paint_allow_ops failed: ValueError: boom$") as info:
+    expected = (r"^painting rule paint_allow_ops failed \(after find_tensor_list_clusters, "
+                r"deny_escaping_tensor_lists\): ValueError: boom$")
+    with pytest.raises(PaintingRuleError, match=expected) as info:
         amp(mixed_graph(), ["logits", "loss"])
     assert info.value.rule == "paint_allow_ops" and isinstance(info.value.__cause__, ValueError)
+    assert info.value.ran_before == ("find_tensor_list_clusters", "deny_escaping_tensor_lists")
+
+
+def test_a_failing_spread_rule_names_every_rule_that_ran_before_it(monkeypatch):
+    def broken(ctx, painting):
+        raise KeyError("lost")
+
+    monkeypatch.setattr(painting, "paint_between_allow", broken)
+    monkeypatch.setattr(painting, "SPREAD_RULES", tuple(broken if r.__name__ == "paint_between_allow" else r
+                                                        for r in painting.SPREAD_RULES))
+    with pytest.raises(PaintingRuleError) as info:
+        amp(mixed_graph(), ["logits", "loss"])
+    assert info.value.rule == "broken"
+    assert info.value.ran_before == ("find_tensor_list_clusters", *(r.__name__ for r in painting.ROOT_RULES),
+                                     "paint_deny_forward", "match_tensor_list_clusters")
+    assert "(after find_tensor_list_clusters, deny_escaping_tensor_lists, paint_allow_ops, " in str(info.value)
 
 
 def test_our_own_errors_inside_a_rule_keep_their_text(monkeypatch):

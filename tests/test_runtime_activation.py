@@ -1,5 +1,7 @@
 """ENABLE_AUTO_MP: the start-up files, what start-up imports, enable()/disable()."""
 
+import ast
+import contextlib
 import os
 import subprocess
 import sys
@@ -9,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import _amp_rewrite_autoload as autoload
+import _amp_rewrite_import_hook as import_hook
 import amp_rewrite
 from amp_rewrite import runtime
 
@@ -80,18 +83,101 @@ def test_post_import_hook_fires_once_after_the_module_ran(tmp_path, monkeypatch)
     (tmp_path / "amp_probe_module.py").write_text("VALUE = 42\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     seen = []
-    finder = autoload.install_post_import_hook(lambda m: seen.append(m.VALUE), "amp_probe_module")
+    finder = import_hook.after_import(lambda m: seen.append(m.VALUE), owner="test", name="amp_probe_module")
     assert finder in sys.meta_path
     try:
         import amp_probe_module
     finally:
-        autoload.remove_post_import_hooks("amp_probe_module")
+        import_hook.remove(owner="test", name="amp_probe_module")
     assert seen == [42]
     assert finder not in sys.meta_path
-    assert type(amp_probe_module.__loader__).__name__ != "_NotifyingLoader"
-    assert autoload.install_post_import_hook(lambda m: seen.append(0), "amp_probe_module") is None
+    assert type(amp_probe_module.__loader__).__name__ != "_WrappingLoader"
+    assert import_hook.after_import(lambda m: seen.append(0), owner="test", name="amp_probe_module") is None
     assert seen == [42, 0]  # already imported: called at once
     del sys.modules["amp_probe_module"]
+
+
+def test_hooks_of_two_owners_stack_and_each_owner_removes_only_its_own(tmp_path, monkeypatch):
+    (tmp_path / "amp_probe_stacked.py").write_text("import sys\nSEEN = list(sys.amp_probe_events)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    events = []
+    monkeypatch.setattr(sys, "amp_probe_events", events, raising=False)
+
+    @contextlib.contextmanager
+    def around():
+        events.append("enter")
+        yield
+        events.append("exit")
+
+    import_hook.around_import(around, owner="one", name="amp_probe_stacked")
+    import_hook.after_import(lambda m: events.append("after"), owner="two", name="amp_probe_stacked")
+    import_hook.after_import(lambda m: events.append("removed"), owner="three", name="amp_probe_stacked")
+    import_hook.remove(owner="three", name="amp_probe_stacked")
+    assert len(import_hook.pending(owner="one", name="amp_probe_stacked")) == 1
+    try:
+        import amp_probe_stacked
+    finally:
+        del sys.modules["amp_probe_stacked"]
+    assert amp_probe_stacked.SEEN == ["enter"]  # the module ran inside around()
+    assert events == ["enter", "exit", "after"]
+    assert not any(isinstance(f, import_hook.PostImportFinder) for f in sys.meta_path)
+
+
+@pytest.mark.parametrize("is_strict", [False, True])
+def test_a_failing_hook_never_breaks_the_import_unless_strict(tmp_path, monkeypatch, capsys, is_strict):
+    (tmp_path / "amp_probe_failing.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def fail(module):
+        raise ValueError("no such symbol")
+
+    import_hook.after_import(fail, owner="test", name="amp_probe_failing", is_strict=lambda: is_strict)
+    try:
+        if is_strict:
+            with pytest.raises(ValueError, match="no such symbol"):
+                import amp_probe_failing  # noqa: F401
+        else:
+            import amp_probe_failing
+
+            assert amp_probe_failing.VALUE == 1
+    finally:
+        sys.modules.pop("amp_probe_failing", None)
+        import_hook.remove(owner="test", name="amp_probe_failing")
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("amp-rewrite")]
+    expected = [] if is_strict else ["amp-rewrite: not enabled, patching amp_probe_failing failed: "
+                                     "ValueError('no such symbol')"]
+    assert lines == expected
+
+
+def test_the_bootstrap_spells_the_switch_as_the_package_does():
+    """The bootstrap cannot import the package at start-up, so it keeps copies; they must not drift."""
+    from amp_rewrite import environment
+
+    assert autoload.ENV_NAMES == environment.ENABLE_ENVS
+    assert autoload.TRUE_VALUES == environment.TRUE_VALUES
+    pth = (Path(sysconfig.get_paths()["purelib"]) / "amp_rewrite_autoload.pth").read_text()
+    assert all(repr(value).replace("'", '"') in pth for value in environment.TRUE_VALUES + environment.ENABLE_ENVS)
+
+
+def test_the_package_never_imports_the_start_up_bootstrap():
+    """The bootstrap imports the runtime when TensorFlow is imported; nothing imports the bootstrap back."""
+    package = Path(amp_rewrite.__file__).parent
+    importers = [str(path.relative_to(package)) for path in package.rglob("*.py")
+                 if "_amp_rewrite_autoload" in _imported_modules(path)]
+    assert importers == []
+    assert "amp_rewrite" in _imported_modules(Path(autoload.__file__))  # the one direction
+    assert not {m for m in _imported_modules(Path(import_hook.__file__)) if m.startswith(("amp_rewrite", "_amp"))}
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Every module ``path`` imports, at any depth of its code."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
 
 
 def test_enable_and_disable_are_idempotent():

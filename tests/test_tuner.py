@@ -241,7 +241,8 @@ def test_an_unwritable_cache_costs_one_warning(tmp_path, caplog):
 
 
 def test_cache_location_follows_the_override_then_xdg_then_home():
-    assert str(default_cache_dir({"AMP_REWRITE_TUNE_CACHE": "/x/y", "XDG_CACHE_HOME": "/c"})) == "/x/y"
+    assert Config.from_env({"AMP_REWRITE_TUNE_CACHE": "/x/y", "XDG_CACHE_HOME": "/c"}).tune_cache_dir == "/x/y"
+    assert Config.from_env({}).tune_cache_dir is None
     assert str(default_cache_dir({"XDG_CACHE_HOME": "/c"})) == "/c/amp-rewrite"
     assert str(default_cache_dir({})).endswith(".cache/amp-rewrite")
 

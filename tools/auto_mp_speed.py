@@ -73,17 +73,18 @@ def train_tf1(steps: int) -> dict:
     logits = tf.matmul(h, w)
     loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
     train = tf1.train.MomentumOptimizer(0.01, 0.9).minimize(loss)
-    times, losses = [], []
+    times, cpu_times, losses = [], [], []
     with tf1.Session() as sess:
         sess.run(tf1.global_variables_initializer())
         for step in range(WARMUP + steps):
             i = (step % 4) * BATCH
             feed = {x: x_all[i:i + BATCH], y: y_all[i:i + BATCH]}
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             value, _ = sess.run([loss, train], feed)
             times.append(time.perf_counter() - start)
+            cpu_times.append(time.process_time() - cpu_start)
             losses.append(float(value))
-    return {"times": times[WARMUP:], "losses": losses}
+    return {"times": times[WARMUP:], "cpu_times": cpu_times[WARMUP:], "losses": losses}
 
 
 def train_keras(steps: int) -> dict:
@@ -128,20 +129,22 @@ def fit_and_time(model, steps: int) -> dict:
     class Timer(keras.callbacks.Callback):
         def __init__(self):
             super().__init__()
-            self.times, self.losses, self.start = [], [], 0.0
+            self.times, self.cpu_times, self.losses, self.start, self.cpu_start = [], [], [], 0.0, 0.0
 
         def on_train_batch_begin(self, batch, logs=None):
-            self.start = time.perf_counter()
+            self.start, self.cpu_start = time.perf_counter(), time.process_time()
 
         def on_train_batch_end(self, batch, logs=None):
             self.times.append(time.perf_counter() - self.start)
+            self.cpu_times.append(time.process_time() - self.cpu_start)
             self.losses.append(float(logs["loss"]))
 
     timer = Timer()
     epochs = -(-(WARMUP + steps) // 4)
     model.fit(x_all, y_all, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0,
               callbacks=[timer])
-    return {"times": timer.times[WARMUP:WARMUP + steps], "losses": timer.losses}
+    return {"times": timer.times[WARMUP:WARMUP + steps], "cpu_times": timer.cpu_times[WARMUP:WARMUP + steps],
+            "losses": timer.losses}
 
 
 def run_once(kind: str, mode: str, steps: int) -> dict:

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 
-OURS = ("amp_rewrite", "_amp_rewrite_autoload")
+OURS = ("amp_rewrite", "_amp_rewrite_autoload", "_amp_rewrite_import_hook")
 VARIABLES = ("ENABLE_AUTO_MP", "TF_ENABLE_AUTO_MIXED_PRECISION")
 
 

@@ -8,10 +8,13 @@ Four unmodified training scripts, each run in its own process:
 - ``depthwise``: a Keras MobileNet-style model (depthwise 3x3 and pointwise
   1x1 convolutions) trained with ``fit``.
 
-Modes: float32 (no variable), ``ENABLE_AUTO_MP=1`` (the target ``auto``
-picks here), forced float16 and forced bfloat16, each of the last three
-with and without ``AMP_REWRITE_TUNE=1``. Every round runs each script once
-per mode, alternating, so a busy machine slows them alike. The tuned modes
+Modes: float32 (no variable), float32 again (a control: the spread between
+two runs of the same graph is this machine's noise), ``ENABLE_AUTO_MP=1``
+(the target ``auto`` picks here), forced float16 and forced bfloat16, each
+of the last three with and without ``AMP_REWRITE_TUNE=1``. Every round runs
+each script once per mode, alternating, so a busy machine slows them alike.
+Each step is timed twice: wall-clock time, and the process's CPU time
+(every thread's), which a shared machine's other jobs disturb far less. The tuned modes
 share one timing cache for the whole run, so the first round's tuned runs
 measure and the later ones read the cache; the times reported exclude the
 warm-up steps, which hold the rewrite and its measuring, reported apart as
@@ -34,8 +37,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import auto_mp_speed as workloads  # noqa: E402
 
 TUNE = {"AMP_REWRITE_TUNE": "1"}
+CLOCKS = {"wall": "times", "cpu": "cpu_times"}
 MODES = {
     "float32": {},
+    # float32 again, in its own process: how far two runs of one graph differ on this machine now.
+    "float32-again": {},
     "auto": {"ENABLE_AUTO_MP": "1"},
     "auto+tune": {"ENABLE_AUTO_MP": "1", **TUNE},
     "float16": {"ENABLE_AUTO_MP": "1", "AMP_REWRITE_TARGET": "float16"},
@@ -86,16 +92,20 @@ def run_once(kind: str, mode: str, steps: int, cache_dir: str) -> dict:
 
 
 def report(kinds, modes, medians, losses, logs, rounds, steps) -> None:
+    """One table per script: the median over rounds of each run's median step, wall and CPU time."""
     for kind in kinds:
-        base = statistics.median(medians[(kind, "float32")]) if "float32" in modes else None
-        print(f"\n{kind}: median step time over {rounds} rounds of {steps} steps")
-        print("| mode | step | vs float32 | last loss | first rewrite's line |")
-        print("|---|---:|---:|---:|---|")
+        print(f"\n{kind}: median step time over {rounds} rounds of {steps} steps (wall; CPU time of all threads)")
+        print("| mode | step | vs float32 | CPU per step | vs float32 | last loss | first rewrite's line |")
+        print("|---|---:|---:|---:|---:|---:|---|")
+        base = {clock: statistics.median(medians[(kind, "float32", clock)]) if "float32" in modes else None
+                for clock in CLOCKS}
         for mode in modes:
-            step = statistics.median(medians[(kind, mode)])
-            ratio = f"{base / step:.2f}x" if base else ""
+            cells = []
+            for clock in CLOCKS:
+                step = statistics.median(medians[(kind, mode, clock)])
+                cells += [f"{step * 1000:.0f} ms", f"{base[clock] / step:.2f}x" if base[clock] else ""]
             line = (logs[(kind, mode)] or [""])[-1][:120]
-            print(f"| {mode} | {step * 1000:.0f} ms | {ratio} | {losses[(kind, mode)][-1]:.4f} | {line} |")
+            print(f"| {mode} | {' | '.join(cells)} | {losses[(kind, mode)][-1]:.4f} | {line} |")
 
 
 def main() -> None:
@@ -113,17 +123,19 @@ def main() -> None:
         return
     kinds, modes = args.kinds.split(","), args.modes.split(",")
     print(workloads.cpu_description())
-    medians = {(k, m): [] for k in kinds for m in modes}
+    medians = {(k, m, clock): [] for k in kinds for m in modes for clock in CLOCKS}
     losses, logs = {}, {}
     with tempfile.TemporaryDirectory() as cache_dir:
         for round_index in range(args.rounds):
             for kind in kinds:
                 for mode in modes:
                     result = run_once(kind, mode, args.steps, cache_dir)
-                    medians[(kind, mode)].append(statistics.median(result["times"]))
+                    for clock, key in CLOCKS.items():
+                        medians[(kind, mode, clock)].append(statistics.median(result[key]))
                     losses[(kind, mode)] = result["losses"]
                     logs[(kind, mode)] = result["log"]
-                    print(f"round {round_index + 1} {kind} {mode}: {medians[(kind, mode)][-1] * 1000:.0f} ms",
+                    wall, cpu = (medians[(kind, mode, clock)][-1] * 1000 for clock in CLOCKS)
+                    print(f"round {round_index + 1} {kind} {mode}: {wall:.0f} ms, CPU {cpu:.0f} ms",
                           file=sys.stderr, flush=True)
     report(kinds, modes, medians, losses, logs, args.rounds, args.steps)
 

@@ -31,6 +31,7 @@ import os
 import sys
 from dataclasses import replace
 
+import _amp_rewrite_import_hook as import_hook
 from amp_rewrite import tf_internals
 from amp_rewrite.runtime.ledger import LEDGER
 from amp_rewrite.runtime.settings import LOSS_SCALE_ENV, LossScaleSettings, RuntimeSettings
@@ -72,17 +73,16 @@ def enable(*, settings: RuntimeSettings | None = None, from_env: bool = False,
     Calling it again changes nothing (new settings apply to the next enable
     after :func:`disable`).
     """
-    import _amp_rewrite_autoload as autoload
-
     with LEDGER.lock:
         if _RUNTIME.is_requested:
             return
         settings = settings if settings is not None else RuntimeSettings.from_env()
-        _RUNTIME.settings = settings if target is None else replace(settings, target=target)
+        settings = settings if target is None else replace(settings, target=target)
+        _RUNTIME.settings = settings
         _RUNTIME.is_requested = True
         if from_env:
             _show_runtime_logs()
-    autoload.install_post_import_hook(_apply_patches)
+    import_hook.after_import(_apply_patches, owner=import_hook.RUNTIME, is_strict=lambda: settings.is_strict)
 
 
 def disable() -> None:
@@ -90,10 +90,9 @@ def disable() -> None:
 
     Sessions that already ran a rewritten graph must be closed first.
     """
-    import _amp_rewrite_autoload as autoload
-
     with LEDGER.lock:
-        autoload.remove_post_import_hooks()
+        for owner in (import_hook.STARTUP, import_hook.RUNTIME):
+            import_hook.remove(owner=owner)
         _RUNTIME.is_requested = False
         _RUNTIME.choice = None
         LEDGER.uninstall_all()

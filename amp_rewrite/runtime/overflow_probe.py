@@ -13,10 +13,12 @@ they are only added in this mode; the rewritten graph is otherwise unchanged.
 
 from __future__ import annotations
 
+from amp_rewrite.environment import DENYLIST_ADD_ENV
+
 HALF_TYPES = ("float16", "bfloat16")
 # v1 control-flow ops have frame-bound outputs that cannot be read from outside their frame.
 FRAME_OPS = frozenset({"Enter", "Exit", "Merge", "NextIteration", "Switch", "RefEnter"})
-DENYLIST_ENV = "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_DENYLIST_ADD"
+DENYLIST_ENV = DENYLIST_ADD_ENV
 
 
 def half_outputs(graph) -> list:

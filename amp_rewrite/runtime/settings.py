@@ -1,9 +1,11 @@
 """What the ``ENABLE_AUTO_MP`` runtime reads from the environment.
 
-Every variable is read once, when the runtime is enabled, into one frozen
-:class:`RuntimeSettings`. The rewrite itself keeps reading TensorFlow's
-``TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_*`` variables through
-:meth:`amp_rewrite.Config.from_env`.
+Every variable (named in :mod:`amp_rewrite.environment`) is read once, when
+the runtime is enabled, into one frozen :class:`RuntimeSettings`; the
+runtime's rewrites take their :class:`amp_rewrite.Config` from it
+(:meth:`RuntimeSettings.rewrite_fields`) on top of TensorFlow's
+``TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_*`` variables, which
+:meth:`amp_rewrite.Config.from_env` reads.
 """
 
 from __future__ import annotations
@@ -15,26 +17,28 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from amp_rewrite.environment import (
+    DUMP_DIR_ENV,
+    FIND_OVERFLOW_ENV,
+    GROWTH_INTERVAL_ENV,
+    KEEP_FLOAT32_ENV,
+    LOG_EVERY_ENV,
+    LOSS_SCALE_ENV,
+    LOSS_SCALE_INIT_ENV,
+    PROFILE_ENV,
+    STRICT_ENV,
+    TARGET_ENV,
+    TF_LOG_PATH_ENV,
+    TUNE_BATCH_ENV,
+    TUNE_BUDGET_ENV,
+    TUNE_CACHE_ENV,
+    TUNE_ENV,
+    is_true,
+)
 from amp_rewrite.errors import UsageError
 from amp_rewrite.keep_patterns import compile_patterns, split_env
 
-TRUE_VALUES = ("1", "true", "yes", "on")
-DUMP_DIR_ENV = "AMP_REWRITE_DUMP_DIR"
-TF_LOG_PATH_ENV = "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LOG_PATH"
-STRICT_ENV = "AMP_REWRITE_STRICT"
-TARGET_ENV = "AMP_REWRITE_TARGET"
 TARGETS = ("auto", "float16", "bfloat16")
-LOSS_SCALE_ENV = "AMP_LOSS_SCALE"
-LOSS_SCALE_INIT_ENV = "AMP_LOSS_SCALE_INIT"
-GROWTH_INTERVAL_ENV = "AMP_LOSS_SCALE_GROWTH_INTERVAL"
-LOG_EVERY_ENV = "AMP_LOSS_SCALE_LOG_STEPS"
-FIND_OVERFLOW_ENV = "AMP_REWRITE_FIND_OVERFLOW"
-PROFILE_ENV = "AMP_REWRITE_PROFILE"
-KEEP_FLOAT32_ENV = "AMP_REWRITE_KEEP_FLOAT32"
-TUNE_ENV = "AMP_REWRITE_TUNE"
-TUNE_BUDGET_ENV = "AMP_REWRITE_TUNE_BUDGET"
-TUNE_CACHE_ENV = "AMP_REWRITE_TUNE_CACHE"
-TUNE_BATCH_ENV = "AMP_REWRITE_TUNE_BATCH"
 DEFAULT_TUNE_BUDGET = 30.0
 DEFAULT_TUNE_BATCH = 32
 
@@ -139,10 +143,6 @@ class RuntimeSettings:
         return {"keep_float32_patterns": self.keep_float32, "is_tuning": self.is_tuning,
                 "tune_budget_seconds": self.tune_budget_seconds, "tune_cache_dir": self.tune_cache_dir,
                 "tune_batch": self.tune_batch}
-
-
-def is_true(value: str | None) -> bool:
-    return (value or "").strip().lower() in TRUE_VALUES
 
 
 def _target_from_env(environ: Mapping[str, str]) -> str:

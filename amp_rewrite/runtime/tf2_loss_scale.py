@@ -50,6 +50,7 @@ import logging
 import threading
 import weakref
 
+import _amp_rewrite_import_hook as import_hook
 from amp_rewrite import tf_internals
 from amp_rewrite.errors import first_line
 from amp_rewrite.runtime.ledger import LEDGER
@@ -161,8 +162,6 @@ def install(runtime_settings: RuntimeSettings) -> None:
     """
     import tensorflow as tf
 
-    import _amp_rewrite_autoload as autoload
-
     with LEDGER.lock:
         if _PATCHES.settings is not None:
             return
@@ -174,8 +173,9 @@ def install(runtime_settings: RuntimeSettings) -> None:
         LEDGER.install(LEDGER_NAME, tape, "batch_jacobian", _unscaled_inside)
         LEDGER.record(LEDGER_NAME, f"import hooks on {KERAS3_MODULE} and {TF_KERAS_MODULE}",
                       _remove_keras_hooks)
-        autoload.install_post_import_hook(_patch_keras3, KERAS3_MODULE)
-        autoload.install_post_import_hook(_patch_tf_keras, TF_KERAS_MODULE)
+        for module, patch in ((KERAS3_MODULE, _patch_keras3), (TF_KERAS_MODULE, _patch_tf_keras)):
+            import_hook.after_import(patch, owner=import_hook.RUNTIME, name=module,
+                                     is_strict=lambda: runtime_settings.is_strict)
 
 
 def _forget() -> None:
@@ -186,10 +186,8 @@ def _forget() -> None:
 
 
 def _remove_keras_hooks() -> None:
-    import _amp_rewrite_autoload as autoload
-
-    autoload.remove_post_import_hooks(KERAS3_MODULE)
-    autoload.remove_post_import_hooks(TF_KERAS_MODULE)
+    for module in (KERAS3_MODULE, TF_KERAS_MODULE):
+        import_hook.remove(owner=import_hook.RUNTIME, name=module)
 
 
 def _patch_keras3(module) -> None:
