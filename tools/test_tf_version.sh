@@ -67,7 +67,7 @@ print(f"TensorFlow {tf.__version__}, Keras {keras.__version__}, numpy {numpy.__v
 EOF
 
 if [ "$lint" = 1 ]; then
-    ruff check --no-cache amp_rewrite/ tests/ tools/
-    mypy --cache-dir=/dev/null amp_rewrite/
+    ruff check --no-cache amp_rewrite/ tests/ tools/ _amp_rewrite_*.py
+    mypy --cache-dir=/dev/null amp_rewrite/ _amp_rewrite_*.py
 fi
 pytest -q -p no:cacheprovider "$@"
