@@ -53,17 +53,15 @@ import weakref
 from amp_rewrite import tf_internals
 from amp_rewrite.errors import first_line
 from amp_rewrite.runtime.ledger import LEDGER
-from amp_rewrite.runtime.loss_scale import nonfinite_flags as _nonfinite_flags
-from amp_rewrite.runtime.loss_scale import unscale
+from amp_rewrite.runtime.loss_scale_core import SCALED_ELSEWHERE_ATTR, SCOPE, next_scale_state, unscale
+from amp_rewrite.runtime.loss_scale_core import nonfinite_flags as _nonfinite_flags
 from amp_rewrite.runtime.settings import LossScaleSettings, RuntimeSettings
 
 logger = logging.getLogger(__name__)
 
 LEDGER_NAME = "tf2 loss scaling"
-CHECKPOINT_NAME = "amp_loss_scale"
-SCOPE = "amp_loss_scale"
+CHECKPOINT_NAME = SCOPE
 NAMES_IN_SKIP_LINE = 3
-SCALED_ELSEWHERE_ATTR = "_amp_rewrite_loss_scaled_elsewhere"
 OVERFLOW_HINT = "AMP_REWRITE_FIND_OVERFLOW=1 names the first op whose output was not finite."
 # Causes of skips are compared by a hash of the names of the variables at fault.
 CAUSE_BUCKETS = 2 ** 62
@@ -669,8 +667,6 @@ def _stderr():
 
 def update_state(loss_scale: LossScaleState, is_finite, scaling: LossScaleSettings) -> None:
     """Moves the process-wide state one step along the TF1 schedule."""
-    from amp_rewrite.runtime.loss_scale import next_scale_state
-
     scale, good, skipped = next_scale_state(loss_scale, is_finite, scaling)
     loss_scale.scale.assign(scale)
     loss_scale.good_steps.assign(good)
