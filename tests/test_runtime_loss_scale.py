@@ -9,6 +9,7 @@ from helpers import tf1
 
 from amp_rewrite.errors import UsageError
 from amp_rewrite.runtime import loss_scale
+from amp_rewrite.runtime.loss_scale_core import MAX_SCALE
 from amp_rewrite.runtime.settings import LossScaleSettings, RuntimeSettings
 
 
@@ -44,8 +45,8 @@ def test_non_finite_step_halves_the_scale_and_resets_the_count():
 
 def test_scale_never_drops_below_one_nor_grows_past_the_cap():
     assert run_updates(LossScaleSettings(), [False, False], initial=2.0) == [(1.0, 0, 1), (1.0, 0, 2)]
-    top = run_updates(LossScaleSettings(growth_interval=1), [True], initial=loss_scale.MAX_SCALE)
-    assert top == [(loss_scale.MAX_SCALE, 0, 0)]
+    top = run_updates(LossScaleSettings(growth_interval=1), [True], initial=MAX_SCALE)
+    assert top == [(MAX_SCALE, 0, 0)]
 
 
 def test_fixed_scale_never_changes_but_skips_are_counted():

@@ -311,13 +311,13 @@ def test_a_failing_guard_warns_and_applies_unguarded(amp_runtime, monkeypatch, c
     import tensorflow as tf
 
     from amp_rewrite import runtime
-    from amp_rewrite.runtime import tf2_loss_scale
+    from amp_rewrite.runtime import tf2_guard
     from amp_rewrite.runtime.settings import RuntimeSettings
 
     def broken(grads):
         raise ValueError("no flags today")
 
-    monkeypatch.setattr(tf2_loss_scale, "_nonfinite_flags", broken)
+    monkeypatch.setattr(tf2_guard, "_nonfinite_flags", broken)
     model, (x, y) = small_model(), batch()
     for is_strict in (False, True):
         runtime.disable()

@@ -223,9 +223,9 @@ def _bound(replacement, settings):
 
 
 def _init_wrapper(original, wrapper, opt, *args, **kwargs):
-    from amp_rewrite.runtime import loss_scale
+    from amp_rewrite.runtime.loss_scale_core import mark_scaled_elsewhere
 
-    loss_scale.mark_scaled_elsewhere(opt)
+    mark_scaled_elsewhere(opt)
     return original(wrapper, opt, *args, **kwargs)
 
 

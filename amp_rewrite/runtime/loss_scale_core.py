@@ -1,0 +1,272 @@
+"""Dynamic loss scaling: the state, schedule and guard that TF1 and TF2 share.
+
+One algorithm, two ways in. The TF1 adapter (:mod:`amp_rewrite.runtime.loss_scale`)
+patches ``tf.compat.v1.train.Optimizer`` and keeps one state per graph, in a
+graph collection; the TF2 adapter (:mod:`amp_rewrite.runtime.tf2_loss_scale`)
+patches ``tf.GradientTape`` and Keras optimizers and keeps one state per
+process, tracked by every guarded optimizer. Both do what is here:
+
+- **State** (:class:`LossScaleState`, :func:`create_state`): a float32
+  ``scale``, and int64 ``good_steps`` (finite steps in a row) and
+  ``skipped_steps``, non-trainable, named under :data:`SCOPE` and created
+  once for all replicas (:func:`in_cross_replica_context`).
+- **Gradients**: back-propagation starts from the scale
+  (:func:`seed_gradient`) instead of from a multiplied loss, so the forward
+  computation is unchanged; the gradients are multiplied by ``1 / scale``
+  again (:func:`inverse_of`, :func:`unscale`) before the caller sees them.
+- **Schedule** (:func:`next_scale_state`): after ``growth_interval`` finite
+  steps in a row the scale doubles, up to :data:`MAX_SCALE`; a skipped step
+  halves it, never below 1. A fixed scale never moves; skips are counted
+  either way.
+- **Guard** (:class:`GuardedStep`): the non-finite gradients are counted
+  (:func:`nonfinite_flags`), summed over the replicas so that all of them
+  take one decision; ``cond(finite, apply, skip)``; then the schedule moves.
+  What a skip says is the adapter's: a TF1 session reads a report tensor
+  after the step, a TF2 step prints a line from the graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from amp_rewrite.runtime.settings import LossScaleSettings
+
+# The variables' name scope. TF1 names its graph collection after it, TF2 the
+# optimizers' checkpoint dependency: checkpoints carry it, so it never changes.
+SCOPE = "amp_loss_scale"
+# The guard's ops (the cond and the state update).
+APPLY_SCOPE = SCOPE + "_apply"
+MAX_SCALE = 2.0 ** 24
+SCALED_ELSEWHERE_ATTR = "_amp_rewrite_loss_scaled_elsewhere"
+
+
+@dataclass(frozen=True)
+class LossScaleState:
+    """The loss-scale variables: scale, finite steps in a row, skipped steps."""
+
+    scale: Any
+    good_steps: Any
+    skipped_steps: Any
+
+
+def mark_scaled_elsewhere(optimizer) -> None:
+    """Marks an optimizer whose loss scaling its wrapper already does.
+
+    Set past the class's ``__setattr__``: Keras objects would track the flag.
+    """
+    object.__setattr__(optimizer, SCALED_ELSEWHERE_ATTR, True)
+
+
+def is_scaled_elsewhere(optimizer) -> bool:
+    return bool(getattr(optimizer, SCALED_ELSEWHERE_ATTR, False))
+
+
+# --- the state -----------------------------------------------------------------
+
+
+def create_state(settings: LossScaleSettings, variable) -> LossScaleState:
+    """The three variables, each made by ``variable(initial value, name, dtype)``, in this order.
+
+    The adapter chooses the kind of variable and the name scope, and enters
+    ``tf.init_scope()``: TF1 makes resource variables in graph collections,
+    TF2 mirrored ones that a ``tf.Module`` tracks.
+    """
+    import tensorflow as tf
+
+    return LossScaleState(
+        scale=variable(float(settings.initial_scale), "scale", tf.float32),
+        good_steps=variable(0, "good_steps", tf.int64),
+        skipped_steps=variable(0, "skipped_steps", tf.int64),
+    )
+
+
+def in_cross_replica_context(function):
+    """``function()``, called once for all replicas: through ``merge_call`` from a replica context."""
+    import tensorflow as tf
+
+    if tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context():
+        return tf.distribute.get_replica_context().merge_call(lambda _strategy: function())
+    return function()
+
+
+# --- the gradients ----------------------------------------------------------------
+
+
+def seed_gradient(target, scale, given=None):
+    """The gradient back-propagation starts from: ``scale`` (in ``target``'s dtype) times ``given``.
+
+    ``given`` is the caller's own output gradient (ones when None). Seeding the
+    loss's gradient, rather than multiplying the loss, leaves the forward
+    computation unchanged.
+    """
+    import tensorflow as tf
+
+    seed = tf.cast(scale, target.dtype)
+    if given is None:
+        return tf.fill(tf.shape(target), seed)
+    return tf.math.multiply_no_nan(given, seed)
+
+
+def inverse_of(scale):
+    """``1 / scale`` (0 for a scale of 0), what :func:`unscale` multiplies by."""
+    import tensorflow as tf
+
+    return tf.math.divide_no_nan(tf.ones_like(scale), scale)
+
+
+def unscale(grad, inverse):
+    """``grad / scale`` with an op on no op list, so the division is not retyped.
+
+    ``inverse`` is ``1 / scale`` (float32); it is cast to the gradient's dtype.
+    Dense tensors and ``IndexedSlices`` both work; None stays None.
+    """
+    import tensorflow as tf
+
+    if grad is None:
+        return None
+    if isinstance(grad, tf.IndexedSlices):
+        values = tf.math.multiply_no_nan(grad.values, tf.cast(inverse, grad.values.dtype))
+        return tf.IndexedSlices(values, grad.indices, grad.dense_shape)
+    return tf.math.multiply_no_nan(grad, tf.cast(inverse, grad.dtype))
+
+
+# --- the schedule -------------------------------------------------------------------
+
+
+def next_scale_state(state, is_finite, settings: LossScaleSettings):
+    """One step of the schedule: ×2 after ``growth_interval`` finite steps, ÷2 (floor 1) on a skip.
+
+    ``state`` is anything with ``scale``, ``good_steps`` and ``skipped_steps``
+    variables (the TF1 graph's or the TF2 process-wide one). Returns the new
+    (scale, good_steps, skipped_steps) tensors; the caller assigns them.
+    """
+    import tensorflow as tf
+
+    finite = tf.cast(is_finite, tf.float32)
+    finite_int = tf.cast(is_finite, tf.int64)
+    scale = tf.convert_to_tensor(state.scale)
+    good = (tf.convert_to_tensor(state.good_steps) + 1) * finite_int
+    if settings.is_dynamic:
+        grow_int = tf.cast(good >= settings.growth_interval, tf.int64)
+        grow = tf.cast(grow_int, tf.float32)
+        grown = tf.minimum(scale * 2.0, MAX_SCALE)
+        shrunk = tf.maximum(scale * 0.5, 1.0)
+        new_scale = finite * (grow * grown + (1.0 - grow) * scale) + (1.0 - finite) * shrunk
+        good = good * (1 - grow_int)
+    else:
+        new_scale = scale
+    skipped = tf.convert_to_tensor(state.skipped_steps) + (1 - finite_int)
+    return new_scale, good, skipped
+
+
+def assign_next_state(state, is_finite, settings: LossScaleSettings) -> tuple:
+    """The three assignments that move ``state`` one step along :func:`next_scale_state`."""
+    scale, good, skipped = next_scale_state(state, is_finite, settings)
+    return (state.scale.assign(scale), state.good_steps.assign(good),
+            state.skipped_steps.assign(skipped))
+
+
+# --- the guard ----------------------------------------------------------------------
+
+
+def nonfinite_flags(grads) -> object:
+    """A float32 vector, one entry per gradient: 1 where it holds an inf or NaN (0 for None)."""
+    import tensorflow as tf
+
+    flags = []
+    for grad in grads:
+        if grad is None:
+            flags.append(tf.constant(False))
+            continue
+        values = grad.values if isinstance(grad, tf.IndexedSlices) else grad
+        flags.append(tf.logical_not(tf.reduce_all(tf.math.is_finite(values))))
+    return tf.cast(tf.stack(flags), tf.float32)
+
+
+def count_nonfinite(grads) -> object:
+    """A float32 scalar: how many of ``grads`` hold an inf or NaN."""
+    import tensorflow as tf
+
+    if all(grad is None for grad in grads):
+        return tf.constant(0.0)
+    return tf.reduce_sum(nonfinite_flags(grads))
+
+
+class GuardedStep:
+    """One guarded optimizer step: applied when every gradient is finite, skipped otherwise.
+
+    The schedule moves either way. An adapter subclasses it with a
+    ``build(distribution, *args, nonfinite)`` made of :meth:`first_replica`,
+    :meth:`apply_or_skip` and :meth:`update`, plus what only it does (TF1:
+    slots before the branch, the step's report; TF2: the skip's line), and
+    calls :meth:`build_for_all_replicas`.
+    """
+
+    def __init__(self, state, settings: LossScaleSettings):
+        self.state = state
+        self.settings = settings
+
+    def build(self, distribution, *args):
+        """Builds the step in cross-replica context; ``distribution`` is the strategy, or None."""
+        raise NotImplementedError
+
+    def build_for_all_replicas(self, nonfinite, *args):
+        """``self.build(distribution, *args, nonfinite)``, called once, in cross-replica context.
+
+        Under a strategy, ``nonfinite`` (a count, or one flag per gradient) is
+        all-reduced over the replicas first, so every replica (and worker)
+        takes the same decision.
+        """
+        import tensorflow as tf
+
+        if tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context():
+            context = tf.distribute.get_replica_context()
+            total = context.all_reduce(tf.distribute.ReduceOp.SUM, nonfinite)
+            # Through merge_call: the gradients arrive as per-replica values,
+            # and the apply runs for every replica inside one cond.
+            return context.merge_call(self.build, args=(*args, total))
+        return self.build(None, *args, nonfinite)
+
+    @staticmethod
+    def first_replica(distribution, value):
+        """``value`` as one tensor: every replica's copy holds the same all-reduced value."""
+        if distribution is None:
+            return value
+        return distribution.experimental_local_results(value)[0]
+
+    @staticmethod
+    def apply_or_skip(distribution, is_finite, apply, args, *, skip=None, name=None):
+        """``cond(is_finite, apply(*args) on every replica, skip())``: True where applied.
+
+        Eager and without a strategy, a Python choice. A result ``apply``
+        returns (a TF1 update op) is a control dependency of the taken branch.
+        """
+        import tensorflow as tf
+
+        if tf.executing_eagerly() and distribution is None:
+            if bool(is_finite):
+                apply(*args)
+            elif skip is not None:
+                skip()
+            return is_finite
+
+        def apply_branch():
+            if distribution is None:
+                results = [apply(*args)]
+            else:
+                per_replica = distribution.extended.call_for_each_replica(apply, args=args)
+                results = distribution.experimental_local_results(per_replica)
+            with tf.control_dependencies([result for result in results if result is not None]):
+                return tf.constant(True)
+
+        def skip_branch():
+            if skip is not None:
+                skip()
+            return tf.constant(False)
+
+        return tf.cond(is_finite, apply_branch, skip_branch, name=name)
+
+    def update(self, is_finite) -> tuple:
+        """Moves the state one step along the schedule (:func:`assign_next_state`)."""
+        return assign_next_state(self.state, is_finite, self.settings)
