@@ -137,14 +137,14 @@ def test_a_skip_at_the_floor_on_the_first_call_falls_back_every_trace(amp_runtim
 # --- Keras 3 fit: the train function calls the rewritten one-step function in its graph -------
 
 
-def keras3_model(steps_per_execution=1):
-    """One bias-free Dense, weights 300 (x @ w overflows half), SGD; not XLA-compiled."""
+def keras3_model(steps_per_execution=1, jit_compile=False):
+    """One bias-free Dense, weights 300 (x @ w overflows half), SGD."""
     import keras
 
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(
         3, use_bias=False, kernel_initializer=keras.initializers.Constant(300.0))])
-    model.compile(optimizer=keras.optimizers.SGD(1e-10), loss="mse", jit_compile=False,
+    model.compile(optimizer=keras.optimizers.SGD(1e-10), loss="mse", jit_compile=jit_compile,
                   steps_per_execution=steps_per_execution)
     return model
 
@@ -241,6 +241,18 @@ def test_keras3_evaluate_and_predict_keep_their_rewrite(amp_runtime, caplog):
     np.testing.assert_allclose(loss, float32_loss, rtol=2e-3)
     assert loss != float32_loss
     assert len(fallback_warnings(caplog)) == 1, warnings_of(caplog)
+
+
+def test_keras3_xla_fit_is_not_watched(amp_runtime, caplog):
+    # A requested target rewrites XLA-compiled functions, but their skips record no scale: no fallback.
+    amp_runtime(float16_from_scale_4())
+    model = keras3_model(jit_compile=True)
+    with caplog.at_level(logging.WARNING, logger="amp_rewrite"):
+        loss = keras3_fit(model, STEPS)
+    assert not np.isfinite(loss)
+    np.testing.assert_array_equal(model.get_weights()[0], 300.0)  # every step skipped
+    assert int(model.optimizer.iterations) == 0
+    assert not fallback_warnings(caplog), warnings_of(caplog)
 
 
 def test_keras3_fit_under_mirrored_strategy_falls_back(tmp_path):

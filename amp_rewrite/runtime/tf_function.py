@@ -262,9 +262,14 @@ def xla_keeps_float32(function_def, *, setting: str | None, device_type: str | N
     ``auto``) and the function runs on a CPU: a requested target is what
     the user asked for, and on a GPU XLA has fast half kernels.
     """
-    if not (XLA_ATTR in function_def.attr and function_def.attr[XLA_ATTR].b):
+    if not is_xla_compiled(function_def):
         return None
     return XLA_ON_CPU if setting == "auto" and device_type == "CPU" else None
+
+
+def is_xla_compiled(function_def) -> bool:
+    """Whether a traced function is XLA-compiled (``jit_compile=True``)."""
+    return XLA_ATTR in function_def.attr and function_def.attr[XLA_ATTR].b
 
 
 def _with_float32_callees_opaque(concrete_function, config: Config) -> Config:
@@ -302,7 +307,9 @@ def _swap_in(concrete_function, config: Config, *, is_explicit: bool, calls_guar
     start = time.perf_counter()
     name = _function_name(concrete_function)
     tf2_loss_scale.check_traced(concrete_function.graph, name)
-    is_guarded = calls_guarded or tf2_loss_scale.has_guarded_apply(concrete_function.graph)
+    # XLA-compiled functions record no skip cause, so a skip there says nothing about the floor.
+    is_guarded = not is_xla_compiled(concrete_function.function_def) and (
+        calls_guarded or tf2_loss_scale.has_guarded_apply(concrete_function.graph))
     extra: dict[str, Any] = {"is_probing_overflow": True} if tf2_loss_scale.is_finding_overflow() else {}
     if config.is_tuning:
         extra["traced_graphs"] = _HOOK.traced_graphs
@@ -378,7 +385,8 @@ def _note_guarded_calls(concrete_function) -> bool:
     if not tf2_fallback.is_wanted():
         return False
     rewritten = {tf2_fallback.called_name(cf) for cf, record in _HOOK.swapped.items()
-                 if not record.report.is_inference_only and _holds_guarded_apply(record)}
+                 if not record.report.is_inference_only and _holds_guarded_apply(record)
+                 and not is_xla_compiled(cf.function_def)}
     return _HOOK.callers.note(concrete_function, rewritten)
 
 
