@@ -20,8 +20,11 @@ STEPS = 8
 SKIPPED = 3  # at scales 4 and 2, then at the floor of 1
 
 
-def custom_loop(steps):
-    """``steps`` calls of a tf.function train step (Keras SGD on one variable): (losses, final w)."""
+def custom_loop(steps, *, is_nested=False):
+    """``steps`` calls of a tf.function train step (Keras SGD on one variable): (losses, final w).
+
+    With ``is_nested`` each call goes through an outer tf.function that calls the step in its graph.
+    """
     import keras
 
     w = tf.Variable(np.full((4, 3), 300.0, np.float32))
@@ -36,7 +39,8 @@ def custom_loop(steps):
         optimizer.apply_gradients(zip(grads, [w]))
         return loss
 
-    return [float(step()) for _ in range(steps)], w.numpy()
+    call = tf.function(lambda: step()) if is_nested else step
+    return [float(call()) for _ in range(steps)], w.numpy()
 
 
 def tf_keras_fit(batches):
@@ -60,11 +64,12 @@ def warnings_of(caplog):
     return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
 
 
-def test_custom_loop_ends_with_float32_loss(amp_runtime, caplog):
-    float32_losses, float32_w = custom_loop(STEPS - SKIPPED)
+@pytest.mark.parametrize("is_nested", [False, True])
+def test_custom_loop_ends_with_float32_loss(amp_runtime, caplog, is_nested):
+    float32_losses, float32_w = custom_loop(STEPS - SKIPPED, is_nested=is_nested)
     amp_runtime(float16_from_scale_4())
     with caplog.at_level(logging.WARNING, logger="amp_rewrite"):
-        losses, w = custom_loop(STEPS)
+        losses, w = custom_loop(STEPS, is_nested=is_nested)
     assert not any(np.isfinite(losses[:SKIPPED]))  # half: x @ w overflows
     np.testing.assert_allclose(losses[SKIPPED:], float32_losses, rtol=1e-6)
     np.testing.assert_allclose(w, float32_w, rtol=1e-6)
