@@ -21,6 +21,10 @@ function library, which keeps every TensorFlow mechanism working on it:
   attributes, so ``ConcreteFunction.from_func_graph`` with the traced function's
   ``function_type`` gives a function with the same signature.
 
+:func:`reload_calling` loads a traced body again the same way, with the
+calls of some functions sent to others (the float32 body of a function that
+calls a rewritten one, when that one falls back to its traced body).
+
 Guarantees: the caller's ConcreteFunction is not modified; node names are kept
 (the rewrite preserves them); ``tf.custom_gradient`` ops that a gradient of the
 outputs would reach in a rebuilt body are reported, because their closures
