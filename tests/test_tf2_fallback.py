@@ -1,10 +1,15 @@
-"""TF2: a rewritten function whose steps are skipped at the loss-scale floor runs float32 from the next call."""
+"""TF2: a rewritten function whose steps are skipped at the loss-scale floor runs float32 from the next call.
+
+Custom loops, tf_keras ``fit``, and Keras 3 ``fit``, whose train function
+calls the rewritten one-step function inside its own graph.
+"""
 
 import logging
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from fixtures.harness import Script, run_scripts
 
 from amp_rewrite.errors import RuntimeRewriteError
 from amp_rewrite.runtime.settings import LossScaleSettings, RuntimeSettings
@@ -15,8 +20,11 @@ STEPS = 8
 SKIPPED = 3  # at scales 4 and 2, then at the floor of 1
 
 
-def custom_loop(steps):
-    """``steps`` calls of a tf.function train step (Keras SGD on one variable): (losses, final w)."""
+def custom_loop(steps, *, is_nested=False):
+    """``steps`` calls of a tf.function train step (Keras SGD on one variable): (losses, final w).
+
+    With ``is_nested`` each call goes through an outer tf.function that calls the step in its graph.
+    """
     import keras
 
     w = tf.Variable(np.full((4, 3), 300.0, np.float32))
@@ -31,7 +39,8 @@ def custom_loop(steps):
         optimizer.apply_gradients(zip(grads, [w]))
         return loss
 
-    return [float(step()) for _ in range(steps)], w.numpy()
+    call = tf.function(lambda: step()) if is_nested else step
+    return [float(call()) for _ in range(steps)], w.numpy()
 
 
 def tf_keras_fit(batches):
@@ -55,11 +64,12 @@ def warnings_of(caplog):
     return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
 
 
-def test_custom_loop_ends_with_float32_loss(amp_runtime, caplog):
-    float32_losses, float32_w = custom_loop(STEPS - SKIPPED)
+@pytest.mark.parametrize("is_nested", [False, True])
+def test_custom_loop_ends_with_float32_loss(amp_runtime, caplog, is_nested):
+    float32_losses, float32_w = custom_loop(STEPS - SKIPPED, is_nested=is_nested)
     amp_runtime(float16_from_scale_4())
     with caplog.at_level(logging.WARNING, logger="amp_rewrite"):
-        losses, w = custom_loop(STEPS)
+        losses, w = custom_loop(STEPS, is_nested=is_nested)
     assert not any(np.isfinite(losses[:SKIPPED]))  # half: x @ w overflows
     np.testing.assert_allclose(losses[SKIPPED:], float32_losses, rtol=1e-6)
     np.testing.assert_allclose(w, float32_w, rtol=1e-6)
@@ -127,3 +137,138 @@ def test_a_skip_at_the_floor_on_the_first_call_falls_back_every_trace(amp_runtim
     np.testing.assert_allclose(losses[1:], float32_losses, rtol=1e-6)
     np.testing.assert_allclose(w, float32_w, rtol=1e-6)
     assert len([m for m in warnings_of(caplog) if "runs in float32 from the next call" in m]) == 1
+
+
+# --- Keras 3 fit: the train function calls the rewritten one-step function in its graph -------
+
+
+def keras3_model(steps_per_execution=1, jit_compile=False):
+    """One bias-free Dense, weights 300 (x @ w overflows half), SGD."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(
+        3, use_bias=False, kernel_initializer=keras.initializers.Constant(300.0))])
+    model.compile(optimizer=keras.optimizers.SGD(1e-10), loss="mse", jit_compile=jit_compile,
+                  steps_per_execution=steps_per_execution)
+    return model
+
+
+def keras3_fit(model, batches):
+    """One epoch of ``fit`` on ``batches`` equal batches of ``X``; the epoch's mean loss."""
+    x = np.concatenate([X] * batches)
+    history = model.fit(x, np.zeros((len(x), 3), np.float32), batch_size=len(X), epochs=1, shuffle=False,
+                        verbose=0)
+    return history.history["loss"][0]
+
+
+def keras3_train_on_batch(model):
+    return model.train_on_batch(X, np.zeros((len(X), 3), np.float32), return_dict=True)["loss"]
+
+
+def fallback_warnings(caplog):
+    return [m for m in warnings_of(caplog) if "runs in float32 from the next call" in m]
+
+
+@pytest.mark.parametrize("steps_per_execution, skipped", [
+    (1, SKIPPED),
+    (2, 4),  # the call that reaches the floor runs its second step in half too: 4, 2 | 1, 1
+    (3, SKIPPED),  # 4, 2, 1 in the first call
+])
+def test_keras3_fit_runs_float32_from_the_next_call(amp_runtime, caplog, steps_per_execution, skipped):
+    float32_model = keras3_model(steps_per_execution)
+    keras3_fit(float32_model, STEPS - skipped)
+    amp_runtime(float16_from_scale_4())
+    model = keras3_model(steps_per_execution)
+    with caplog.at_level(logging.WARNING, logger="amp_rewrite"):
+        keras3_fit(model, STEPS)
+    kernel, float32_kernel = model.get_weights()[0], float32_model.get_weights()[0]
+    np.testing.assert_allclose(kernel, float32_kernel, rtol=1e-6)
+    assert not np.allclose(kernel, 300.0)  # the float32 steps trained
+    # skipped steps do not count: the iterations are the float32 steps'
+    assert int(model.optimizer.iterations) == int(float32_model.optimizer.iterations) == STEPS - skipped
+    fallback = fallback_warnings(caplog)
+    assert len(fallback) == 1 and "floor of 1" in fallback[0], warnings_of(caplog)
+
+
+def test_keras3_later_fit_and_train_on_batch_stay_float32(amp_runtime, caplog):
+    float32_model = keras3_model()
+    keras3_fit(float32_model, STEPS - SKIPPED)
+    float32_losses = [keras3_fit(float32_model, STEPS), keras3_train_on_batch(float32_model),
+                      keras3_fit(float32_model, 2)]
+    amp_runtime(float16_from_scale_4())
+    model = keras3_model()
+    with caplog.at_level(logging.WARNING, logger="amp_rewrite"):
+        assert not np.isfinite(keras3_fit(model, STEPS))  # its first steps overflowed
+        losses = [keras3_fit(model, STEPS), keras3_train_on_batch(model), keras3_fit(model, 2)]
+    np.testing.assert_allclose(losses, float32_losses, rtol=1e-6)
+    np.testing.assert_allclose(model.get_weights()[0], float32_model.get_weights()[0], rtol=1e-6)
+    assert len(fallback_warnings(caplog)) == 1, warnings_of(caplog)
+
+
+def test_keras3_train_on_batch_falls_back_and_fit_follows(amp_runtime, caplog):
+    # train_on_batch calls the one-step function itself; fit's train function then calls its traced body.
+    float32_model = keras3_model()
+    float32_losses = [keras3_train_on_batch(float32_model) for _ in range(2)]
+    float32_losses.append(keras3_fit(float32_model, STEPS))
+    amp_runtime(float16_from_scale_4())
+    model = keras3_model()
+    with caplog.at_level(logging.WARNING, logger="amp_rewrite"):
+        skipped = [keras3_train_on_batch(model) for _ in range(SKIPPED)]
+        losses = [keras3_train_on_batch(model) for _ in range(2)]
+        losses.append(keras3_fit(model, STEPS))
+    assert not any(np.isfinite(skipped))
+    np.testing.assert_allclose(losses, float32_losses, rtol=1e-6)
+    assert len(fallback_warnings(caplog)) == 1, warnings_of(caplog)
+
+
+def test_keras3_fit_strict_mode_raises(amp_runtime):
+    amp_runtime(float16_from_scale_4(is_strict=True))
+    with pytest.raises(RuntimeRewriteError, match="floor of 1"):
+        keras3_fit(keras3_model(), STEPS)
+
+
+def test_keras3_evaluate_and_predict_keep_their_rewrite(amp_runtime, caplog):
+    small = np.full((8, 4), 0.05, np.float32)  # x @ w = 60 and its square: fine in half
+    float32_model = keras3_model()
+    keras3_fit(float32_model, STEPS - SKIPPED)
+    float32_loss = float32_model.evaluate(small, np.zeros((8, 3)), verbose=0)
+    float32_prediction = float32_model.predict(small, verbose=0)
+    amp_runtime(float16_from_scale_4())
+    model = keras3_model()
+    with caplog.at_level(logging.WARNING, logger="amp_rewrite"):
+        keras3_fit(model, STEPS)
+        loss = model.evaluate(small, np.zeros((8, 3)), verbose=0)
+        prediction = model.predict(small, verbose=0)
+    # half math: the kernel (299.96...) rounds to 300 in float16
+    np.testing.assert_allclose(prediction, float32_prediction, rtol=1e-3)
+    assert not np.array_equal(prediction, float32_prediction)
+    np.testing.assert_allclose(loss, float32_loss, rtol=2e-3)
+    assert loss != float32_loss
+    assert len(fallback_warnings(caplog)) == 1, warnings_of(caplog)
+
+
+def test_keras3_xla_fit_is_not_watched(amp_runtime, caplog):
+    # A requested target rewrites XLA-compiled functions, but their skips record no scale: no fallback.
+    amp_runtime(float16_from_scale_4())
+    model = keras3_model(jit_compile=True)
+    with caplog.at_level(logging.WARNING, logger="amp_rewrite"):
+        loss = keras3_fit(model, STEPS)
+    assert not np.isfinite(loss)
+    np.testing.assert_array_equal(model.get_weights()[0], 300.0)  # every step skipped
+    assert int(model.optimizer.iterations) == 0
+    assert not fallback_warnings(caplog), warnings_of(caplog)
+
+
+def test_keras3_fit_under_mirrored_strategy_falls_back(tmp_path):
+    fp32, amp = run_scripts(
+        Script("keras3_overflow_fit.py", ["--mirrored", "--batches", f"{STEPS - SKIPPED},{STEPS}"],
+               tmp_path / "fp32.json"),
+        Script("keras3_overflow_fit.py", ["--mirrored", "--batches", f"{STEPS},{STEPS}"], tmp_path / "amp.json",
+               amp=True, env={"AMP_LOSS_SCALE_INIT": "4"}))
+    fp32, amp = fp32.check(), amp.check()
+    assert amp.result["iterations"] == fp32.result["iterations"] == 2 * STEPS - SKIPPED
+    assert not np.isfinite(amp.result["losses"][0])
+    np.testing.assert_allclose(amp.result["losses"][1], fp32.result["losses"][1], rtol=1e-6)
+    np.testing.assert_allclose(amp.result["kernel"], fp32.result["kernel"], rtol=1e-6)
+    assert amp.stderr.count("runs in float32 from the next call") == 1, amp.stderr[-3000:]

@@ -21,6 +21,10 @@ function library, which keeps every TensorFlow mechanism working on it:
   attributes, so ``ConcreteFunction.from_func_graph`` with the traced function's
   ``function_type`` gives a function with the same signature.
 
+:func:`reload_calling` loads a traced body again the same way, with the
+calls of some functions sent to others (the float32 body of a function that
+calls a rewritten one, when that one falls back to its traced body).
+
 Guarantees: the caller's ConcreteFunction is not modified; node names are kept
 (the rewrite preserves them); ``tf.custom_gradient`` ops that a gradient of the
 outputs would reach in a rebuilt body are reported, because their closures
@@ -109,6 +113,52 @@ def rewrite_concrete(concrete_function, config: Config, *,
     new = loader.load_entry(entry.signature.name, concrete_function)
     custom = _differentiated_custom_gradients(entry.signature.name, library, changed)
     return RewrittenFunction(new, result, custom_gradient_ops=tuple(custom))
+
+
+def reload_calling(concrete_function, replacements: Mapping[str, Any]):
+    """``concrete_function``'s body loaded again, with its calls of some functions sent to others.
+
+    Every function on a call path from the body to a replaced one is rebuilt
+    with the call renamed; the rest keep their registered originals. This is
+    how a function that calls a rewritten one gets a body calling the traced
+    one back (its FunctionDef names the rewritten callee, so restoring the
+    callee does not reach it).
+
+    Args:
+        concrete_function: a traced ConcreteFunction (never modified).
+        replacements: registered name of a function its body calls → the
+            function object (an AtomicFunction of the same signature) to call instead.
+
+    Returns:
+        The new ConcreteFunction, or None when the body reaches none of the names.
+    """
+    originals = library_functions(concrete_function.graph)
+    entry = concrete_function.function_def
+    library = {name: f.definition for name, f in originals.items()}
+    library[entry.signature.name] = entry
+    reaching = _reaching(library, set(replacements))
+    if entry.signature.name not in reaching:
+        return None
+    loader = _Loader(library, {**originals, **{_text(f.name): f for f in replacements.values()}},
+                     suffix="_float32")
+    loader.renamed.update({name: _text(f.name) for name, f in replacements.items()})
+    for name in _callees_first(library, reaching - {entry.signature.name}):
+        loader.load_nested(name)
+    return loader.load_entry(entry.signature.name, concrete_function)
+
+
+def _reaching(library: dict, targets: set[str]) -> set[str]:
+    """The functions of ``library`` from which a chain of calls reaches one of ``targets``."""
+    callees = {name: _callees(fdef, library) for name, fdef in library.items()}
+    reaching: set[str] = set()
+    grew = True
+    while grew:
+        grew = False
+        for name, called in callees.items():
+            if name not in reaching and called & (targets | reaching):
+                reaching.add(name)
+                grew = True
+    return reaching
 
 
 def _tuner(config: Config, concrete_function, originals: dict, known: Mapping[str, Any]):
@@ -248,9 +298,11 @@ class _Callees:
 class _Loader:
     """Registers rewritten FunctionDefs as ConcreteFunctions, callees first."""
 
-    def __init__(self, library: dict, originals: dict, *, is_probing_overflow: bool = False):
+    def __init__(self, library: dict, originals: dict, *, is_probing_overflow: bool = False,
+                 suffix: str = "_amp"):
         self.library = library
         self.is_probing_overflow = is_probing_overflow
+        self.suffix = suffix  # of the rebuilt functions' names
         self.callees = _Callees(originals)
         self.renamed: dict[str, str] = {}  # rewritten name → registered name
 
@@ -277,7 +329,7 @@ class _Loader:
         fdef = type(self.library[name])()
         fdef.CopyFrom(self.library[name])
         _rename_callees(fdef, self.renamed)
-        fdef.signature.name = _GENERATED_NAME.match(name).group(1) + "_amp"  # type: ignore[union-attr]
+        fdef.signature.name = _GENERATED_NAME.match(name).group(1) + self.suffix  # type: ignore[union-attr]
         functions = [self.callees.function(c) for c in sorted(_callees(fdef, self.callees))]
         functions = [f for f in functions if f is not None]
         with tf.Graph().as_default() as outer:

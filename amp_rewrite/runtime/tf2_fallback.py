@@ -13,9 +13,22 @@ why. Variables and optimizer slots are captured by the function, not copied,
 so training goes on from their values. ``AMP_REWRITE_STRICT=1`` raises
 instead.
 
+A function that calls such a function inside its own graph needs more: its
+FunctionDef names the callee's rewritten body, so restoring the callee does
+not reach it. Keras 3's ``fit`` is built that way: the ``tf.function`` it
+calls (``one_step_on_iterator``, ``multi_step_on_iterator``) runs the
+one-step ``tf.function`` ``one_step_on_data`` inside its graph, once, or
+``steps_per_execution`` times (unrolled, or in a ``tf.while_loop``,
+depending on the Keras release). :class:`Callers` keeps those callers; each
+is watched like the callee, and when either hits the floor the callee gets
+its traced body back and every caller a float32 body of its own, the same
+FunctionDefs with the calls sent to the traced callee
+(:func:`amp_rewrite.runtime.concrete.reload_calling`).
+
 The watch costs two scalar variable reads per call, and only functions that
-hold a guarded apply get it, under dynamic loss scaling. XLA-compiled
-functions record no skip cause, so they are not watched.
+hold a guarded apply, or call one that does, get it, under dynamic loss
+scaling. XLA-compiled functions record no skip cause, so they are not
+watched.
 """
 
 from __future__ import annotations
@@ -33,6 +46,8 @@ FLOOR_REASON = ("a step was skipped with the loss scale at its floor of 1: the g
                 "unscaled, so no scale helps; the loss itself is not finite, or an op overflows in half whatever "
                 "the scale (AMP_REWRITE_FIND_OVERFLOW=1 names it; keep it float32 with "
                 "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_DENYLIST_ADD or AMP_REWRITE_KEEP_FLOAT32)")
+
+FELL_BACK = "an earlier trace of it fell back, since no loss scale helped"
 
 
 def is_wanted() -> bool:
@@ -103,3 +118,118 @@ def _skipped_at_floor_since(before: int | None) -> bool:
     if after is None or after == (before or 0):
         return False
     return float(tf2_loss_scale.state().last_skip.scale.numpy()) <= 1.0
+
+
+class Callers:
+    """Functions whose graph calls the rewritten body of a function that applies a guarded optimizer.
+
+    Each caller is kept with the names of the rewritten bodies it calls (a
+    function's body is registered under the name its call ops give).
+    :meth:`fall_back` gives a caller a float32 body once those bodies are
+    replaced by the traced ones.
+    """
+
+    def __init__(self):
+        self._calls: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # caller → the ConcreteFunction whose state it now runs, kept alive with it
+        self._float32: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def note(self, concrete_function, rewritten_names: set[str]) -> bool:
+        """Keeps ``concrete_function`` if its graph calls one of ``rewritten_names``; whether it does."""
+        from amp_rewrite.runtime.concrete import library_functions
+
+        names = frozenset(library_functions(concrete_function.graph)) & rewritten_names
+        if names:
+            self._calls[concrete_function] = names
+        return bool(names)
+
+    def calls_of(self, concrete_function) -> frozenset[str]:
+        """The rewritten bodies ``concrete_function`` calls (empty when it is no kept caller)."""
+        return self._calls.get(concrete_function, frozenset())
+
+    def fall_back(self, replacements: dict[str, Any], restore: Callable[[object], None]) -> list[str]:
+        """Gives every caller of a replaced body a float32 body; returns the callers' names.
+
+        Args:
+            replacements: name of a rewritten body → the traced function to call instead.
+            restore: puts a caller's traced state back first, when it was rewritten itself.
+
+        Raises:
+            Any error of TensorFlow while loading a caller's new body (the
+            callers before it have theirs).
+        """
+        from amp_rewrite.runtime.concrete import reload_calling
+
+        changed = []
+        for caller, names in list(self._calls.items()):
+            wanted = {name: replacements[name] for name in sorted(names) if name in replacements}
+            if not wanted:
+                continue
+            del self._calls[caller]
+            name = str(caller.graph.name)
+            restore(caller)
+            tf_internals.drop_call_override(caller)
+            new = reload_calling(caller, wanted)
+            if new is None:
+                continue
+            state = tf_internals.concrete_function_state(caller)
+            tf_internals.take_over_graph_collection(state)
+            tf_internals.set_concrete_function_state(caller, {**state, **tf_internals.runnable_state(
+                tf_internals.concrete_function_state(new), inference_only=False)})
+            self._float32[caller] = new
+            changed.append(name)
+        return changed
+
+    def forget(self) -> None:
+        """Stops watching the callers (their float32 bodies stay: float32 is what the hook's absence runs)."""
+        for caller in list(self._calls):
+            tf_internals.drop_call_override(caller)
+        self._calls.clear()
+
+
+class FellBack:
+    """The functions that fell back, each by name and trainable variables: new traces of them stay float32.
+
+    A ``tf.function`` traces again for new input shapes or structures (Keras
+    3's ``train_on_batch`` calls the one-step function that ``fit`` calls in
+    its graph), and the hook rewrites each trace on its own. A new trace of a
+    function that fell back would skip a step at the floor again, so one with
+    the same name that applies a guarded optimizer to the same variables is
+    left as traced. Variables are held weakly: a new model is a new function.
+    The registered names of the float32 bodies are kept too: a function
+    traced later that calls one must not rewrite it.
+    """
+
+    def __init__(self):
+        self._functions: list[tuple[str, list[weakref.ref]]] = []
+        self._bodies: set[str] = set()
+
+    def add(self, name: str, graph) -> None:
+        """Remembers the function ``name`` traced as ``graph``."""
+        self._functions.append((name, [weakref.ref(v) for v in graph.trainable_variables]))
+
+    def holds(self, name: str, graph) -> bool:
+        """Whether a function of ``name`` training the variables ``graph`` trains fell back."""
+        ids = sorted(id(v) for v in graph.trainable_variables)
+        for known, refs in self._functions:
+            alive = [ref() for ref in refs]
+            if known == name and ids and all(v is not None for v in alive) and sorted(map(id, alive)) == ids:
+                return True
+        return False
+
+    def add_body(self, registered_name: str) -> None:
+        """Remembers the registered name of a float32 body that runs for a function that fell back."""
+        self._bodies.add(registered_name)
+
+    def has_body(self, registered_name: str) -> bool:
+        return registered_name in self._bodies
+
+    def clear(self) -> None:
+        self._functions.clear()
+        self._bodies.clear()
+
+
+def called_name(concrete_function) -> str:
+    """The name a call op built from ``concrete_function`` in another graph gives now (its body's)."""
+    name = concrete_function.name
+    return name.decode() if isinstance(name, bytes) else str(name)

@@ -30,7 +30,9 @@ Guarantees:
   ``AMP_REWRITE_STRICT=1`` a :class:`RuntimeRewriteError` is raised instead.
 - A function holding a loss-scaled optimizer step that is skipped with the
   scale at its floor of 1 runs its traced float32 body from the next call
-  (:mod:`amp_rewrite.runtime.tf2_fallback`), with the same warning or error.
+  (:mod:`amp_rewrite.runtime.tf2_fallback`), with the same warning or error;
+  so does a function that calls it in its graph (Keras 3's train function),
+  through a float32 body of its own.
 - :func:`uninstall`, which the runtime's ledger calls on
   :func:`amp_rewrite.disable`, puts back every function it swapped (functions
   from :func:`amp_rewrite.function` keep theirs).
@@ -49,6 +51,7 @@ from typing import Any
 from amp_rewrite import tf_internals
 from amp_rewrite.config import Config
 from amp_rewrite.errors import RuntimeRewriteError, first_line
+from amp_rewrite.runtime import tf2_fallback
 from amp_rewrite.runtime.ledger import LEDGER
 from amp_rewrite.runtime.settings import STRICT_ENV, is_true
 
@@ -108,6 +111,8 @@ class _Hook:
         self.traced_graphs: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self.history: list[FunctionReport] = []
         self.profiles: Any = None  # a runtime.profile.FunctionProfiles with AMP_REWRITE_PROFILE
+        self.callers = tf2_fallback.Callers()  # functions calling a rewritten guarded function
+        self.fell_back = tf2_fallback.FellBack()  # functions no loss scale helped
 
 
 _HOOK = _Hook()
@@ -142,6 +147,8 @@ def uninstall() -> None:
     with LEDGER.lock:
         _HOOK.is_global = False
         _HOOK.profiles = None
+        _HOOK.callers.forget()
+        _HOOK.fell_back.clear()
         for cf, record in list(_HOOK.swapped.items()):
             if not record.report.is_explicit:
                 restore(cf)
@@ -232,17 +239,20 @@ def _on_concrete_function(concrete_function) -> None:
         if reason is not None:
             logger.info("amp-rewrite: tf.function %s runs in float32: %s", name, reason)
             return
-        config = _with_xla_callees_opaque(concrete_function, config)
+        config = _with_float32_callees_opaque(concrete_function, config)
     with LEDGER.lock:
-        if concrete_function in _HOOK.swapped:
+        if concrete_function in _HOOK.swapped or _fell_back_before(concrete_function, name):
             return
+        calls_guarded = _note_guarded_calls(concrete_function)
         try:
-            _swap_in(concrete_function, config, is_explicit=is_explicit)
+            _swap_in(concrete_function, config, is_explicit=is_explicit, calls_guarded=calls_guarded)
         except Exception as exc:
             reason = first_line(exc, with_type=True, if_empty=NO_MESSAGE)
             if _is_strict():
                 raise RuntimeRewriteError(f"tf.function {name}: rewrite failed: {reason}") from exc
             logger.warning("amp-rewrite: tf.function %s runs in float32: rewrite failed: %s", name, reason)
+        if calls_guarded and concrete_function not in _HOOK.swapped:
+            tf_internals.override_call(concrete_function, _floor_watch(concrete_function))
 
 
 def xla_keeps_float32(function_def, *, setting: str | None, device_type: str | None) -> str | None:
@@ -252,19 +262,31 @@ def xla_keeps_float32(function_def, *, setting: str | None, device_type: str | N
     ``auto``) and the function runs on a CPU: a requested target is what
     the user asked for, and on a GPU XLA has fast half kernels.
     """
-    if not (XLA_ATTR in function_def.attr and function_def.attr[XLA_ATTR].b):
+    if not is_xla_compiled(function_def):
         return None
     return XLA_ON_CPU if setting == "auto" and device_type == "CPU" else None
 
 
-def _with_xla_callees_opaque(concrete_function, config: Config) -> Config:
-    """``config`` leaving alone the XLA-compiled functions the function calls that must stay float32."""
+def is_xla_compiled(function_def) -> bool:
+    """Whether a traced function is XLA-compiled (``jit_compile=True``)."""
+    return XLA_ATTR in function_def.attr and function_def.attr[XLA_ATTR].b
+
+
+def _with_float32_callees_opaque(concrete_function, config: Config) -> Config:
+    """``config`` leaving alone the functions the function calls that must stay float32.
+
+    Those are XLA-compiled functions on a CPU, and the traced bodies of
+    functions that fell back because no loss scale helped (Keras 3's train
+    function, traced again, calls such a one-step function).
+    """
     from amp_rewrite.runtime.concrete import library_functions
 
     setting = _runtime_setting()
     opaque = []
     for name, function in sorted(library_functions(concrete_function.graph).items()):
         reason = xla_keeps_float32(function.definition, setting=setting, device_type=config.device_type)
+        if reason is None and _HOOK.fell_back.has_body(name):
+            reason = tf2_fallback.FELL_BACK
         if reason is not None:
             opaque.append((name, reason))
     return replace(config, opaque_functions=tuple(opaque)) if opaque else config
@@ -278,14 +300,16 @@ def _runtime_setting() -> str | None:
     return settings.target if settings is not None else None
 
 
-def _swap_in(concrete_function, config: Config, *, is_explicit: bool) -> None:
+def _swap_in(concrete_function, config: Config, *, is_explicit: bool, calls_guarded: bool = False) -> None:
     from amp_rewrite.runtime import tf2_loss_scale
     from amp_rewrite.runtime.concrete import rewrite_concrete
 
     start = time.perf_counter()
     name = _function_name(concrete_function)
     tf2_loss_scale.check_traced(concrete_function.graph, name)
-    is_guarded = tf2_loss_scale.has_guarded_apply(concrete_function.graph)
+    # XLA-compiled functions record no skip cause, so a skip there says nothing about the floor.
+    is_guarded = not is_xla_compiled(concrete_function.function_def) and (
+        calls_guarded or tf2_loss_scale.has_guarded_apply(concrete_function.graph))
     extra: dict[str, Any] = {"is_probing_overflow": True} if tf2_loss_scale.is_finding_overflow() else {}
     if config.is_tuning:
         extra["traced_graphs"] = _HOOK.traced_graphs
@@ -353,31 +377,81 @@ def _first_eager_call_guard(concrete_function, record: SwapRecord, *, then=None)
 
 def _floor_watch(concrete_function):
     """The ``_call_flat`` that watches a function holding a guarded apply for skips at the scale floor, or None."""
-    from amp_rewrite.runtime import tf2_fallback
-
     return tf2_fallback.floor_watch(concrete_function, _fall_back_hopeless) if tf2_fallback.is_wanted() else None
 
 
-def _fall_back_hopeless(concrete_function, reason: str) -> None:
-    """No loss scale helps this rewritten function: its traced float32 body runs from the next call.
+def _note_guarded_calls(concrete_function) -> bool:
+    """Whether a just-traced function calls the rewritten body of a watched one (kept in ``_HOOK.callers``)."""
+    if not tf2_fallback.is_wanted():
+        return False
+    rewritten = {tf2_fallback.called_name(cf) for cf, record in _HOOK.swapped.items()
+                 if not record.report.is_inference_only and _holds_guarded_apply(record)
+                 and not is_xla_compiled(cf.function_def)}
+    return _HOOK.callers.note(concrete_function, rewritten)
 
-    So do the other watched traces of the same name: a ``tf.function`` that
-    creates variables is traced twice, once creating them and once to run.
-    """
-    record = record_of(concrete_function)
-    if record is None:
-        return
-    name = record.report.name
-    if _is_strict():
-        raise RuntimeRewriteError(f"tf.function {name}: {reason}")
+
+def _fell_back_before(concrete_function, name: str) -> bool:
+    """Whether an earlier trace of this function fell back (it stays as traced, with a line saying so)."""
     from amp_rewrite.runtime import tf2_loss_scale
 
+    graph = concrete_function.graph
+    if not (tf2_loss_scale.has_guarded_apply(graph) and _HOOK.fell_back.holds(name, graph)):
+        return False
+    logger.info("amp-rewrite: tf.function %s runs in float32: %s", name, tf2_fallback.FELL_BACK)
+    _HOOK.fell_back.add_body(tf2_fallback.called_name(concrete_function))
+    return True
+
+
+def _holds_guarded_apply(record: SwapRecord) -> bool:
+    from amp_rewrite.runtime import tf2_loss_scale
+
+    return tf2_loss_scale.has_guarded_apply(tf_internals.graph_in_state(record.traced_state))
+
+
+def _fall_back_hopeless(concrete_function, reason: str) -> None:
+    """No loss scale helps this function: from the next call it runs float32.
+
+    A rewritten function gets its traced body back, and so do the other
+    watched traces of the same name (a ``tf.function`` that creates variables
+    is traced twice, once creating them and once to run) and the rewritten
+    functions it calls. Every function whose graph calls one of those bodies
+    gets a float32 body (:class:`amp_rewrite.runtime.tf2_fallback.Callers`).
+    """
+    record = record_of(concrete_function)
+    callees = _HOOK.callers.calls_of(concrete_function)
+    if record is None and not callees:
+        return
+    name = record.report.name if record is not None else _function_name(concrete_function)
+    if _is_strict():
+        raise RuntimeRewriteError(f"tf.function {name}: {reason}")
     with LEDGER.lock:
-        siblings = [cf for cf, other in _HOOK.swapped.items() if other.report.name == name
-                    and tf2_loss_scale.has_guarded_apply(tf_internals.graph_in_state(other.traced_state))]
-    for cf in [concrete_function, *siblings]:
-        restore(cf)
+        names = {name} | {other.report.name for cf, other in _HOOK.swapped.items()
+                          if tf2_fallback.called_name(cf) in callees}
+        hopeless = [cf for cf, other in _HOOK.swapped.items()
+                    if other.report.name in names and _holds_guarded_apply(other)]
+        replacements: dict[str, Any] = {}
+        for cf in dict.fromkeys([concrete_function, *hopeless]):
+            rewritten_name = tf2_fallback.called_name(cf)
+            if record_of(cf) is not None:
+                restore(cf)
+                replacements[rewritten_name] = tf_internals.inference_function(cf)
+                _HOOK.fell_back.add(_function_name(cf), cf.graph)
+                _HOOK.fell_back.add_body(tf2_fallback.called_name(cf))
+        _fall_back_callers(name, replacements)
     logger.warning("amp-rewrite: tf.function %s runs in float32 from the next call: %s", name, reason)
+
+
+def _fall_back_callers(name: str, replacements: dict) -> None:
+    """Gives the functions calling the replaced bodies float32 bodies (a warning if one fails)."""
+    try:
+        changed = _HOOK.callers.fall_back(replacements, restore)
+    except Exception as exc:
+        reason = first_line(exc, with_type=True, if_empty=NO_MESSAGE)
+        logger.warning("amp-rewrite: tf.function %s: a function calling it keeps its half body: "
+                       "building a float32 one failed: %s", name, reason)
+        return
+    for caller in changed:
+        logger.debug("tf.function %s: runs a float32 body from the next call", caller)
 
 
 def _first_run_failed(cf, record: SwapRecord, exc, tensor_inputs, captured_inputs):
