@@ -9,6 +9,7 @@ frozen value that everything after it is given:
   without a ``config`` use it;
 - :meth:`amp_rewrite.runtime.settings.RuntimeSettings.from_env`: the runtime's
   switches, read when the runtime is enabled.
+- :func:`amp_rewrite.function`: its strict switch, read when it is called.
 
 The start-up bootstrap (``_amp_rewrite_autoload`` and the ``.pth`` line that
 loads it) runs when the interpreter starts, before TensorFlow, and must not

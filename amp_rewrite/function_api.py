@@ -9,9 +9,11 @@ leaves every other ``tf.function`` alone.
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import replace
 
 from amp_rewrite.config import Config
+from amp_rewrite.environment import STRICT_ENV, is_true
 
 
 def function(func=None, *, target: str | None = None, config: Config | None = None,
@@ -45,7 +47,7 @@ def function(func=None, *, target: str | None = None, config: Config | None = No
 
     if target is not None:
         config = replace(config if config is not None else tf_function.default_config(), target=target)
-    if not tf_function.install_for_marked():
+    if not tf_function.install_for_marked(is_strict=is_true(os.environ.get(STRICT_ENV))):
         return tf.function(func, **tf_function_kwargs)  # untested TensorFlow: plain float32
     return tf.function(tf_function.marked(func, config), **tf_function_kwargs)
 

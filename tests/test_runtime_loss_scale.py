@@ -116,15 +116,27 @@ def test_train_op_collection_holds_the_guarded_step(amp_runtime):
 def test_settings_from_env():
     assert RuntimeSettings.from_env({}) == RuntimeSettings()
     fixed = RuntimeSettings.from_env({"AMP_LOSS_SCALE": "128", "AMP_REWRITE_STRICT": "1"})
-    assert fixed.loss_scale == LossScaleSettings(is_dynamic=False, initial_scale=128.0)
+    assert fixed.loss_scale == LossScaleSettings(is_dynamic=False, initial_scale=128.0, is_asked=True)
     assert fixed.is_strict
     tuned = RuntimeSettings.from_env({"AMP_LOSS_SCALE": "dynamic", "AMP_LOSS_SCALE_INIT": "1024",
                                       "AMP_LOSS_SCALE_GROWTH_INTERVAL": "10",
                                       "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LOG_PATH": "/tmp/d"})
-    assert tuned.loss_scale == LossScaleSettings(True, 1024.0, 10)
+    assert tuned.loss_scale == LossScaleSettings(True, 1024.0, 10, is_asked=True)
     assert tuned.dump_dir == "/tmp/d"
     both = {"AMP_REWRITE_DUMP_DIR": "/a", "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LOG_PATH": "/b"}
     assert RuntimeSettings.from_env(both).dump_dir == "/a"
+
+
+@pytest.mark.parametrize("environ, wanted", [
+    ({"AMP_REWRITE_TARGET": "float16"}, True),
+    ({"AMP_REWRITE_TARGET": "bfloat16"}, False),
+    ({"AMP_REWRITE_TARGET": "bfloat16", "AMP_LOSS_SCALE": "dynamic"}, True),  # the default value, by name
+    ({"AMP_REWRITE_TARGET": "bfloat16", "AMP_LOSS_SCALE_INIT": "256"}, True),
+])
+def test_loss_scaling_under_bfloat16_only_when_asked(environ, wanted):
+    from amp_rewrite.runtime import scales_loss
+
+    assert scales_loss(RuntimeSettings.from_env(environ)) is wanted
 
 
 @pytest.mark.parametrize("environ, message", [

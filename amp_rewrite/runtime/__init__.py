@@ -27,14 +27,14 @@ Importing this module patches nothing and does not import TensorFlow.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from dataclasses import replace
 
 import _amp_rewrite_import_hook as import_hook
 from amp_rewrite import tf_internals
+from amp_rewrite.runtime.core import Runtime
 from amp_rewrite.runtime.ledger import LEDGER
-from amp_rewrite.runtime.settings import LOSS_SCALE_ENV, LossScaleSettings, RuntimeSettings
+from amp_rewrite.runtime.settings import LossScaleSettings, RuntimeSettings
 from amp_rewrite.runtime.target import TargetChoice, choose_target
 
 logger = logging.getLogger(__name__)
@@ -48,16 +48,8 @@ SESSION = "session"
 TF1_LOSS_SCALING = "tf1 loss scaling"
 
 
-class _Runtime:
-    """What was asked for: the runtime is on, with these settings; the target chosen."""
-
-    def __init__(self):
-        self.is_requested = False
-        self.settings: RuntimeSettings | None = None
-        self.choice: TargetChoice | None = None
-
-
-_RUNTIME = _Runtime()
+# The runtime while it is enabled, else None: the one place its state lives.
+_ACTIVE: Runtime | None = None
 
 
 def enable(*, settings: RuntimeSettings | None = None, from_env: bool = False,
@@ -73,16 +65,17 @@ def enable(*, settings: RuntimeSettings | None = None, from_env: bool = False,
     Calling it again changes nothing (new settings apply to the next enable
     after :func:`disable`).
     """
+    global _ACTIVE
     with LEDGER.lock:
-        if _RUNTIME.is_requested:
+        if _ACTIVE is not None:
             return
         settings = settings if settings is not None else RuntimeSettings.from_env()
         settings = settings if target is None else replace(settings, target=target)
-        _RUNTIME.settings = settings
-        _RUNTIME.is_requested = True
+        active = _ACTIVE = Runtime(settings)
         if from_env:
             _show_runtime_logs()
-    import_hook.after_import(_apply_patches, owner=import_hook.RUNTIME, is_strict=lambda: settings.is_strict)
+    import_hook.after_import(lambda module: _apply_patches(active), owner=import_hook.RUNTIME,
+                             is_strict=lambda: settings.is_strict)
 
 
 def disable() -> None:
@@ -90,11 +83,11 @@ def disable() -> None:
 
     Sessions that already ran a rewritten graph must be closed first.
     """
+    global _ACTIVE
     with LEDGER.lock:
         for owner in (import_hook.STARTUP, import_hook.RUNTIME):
             import_hook.remove(owner=owner)
-        _RUNTIME.is_requested = False
-        _RUNTIME.choice = None
+        _ACTIVE = None
         LEDGER.uninstall_all()
 
 
@@ -105,41 +98,42 @@ def is_enabled() -> bool:
 
 def target_choice() -> TargetChoice | None:
     """The target chosen for this process and why; None until TensorFlow is patched."""
-    return _RUNTIME.choice
+    return _ACTIVE.choice if _ACTIVE is not None else None
 
 
 def current_settings() -> RuntimeSettings | None:
     """The settings the runtime was enabled with; None while it is off."""
-    return _RUNTIME.settings if _RUNTIME.is_requested else None
+    return _ACTIVE.requested if _ACTIVE is not None else None
 
 
 def current_target() -> str | None:
     """``"float16"`` or ``"bfloat16"`` while the runtime rewrites; None when scripts run float32."""
-    choice = _RUNTIME.choice
-    return choice.target if choice is not None and is_enabled() else None
+    return _ACTIVE.target if _ACTIVE is not None and is_enabled() else None
 
 
-def _apply_patches(_module=None) -> None:
+def _apply_patches(active: Runtime) -> None:
+    """Chooses the target and gives ``active`` to every installer (once TensorFlow is imported)."""
+    from amp_rewrite.op_registry import default_device_type
+
     with LEDGER.lock:
-        if _RUNTIME.choice is not None or not _RUNTIME.is_requested or _RUNTIME.settings is None:
+        if active is not _ACTIVE or active.choice is not None:
+            return  # disabled meanwhile, or patched already
+        active.choose(choose_target(active.requested.target), device_type=default_device_type(runs_here=True))
+        if active.target is None:
+            logger.info("amp-rewrite: scripts run in float32: %s", active.target_reason)
             return
-        choice = choose_target(_RUNTIME.settings.target)
-        _RUNTIME.choice = choice
-        if choice.target is None:
-            logger.info("amp-rewrite: scripts run in float32: %s", choice.reason)
-            return
-        settings = replace(_RUNTIME.settings, target=choice.target)
+        settings = active.settings
         _note_untested_tensorflow()
         try:
             if tf_internals.usable(_tf1_capabilities(settings), "TF1 sessions", is_strict=settings.is_strict):
                 for name, owner, attr, replacement in _patch_table(settings):
                     LEDGER.install(name, owner, attr, replacement)
             if tf_internals.usable(_tf2_capabilities(settings), "tf.function traces", is_strict=settings.is_strict):
-                _install_tf2_patches(settings)
+                _install_tf2_patches(active)
         except Exception:
             disable()
             raise
-    logger.debug("amp-rewrite: rewriting to %s: %s", choice.target, choice.reason)
+    logger.debug("amp-rewrite: rewriting to %s: %s", active.target, active.target_reason)
     logger.debug("patched TensorFlow %s", getattr(sys.modules.get("tensorflow"), "__version__", "?"))
 
 
@@ -147,13 +141,10 @@ def scales_loss(settings: RuntimeSettings) -> bool:
     """Whether optimizers get loss scaling: float16 always; bfloat16 only when asked.
 
     bfloat16 has float32's exponent range, so gradients need no scaling; an
-    ``AMP_LOSS_SCALE`` in the environment, or loss-scale settings other than
-    the defaults, ask for it anyway.
+    ``AMP_LOSS_SCALE`` in the environment (``is_asked``), or loss-scale
+    settings other than the defaults, ask for it anyway.
     """
-    if settings.target == "float16":
-        return True
-    return bool(os.environ.get(LOSS_SCALE_ENV, "").strip()) or \
-        settings.loss_scale != LossScaleSettings()
+    return settings.target == "float16" or settings.loss_scale != LossScaleSettings()
 
 
 def _tf1_capabilities(settings: RuntimeSettings) -> list[tf_internals.Capability]:
@@ -204,13 +195,13 @@ def _patch_table(settings: RuntimeSettings):
     return table
 
 
-def _install_tf2_patches(settings: RuntimeSettings) -> None:
+def _install_tf2_patches(active: Runtime) -> None:
     """``tf.function`` traces run rewritten; the tape and Keras optimizers scale the loss."""
     from amp_rewrite.runtime import tf2_loss_scale, tf_function
 
-    tf_function.install(is_strict=settings.is_strict, profile_after=settings.profile_after)
-    if scales_loss(settings):
-        tf2_loss_scale.install(settings)
+    tf_function.install(active)
+    if scales_loss(active.settings):
+        tf2_loss_scale.install(active.settings)
 
 
 def _bound(replacement, settings):

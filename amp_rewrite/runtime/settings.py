@@ -68,12 +68,15 @@ class LossScaleSettings:
         initial_scale: the scale of the first step (the fixed scale when not dynamic).
         growth_interval: consecutive finite steps before the scale doubles.
         log_every: a log line every this many training steps (0: only on skips).
+        is_asked: loss scaling was asked for by name (``AMP_LOSS_SCALE`` set),
+            which turns it on under bfloat16 even with the default values.
     """
 
     is_dynamic: bool = True
     initial_scale: float = DEFAULT_INITIAL_SCALE
     growth_interval: int = DEFAULT_GROWTH_INTERVAL
     log_every: int = DEFAULT_LOG_EVERY
+    is_asked: bool = False
 
     def __post_init__(self):
         scale = self.initial_scale
@@ -160,17 +163,18 @@ def _profile_from_env(environ: Mapping[str, str]) -> int | None:
 
 
 def _loss_scale_from_env(environ: Mapping[str, str]) -> LossScaleSettings:
+    is_asked = bool(environ.get(LOSS_SCALE_ENV, "").strip())
     mode = environ.get(LOSS_SCALE_ENV, "").strip().lower() or "dynamic"
     initial = _number(environ, LOSS_SCALE_INIT_ENV, float, DEFAULT_INITIAL_SCALE, minimum=1.0)
     interval = _number(environ, GROWTH_INTERVAL_ENV, int, DEFAULT_GROWTH_INTERVAL, minimum=1)
     log_every = _number(environ, LOG_EVERY_ENV, int, DEFAULT_LOG_EVERY, minimum=0)
     if mode == "dynamic":
-        return LossScaleSettings(True, initial, interval, log_every)
+        return LossScaleSettings(True, initial, interval, log_every, is_asked)
     fixed = _parse(LOSS_SCALE_ENV, mode, float)
     if not (_is_float32(fixed) and fixed > 0 and float(np.float32(fixed)) > 0):
         raise UsageError(f"{LOSS_SCALE_ENV}={mode!r}: use 'dynamic' or a finite number > 0 that float32 can hold "
                          f"(at most {FLOAT32_MAX:.4g})")
-    return LossScaleSettings(False, fixed, interval, log_every)
+    return LossScaleSettings(False, fixed, interval, log_every, is_asked)
 
 
 def _number(environ, name, kind, default, *, minimum):

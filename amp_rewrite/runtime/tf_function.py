@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import time
 import weakref
 from dataclasses import dataclass, field, replace
@@ -52,8 +51,8 @@ from amp_rewrite import tf_internals
 from amp_rewrite.config import Config
 from amp_rewrite.errors import RuntimeRewriteError, first_line
 from amp_rewrite.runtime import tf2_fallback
+from amp_rewrite.runtime.core import Runtime
 from amp_rewrite.runtime.ledger import LEDGER
-from amp_rewrite.runtime.settings import STRICT_ENV, is_true
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +103,8 @@ class _Hook:
 
     def __init__(self):
         self.is_global = False
-        self.is_strict = False
+        self.runtime: Runtime | None = None  # the runtime whose switch is on
+        self.is_strict_when_marked = False
         self.wants_marked = False
         self.swapped: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         # rewritten function name → the graph traced for it (node names agree), for the tuner
@@ -118,18 +118,19 @@ class _Hook:
 _HOOK = _Hook()
 
 
-def install(*, is_strict: bool = False, profile_after: int | None = None) -> None:
-    """Rewrites every ConcreteFunction traced from now on (the runtime's switch).
+def install(runtime: Runtime) -> None:
+    """Rewrites every ConcreteFunction traced from now on with ``runtime``'s configuration (the runtime's switch).
 
-    With ``profile_after``, one eager call after that many calls of a
-    rewritten function is profiled (:mod:`amp_rewrite.runtime.profile`).
+    With the settings' ``profile_after``, one eager call after that many
+    calls of a rewritten function is profiled (:mod:`amp_rewrite.runtime.profile`).
 
     When this TensorFlow lacks an internal the hook needs, nothing is
-    installed: a warning names it (``is_strict`` raises instead). Otherwise
+    installed: a warning names it (strict mode raises instead). Otherwise
     the ledger records :func:`uninstall` as the way back.
     """
     with LEDGER.lock:
-        _HOOK.is_strict = is_strict
+        _HOOK.runtime = runtime
+        profile_after = runtime.settings.profile_after
         if profile_after is not None:
             from amp_rewrite.runtime.profile import FunctionProfiles
 
@@ -146,6 +147,7 @@ def uninstall() -> None:
     """Stops rewriting new traces and puts back the functions the runtime swapped."""
     with LEDGER.lock:
         _HOOK.is_global = False
+        _HOOK.runtime = None
         _HOOK.profiles = None
         _HOOK.callers.forget()
         _HOOK.fell_back.clear()
@@ -158,12 +160,17 @@ def uninstall() -> None:
                 callbacks.remove(_on_concrete_function)
 
 
-def install_for_marked() -> bool:
+def install_for_marked(*, is_strict: bool) -> bool:
     """Makes the callback rewrite graphs :func:`marked` traced, whatever the runtime does.
+
+    Args:
+        is_strict: raise instead of running a function whose rewrite failed
+            as traced (the runtime's own setting wins while it is on).
 
     Returns False (after a warning) when this TensorFlow lacks an internal the hook needs.
     """
     with LEDGER.lock:
+        _HOOK.is_strict_when_marked = _HOOK.is_strict_when_marked or is_strict
         if not _has_tracing_internals():
             return False
         _HOOK.wants_marked = True
@@ -294,10 +301,7 @@ def _with_float32_callees_opaque(concrete_function, config: Config) -> Config:
 
 def _runtime_setting() -> str | None:
     """The target the runtime was asked for (``auto``, ``float16``, ``bfloat16``); None when it is off."""
-    from amp_rewrite import runtime
-
-    settings = runtime.current_settings()
-    return settings.target if settings is not None else None
+    return _HOOK.runtime.requested.target if _HOOK.runtime is not None else None
 
 
 def _swap_in(concrete_function, config: Config, *, is_explicit: bool, calls_guarded: bool = False) -> None:
@@ -475,22 +479,23 @@ def _first_run_failed(cf, record: SwapRecord, exc, tensor_inputs, captured_input
 
 
 def default_config() -> Config:
-    """The environment's configuration, for the device type functions will run on.
+    """The runtime's configuration while it rewrites; else the environment's, for float16.
 
-    The target is the runtime's (float16 when the runtime is off), and so are
-    the keep-float32 patterns.
+    Either is for the device type functions will run on. The runtime's was
+    read once, when it chose its target, with its keep-float32 patterns and
+    tuning switches.
     """
-    from amp_rewrite import runtime
     from amp_rewrite.op_registry import default_device_type
 
-    settings = runtime.current_settings()
-    return Config.from_env(device_type=default_device_type(runs_here=True),
-                           target=runtime.current_target() or "float16",
-                           **(settings.rewrite_fields() if settings is not None else {}))
+    if _HOOK.runtime is not None:
+        return _HOOK.runtime.rewrite_config()
+    return Config.from_env(device_type=default_device_type(runs_here=True), target="float16")
 
 
 def _is_strict() -> bool:
-    return _HOOK.is_strict or is_true(os.environ.get(STRICT_ENV))
+    if _HOOK.runtime is not None:
+        return _HOOK.runtime.settings.is_strict
+    return _HOOK.is_strict_when_marked
 
 
 def _summary(result) -> str:
