@@ -2,7 +2,10 @@
 
 :func:`enable` patches, once TensorFlow is imported (at once if it already is):
 
-- nothing at all when the target chosen for the machine is float32
+- ``MultiWorkerMirroredStrategy``'s constructor, so that the workers of a
+  job run one decision (:mod:`amp_rewrite.runtime.multi_worker`), whatever
+  this machine chose;
+- nothing else when the target chosen for the machine is float32
   (:mod:`amp_rewrite.runtime.target`): one INFO line says why;
 - ``Session`` (every ``BaseSession``: plain, interactive, and those that
   ``MonitoredTrainingSession`` creates) to run the rewritten graph
@@ -32,6 +35,7 @@ import sys
 from dataclasses import replace
 
 from amp_rewrite import tf_internals
+from amp_rewrite.runtime import multi_worker
 from amp_rewrite.runtime.ledger import LEDGER
 from amp_rewrite.runtime.settings import LOSS_SCALE_ENV, LossScaleSettings, RuntimeSettings
 from amp_rewrite.runtime.target import TargetChoice, choose_target
@@ -100,8 +104,8 @@ def disable() -> None:
 
 
 def is_enabled() -> bool:
-    """Whether TensorFlow is currently patched."""
-    return bool(LEDGER.installed())
+    """Whether TensorFlow is currently patched to rewrite (the multi-worker agreement alone does not count)."""
+    return any(entry.name != multi_worker.LEDGER_NAME for entry in LEDGER.installed())
 
 
 def target_choice() -> TargetChoice | None:
@@ -126,22 +130,37 @@ def _apply_patches(_module=None) -> None:
             return
         choice = choose_target(_RUNTIME.settings.target)
         _RUNTIME.choice = choice
+        # Installed whatever this machine chose: under a multi-worker strategy the job's decision may differ.
+        multi_worker.install(_RUNTIME.settings, choice, _follow_job)
         if choice.target is None:
             logger.info("amp-rewrite: scripts run in float32: %s", choice.reason)
             return
-        settings = replace(_RUNTIME.settings, target=choice.target)
-        _note_untested_tensorflow()
-        try:
-            if tf_internals.usable(_tf1_capabilities(settings), "TF1 sessions", is_strict=settings.is_strict):
-                for name, owner, attr, replacement in _patch_table(settings):
-                    LEDGER.install(name, owner, attr, replacement)
-            if tf_internals.usable(_tf2_capabilities(settings), "tf.function traces", is_strict=settings.is_strict):
-                _install_tf2_patches(settings)
-        except Exception:
-            disable()
-            raise
+        _install(replace(_RUNTIME.settings, target=choice.target))
     logger.debug("amp-rewrite: rewriting to %s: %s", choice.target, choice.reason)
     logger.debug("patched TensorFlow %s", getattr(sys.modules.get("tensorflow"), "__version__", "?"))
+
+
+def _install(settings: RuntimeSettings) -> None:
+    """Patches TensorFlow for ``settings.target`` (a half type); everything is undone if one patch fails."""
+    _note_untested_tensorflow()
+    try:
+        if tf_internals.usable(_tf1_capabilities(settings), "TF1 sessions", is_strict=settings.is_strict):
+            for name, owner, attr, replacement in _patch_table(settings):
+                LEDGER.install(name, owner, attr, replacement)
+        if tf_internals.usable(_tf2_capabilities(settings), "tf.function traces", is_strict=settings.is_strict):
+            _install_tf2_patches(settings)
+    except Exception:
+        disable()
+        raise
+
+
+def _follow_job(choice: TargetChoice, settings: RuntimeSettings) -> None:
+    """Runs a multi-worker job's decision instead of this machine's: ``choice`` (None: float32), ``settings``."""
+    with LEDGER.lock:
+        LEDGER.uninstall_all(keep=multi_worker.LEDGER_NAME)
+        _RUNTIME.settings, _RUNTIME.choice = settings, choice
+        if choice.target is not None:
+            _install(settings)
 
 
 def scales_loss(settings: RuntimeSettings) -> bool:
@@ -149,8 +168,11 @@ def scales_loss(settings: RuntimeSettings) -> bool:
 
     bfloat16 has float32's exponent range, so gradients need no scaling; an
     ``AMP_LOSS_SCALE`` in the environment, or loss-scale settings other than
-    the defaults, ask for it anyway.
+    the defaults, ask for it anyway. A multi-worker job's decision
+    (``settings.is_loss_scaled``) overrides all of these.
     """
+    if settings.is_loss_scaled is not None:
+        return settings.is_loss_scaled
     if settings.target == "float16":
         return True
     return bool(os.environ.get(LOSS_SCALE_ENV, "").strip()) or \
