@@ -1,14 +1,18 @@
 """Workers of a MultiWorkerMirroredStrategy job run one precision decision, or all stop with one line.
 
 The rule and the exchange are checked in-process against a store that
-behaves as the coordination service's (inserts never overwrite, reads wait).
+behaves as the coordination service's (inserts never overwrite, reads wait);
+two worker processes on loopback check the whole path.
 """
 
+import json
 import logging
 import threading
 
+import numpy as np
 import pytest
 import tensorflow as tf
+from fixtures.harness import Script, free_ports, run_scripts
 
 from amp_rewrite import runtime
 from amp_rewrite.errors import RuntimeRewriteError
@@ -321,3 +325,109 @@ def test_uninstalling_all_but_one_name_keeps_its_entries_in_place():
     assert [e.name for e in ledger.installed()] == ["kept"]
     ledger.uninstall_all()
     assert Owner().first() == 1 and ledger.installed() == []
+
+
+# --- two worker processes -------------------------------------------------------------------
+
+PEER_WAIT = "4"
+HALF = {"ENABLE_AUTO_MP": "1", "AMP_REWRITE_PEER_WAIT": PEER_WAIT}
+SCENARIOS = {
+    # name: the environment of worker 0 and of worker 1 (None: without amp-rewrite)
+    "chief_only": ({**HALF, "AMP_REWRITE_TARGET": "float16"}, None),
+    "worker1_only": (None, {**HALF, "AMP_REWRITE_TARGET": "float16"}),
+    "float16_vs_bfloat16": ({**HALF, "AMP_REWRITE_TARGET": "float16"}, {**HALF, "AMP_REWRITE_TARGET": "bfloat16"}),
+    "matched": ({**HALF, "AMP_REWRITE_TARGET": "float16"}, {**HALF, "AMP_REWRITE_TARGET": "float16"}),
+    "strict_chief_only": ({**HALF, "AMP_REWRITE_TARGET": "float16", "AMP_REWRITE_STRICT": "1"}, None),
+}
+# What mismatched workers died with before they agreed.
+COLLECTIVE_ERRORS = ("Shape mismatch", "Collective instance")
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    """Each scenario's two workers; two jobs run at a time (one's wait overlaps the other's work).
+
+    A worker still running after 120 s is killed (and its test fails).
+    """
+    root = tmp_path_factory.mktemp("multi_worker")
+    ports = iter(free_ports(2 * len(SCENARIOS)))
+    jobs = {}
+    for name, environments in SCENARIOS.items():
+        cluster = {"worker": [f"localhost:{next(ports)}" for _ in environments]}
+        jobs[name] = [
+            Script("train_multiworker_tf2.py", ["--style", "keras_loop"], root / f"{name}{i}.json",
+                   env={**(env or {}), "TF_CONFIG": json.dumps({"cluster": cluster,
+                                                                "task": {"type": "worker", "index": i}})})
+            for i, env in enumerate(environments)]
+    # A job's two workers are adjacent, so they start together.
+    run_scripts(*(worker for workers in jobs.values() for worker in workers), parallel=4, timeout=120)
+    return jobs
+
+
+def our_lines(worker):
+    """The worker's lines about the agreement, and any other warning of amp-rewrite."""
+    return [line for line in worker.stderr.splitlines()
+            if "multi-worker" in line or ("amp-rewrite" in line and "WARNING" in line)]
+
+
+def assert_trained_in(worker, target, *, loss_scale):
+    result = worker.check().result
+    assert result["target"] == target
+    assert result["loss_scale"] == loss_scale
+    halves = {op.split(":")[1] for op in result["half_ops"]}
+    assert halves == ({target} if target else set())
+    if target:
+        assert f"MatMul:{target}" in result["half_ops"]
+    assert not any(error in worker.stderr for error in COLLECTIVE_ERRORS)
+
+
+@pytest.mark.parametrize("scenario, hooked, silent", [("chief_only", 0, 1), ("worker1_only", 1, 0)])
+def test_a_worker_without_the_hook_leaves_the_job_in_float32_with_one_line(jobs, scenario, hooked, silent):
+    workers = jobs[scenario]
+    for worker in workers:
+        assert_trained_in(worker, None, loss_scale=None)
+    assert workers[hooked].result["hooked"] and not workers[silent].result["hooked"]
+    assert our_lines(workers[hooked]) == [
+        f"WARNING amp_rewrite.runtime.multi_worker: amp-rewrite: this worker (worker {hooked}) of a multi-worker "
+        "job asked for float16 with dynamic loss scaling (from 32768, doubling after 2000 finite steps) but runs "
+        f"float32, as every worker does: worker {silent} published no amp-rewrite setting within {PEER_WAIT} s "
+        f"(without ENABLE_AUTO_MP=1 a worker runs float32); {multi_worker.FIX}"]
+    assert workers[0].result["losses"] == workers[1].result["losses"]
+    assert workers[0].result["losses"][-1] < 0.7 * workers[0].result["losses"][0]
+
+
+def test_a_bfloat16_worker_follows_the_float16_chief_and_both_scale(jobs):
+    chief, worker = jobs["float16_vs_bfloat16"]
+    float32 = jobs["chief_only"][0].result["losses"]
+    for each in (chief, worker):
+        assert_trained_in(each, "float16", loss_scale=32768.0)
+        np.testing.assert_allclose(each.result["losses"], float32, rtol=2e-2)
+        assert each.result["losses"] != float32
+    assert our_lines(chief) == []
+    [line] = our_lines(worker)
+    assert "this worker (worker 1) of a multi-worker job asked for bfloat16 without loss scaling but runs " \
+           "float16 with dynamic loss scaling" in line
+    assert "the chief (worker 0) chose it" in line
+
+
+def test_matched_workers_train_as_before(jobs):
+    float32 = jobs["chief_only"][0].result["losses"]
+    for each in jobs["matched"]:
+        assert_trained_in(each, "float16", loss_scale=32768.0)
+        assert our_lines(each) == []
+        np.testing.assert_allclose(each.result["losses"], float32, rtol=2e-2)
+    assert jobs["matched"][0].result["losses"] == jobs["matched"][1].result["losses"]
+
+
+def test_a_strict_worker_stops_the_whole_job_with_our_line(jobs):
+    """The worker with the hook raises; the one without it is stopped in its first collective."""
+    line = ("the workers of this multi-worker job differ (worker 0: float16 with dynamic loss scaling (from 32768, "
+            "doubling after 2000 finite steps); worker 1: without amp-rewrite) and AMP_REWRITE_STRICT=1 is set on "
+            f"worker 0: {multi_worker.FIX}")
+    hooked, plain = jobs["strict_chief_only"]
+    for worker in (hooked, plain):
+        assert worker.returncode not in (0, None)
+        assert "[killed after" not in worker.stderr
+        assert not any(error in worker.stderr for error in COLLECTIVE_ERRORS)
+    assert f"amp_rewrite.errors.RuntimeRewriteError: {line}" in hooked.stderr.splitlines()
+    assert f"Collective ops is aborted by: amp-rewrite: {line}" in plain.stderr
