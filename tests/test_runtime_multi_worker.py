@@ -8,6 +8,7 @@ two worker processes on loopback check the whole path.
 import json
 import logging
 import threading
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -307,6 +308,24 @@ def test_following_the_job_swaps_the_runtimes_patches(monkeypatch):
     assert LEDGER.installed() == []
 
 
+def test_a_tensorflow_without_the_store_runs_every_worker_float32_with_one_line(coordinated, monkeypatch, caplog):
+    absent = "tensorflow.python.eager.context:NoSuchStore"
+    capability = multi_worker.tf_internals.MULTI_WORKER
+    monkeypatch.setattr(multi_worker.tf_internals, "MULTI_WORKER",
+                        replace(capability, symbols=capability.symbols + (absent,)))
+    followed = []
+    agreement = Agreement(RuntimeSettings(target="float16"), TargetChoice("float16", "asked"),
+                          lambda *a: followed.append(a), Store())
+    with caplog.at_level(logging.WARNING, "amp_rewrite"):
+        agreement.agree(FakeStrategy(0))
+    [(choice, _)] = followed
+    assert choice.target is None
+    [line] = [r.getMessage() for r in caplog.records]
+    assert line.startswith("amp-rewrite: this worker (worker 0) of a multi-worker job asked for float16")
+    assert f"but runs float32, as every worker does: TensorFlow {tf.__version__} lacks {absent}, which the " \
+           "multi-worker agreement under amp-rewrite needs" in line
+
+
 def test_uninstalling_all_but_one_name_keeps_its_entries_in_place():
     from amp_rewrite.runtime.ledger import Ledger
 
@@ -431,3 +450,4 @@ def test_a_strict_worker_stops_the_whole_job_with_our_line(jobs):
         assert not any(error in worker.stderr for error in COLLECTIVE_ERRORS)
     assert f"amp_rewrite.errors.RuntimeRewriteError: {line}" in hooked.stderr.splitlines()
     assert f"Collective ops is aborted by: amp-rewrite: {line}" in plain.stderr
+
