@@ -96,6 +96,14 @@ TF_KERAS_OPTIMIZERS = Capability("tf_keras optimizers", (
     f"{_TF_KERAS}.mixed_precision.loss_scale_optimizer:LossScaleOptimizer.get_scaled_loss",
     f"{_TF_KERAS}.mixed_precision.loss_scale_optimizer:LossScaleOptimizerV3.get_scaled_loss",
 ))
+_CONTEXT = "tensorflow.python.eager.context"
+MULTI_WORKER = Capability("the multi-worker agreement", (
+    f"{_CONTEXT}:context",
+    f"{_CONTEXT}:Context.coordination_service",
+    f"{_CONTEXT}:Context.set_config_key_value",
+    f"{_CONTEXT}:Context.get_config_key_value",
+    f"{_CONTEXT}:Context.report_error_to_cluster",
+))
 # The modules whose import makes the runtime patch Keras optimizers.
 KERAS3_LOSS_SCALE_MODULE = f"{_KERAS3}.optimizers.loss_scale_optimizer"
 TF_KERAS_LOSS_SCALE_MODULE = f"{_TF_KERAS}.mixed_precision.loss_scale_optimizer"
@@ -417,6 +425,53 @@ def tf_keras_optimizer_class():
     from tf_keras.src.optimizers import optimizer
 
     return optimizer.Optimizer
+
+
+# --- multi-worker jobs ----------------------------------------------------------------------
+#
+# MultiWorkerMirroredStrategy starts TensorFlow's coordination service in TF2
+# programs (every version from 2.16 on): a key-value store every task of the
+# job reaches, beside the collectives, whose inserts never overwrite.
+
+
+def has_coordination_service() -> bool:
+    """Whether this process belongs to a job whose coordination service is configured."""
+    from tensorflow.python.eager import context
+
+    return context.context().coordination_service is not None
+
+
+def insert_job_value(key: str, value: str) -> bool:
+    """Stores ``value`` under ``key`` in the job's key-value store; False when the key holds a value already."""
+    import tensorflow as tf
+    from tensorflow.python.eager import context
+
+    try:
+        context.context().set_config_key_value(key, value)
+    except tf.errors.AlreadyExistsError:
+        return False
+    return True
+
+
+def read_job_value(key: str, timeout_seconds: float) -> str | None:
+    """The value under ``key`` in the job's key-value store, waiting up to ``timeout_seconds``; None if none came."""
+    import tensorflow as tf
+    from tensorflow.python.eager import context
+
+    # A timeout of 0 would wait for ever.
+    milliseconds = max(1, int(timeout_seconds * 1000))
+    try:
+        return context.context().get_config_key_value(key, milliseconds)
+    except tf.errors.DeadlineExceededError:
+        return None
+
+
+def report_error_to_job(message: str) -> None:
+    """Puts every task of the job in error with ``message``, so that peers stop instead of waiting."""
+    import tensorflow as tf
+    from tensorflow.python.eager import context
+
+    context.context().report_error_to_cluster(tf.errors.FAILED_PRECONDITION, message)
 
 
 # --- the offline pass ------------------------------------------------------------------------

@@ -1,11 +1,10 @@
 """Loss scaling under tf.distribute: every replica and worker takes the same skip decision."""
 
 import json
-import socket
 
 import numpy as np
 import pytest
-from fixtures.harness import Script, run_scripts
+from fixtures.harness import Script, free_ports, run_scripts
 
 
 @pytest.fixture(scope="module")
@@ -35,16 +34,6 @@ def test_mirrored_amp_tracks_float32_before_the_skip(mirrored):
     np.testing.assert_allclose(np.array(amp["losses"])[:3], np.array(fp32["losses"])[:3],
                                rtol=2e-2)
     assert fp32["steps"][:3] == [1, 2, 3]
-
-
-def free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("localhost", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 @pytest.mark.slow

@@ -2,7 +2,10 @@
 
 :func:`enable` patches, once TensorFlow is imported (at once if it already is):
 
-- nothing at all when the target chosen for the machine is float32
+- ``MultiWorkerMirroredStrategy``'s constructor, so that the workers of a
+  job run one decision (:mod:`amp_rewrite.runtime.multi_worker`), whatever
+  this machine chose;
+- nothing else when the target chosen for the machine is float32
   (:mod:`amp_rewrite.runtime.target`): one INFO line says why;
 - ``Session`` (every ``BaseSession``: plain, interactive, and those that
   ``MonitoredTrainingSession`` creates) to run the rewritten graph
@@ -32,6 +35,7 @@ from dataclasses import replace
 
 import _amp_rewrite_import_hook as import_hook
 from amp_rewrite import tf_internals
+from amp_rewrite.runtime import multi_worker
 from amp_rewrite.runtime.core import Runtime
 from amp_rewrite.runtime.ledger import LEDGER
 from amp_rewrite.runtime.settings import LossScaleSettings, RuntimeSettings
@@ -92,8 +96,8 @@ def disable() -> None:
 
 
 def is_enabled() -> bool:
-    """Whether TensorFlow is currently patched."""
-    return bool(LEDGER.installed())
+    """Whether TensorFlow is currently patched to rewrite (the multi-worker agreement alone does not count)."""
+    return any(entry.name != multi_worker.LEDGER_NAME for entry in LEDGER.installed())
 
 
 def target_choice() -> TargetChoice | None:
@@ -118,23 +122,43 @@ def _apply_patches(active: Runtime) -> None:
     with LEDGER.lock:
         if active is not _ACTIVE or active.choice is not None:
             return  # disabled meanwhile, or patched already
-        active.choose(choose_target(active.requested.target), device_type=default_device_type(runs_here=True))
+        choice = choose_target(active.requested.target)
+        active.choose(choice, device_type=default_device_type(runs_here=True))
+        # Installed whatever this machine chose: under a multi-worker strategy the job's decision may differ.
+        multi_worker.install(active.requested, choice, lambda choice, settings: _follow_job(active, choice, settings))
         if active.target is None:
             logger.info("amp-rewrite: scripts run in float32: %s", active.target_reason)
             return
-        settings = active.settings
-        _note_untested_tensorflow()
-        try:
-            if tf_internals.usable(_tf1_capabilities(settings), "TF1 sessions", is_strict=settings.is_strict):
-                for name, owner, attr, replacement in _patch_table(settings):
-                    LEDGER.install(name, owner, attr, replacement)
-            if tf_internals.usable(_tf2_capabilities(settings), "tf.function traces", is_strict=settings.is_strict):
-                _install_tf2_patches(active)
-        except Exception:
-            disable()
-            raise
+        _install(active)
     logger.debug("amp-rewrite: rewriting to %s: %s", active.target, active.target_reason)
     logger.debug("patched TensorFlow %s", getattr(sys.modules.get("tensorflow"), "__version__", "?"))
+
+
+def _install(active: Runtime) -> None:
+    """Patches TensorFlow for ``active``'s target (a half type); everything is undone if one patch fails."""
+    settings = active.settings
+    _note_untested_tensorflow()
+    try:
+        if tf_internals.usable(_tf1_capabilities(settings), "TF1 sessions", is_strict=settings.is_strict):
+            for name, owner, attr, replacement in _patch_table(settings):
+                LEDGER.install(name, owner, attr, replacement)
+        if tf_internals.usable(_tf2_capabilities(settings), "tf.function traces", is_strict=settings.is_strict):
+            _install_tf2_patches(active)
+    except Exception:
+        disable()
+        raise
+
+
+def _follow_job(active: Runtime, choice: TargetChoice, settings: RuntimeSettings) -> None:
+    """Runs a multi-worker job's decision instead of this machine's: ``choice`` (None: float32), ``settings``."""
+    from amp_rewrite.op_registry import default_device_type
+
+    with LEDGER.lock:
+        LEDGER.uninstall_all(keep=multi_worker.LEDGER_NAME)
+        active.requested = settings
+        active.choose(choice, device_type=default_device_type(runs_here=True))
+        if choice.target is not None:
+            _install(active)
 
 
 def scales_loss(settings: RuntimeSettings) -> bool:
@@ -142,8 +166,11 @@ def scales_loss(settings: RuntimeSettings) -> bool:
 
     bfloat16 has float32's exponent range, so gradients need no scaling; an
     ``AMP_LOSS_SCALE`` in the environment (``is_asked``), or loss-scale
-    settings other than the defaults, ask for it anyway.
+    settings other than the defaults, ask for it anyway. A multi-worker job's
+    decision (``settings.is_loss_scaled``) overrides all of these.
     """
+    if settings.is_loss_scaled is not None:
+        return settings.is_loss_scaled
     return settings.target == "float16" or settings.loss_scale != LossScaleSettings()
 
 

@@ -69,14 +69,16 @@ class Ledger:
         with self.lock:
             self._entries.append(Entry(name, where, undo))
 
-    def uninstall_all(self) -> None:
+    def uninstall_all(self, *, keep: str | None = None) -> None:
         """Undoes every change, newest first; the ledger is empty afterwards.
 
-        An undo that raises does not stop the others; the first error is
-        raised once all have run.
+        With ``keep``, the changes entered under that name stay (and stay in
+        the ledger). An undo that raises does not stop the others; the first
+        error is raised once all have run.
         """
         with self.lock:
-            entries, self._entries = self._entries, []
+            entries = [entry for entry in self._entries if entry.name != keep]
+            self._entries = [entry for entry in self._entries if entry.name == keep]
             failure = None
             for entry in reversed(entries):
                 try:

@@ -25,6 +25,7 @@ from amp_rewrite.environment import (
     LOG_EVERY_ENV,
     LOSS_SCALE_ENV,
     LOSS_SCALE_INIT_ENV,
+    PEER_WAIT_ENV,
     PROFILE_ENV,
     STRICT_ENV,
     TARGET_ENV,
@@ -41,6 +42,8 @@ from amp_rewrite.keep_patterns import compile_patterns, split_env
 TARGETS = ("auto", "float16", "bfloat16")
 DEFAULT_TUNE_BUDGET = 30.0
 DEFAULT_TUNE_BATCH = 32
+DEFAULT_PEER_WAIT = 10.0
+MAX_PEER_WAIT = 86400.0  # a day: a longer wait is no different, and its milliseconds must fit an int64
 
 DEFAULT_INITIAL_SCALE = 2.0 ** 15
 DEFAULT_GROWTH_INTERVAL = 2000
@@ -107,6 +110,11 @@ class RuntimeSettings:
         tune_budget_seconds: the measuring time one graph may take.
         tune_cache_dir: where timings are kept (None: the user cache directory).
         tune_batch: the size an unknown batch dimension is timed at (0: not timed).
+        is_loss_scaled: None: loss scaling as the target and loss-scale
+            settings ask (:func:`amp_rewrite.runtime.scales_loss`); True or
+            False: as a multi-worker job decided for every worker.
+        peer_wait_seconds: how long a worker of a multi-worker job waits for
+            the other workers' settings (:mod:`amp_rewrite.runtime.multi_worker`).
     """
 
     dump_dir: str | None = None
@@ -120,6 +128,8 @@ class RuntimeSettings:
     tune_budget_seconds: float = DEFAULT_TUNE_BUDGET
     tune_cache_dir: str | None = None
     tune_batch: int = DEFAULT_TUNE_BATCH
+    is_loss_scaled: bool | None = None
+    peer_wait_seconds: float = DEFAULT_PEER_WAIT
 
     def __post_init__(self):
         if self.target not in TARGETS:
@@ -139,7 +149,9 @@ class RuntimeSettings:
                    is_tuning=is_true(environ.get(TUNE_ENV)),
                    tune_budget_seconds=_number(environ, TUNE_BUDGET_ENV, float, DEFAULT_TUNE_BUDGET, minimum=0.0),
                    tune_cache_dir=environ.get(TUNE_CACHE_ENV) or None,
-                   tune_batch=min(_number(environ, TUNE_BATCH_ENV, int, DEFAULT_TUNE_BATCH, minimum=0), 1 << 20))
+                   tune_batch=min(_number(environ, TUNE_BATCH_ENV, int, DEFAULT_TUNE_BATCH, minimum=0), 1 << 20),
+                   peer_wait_seconds=min(_number(environ, PEER_WAIT_ENV, float, DEFAULT_PEER_WAIT, minimum=0.1),
+                                         MAX_PEER_WAIT))
 
     def rewrite_fields(self) -> dict:
         """The :class:`amp_rewrite.Config` fields these settings decide: name patterns and tuning."""
