@@ -298,7 +298,8 @@ def test_following_the_job_swaps_the_runtimes_patches(monkeypatch):
         runtime.enable(settings=RuntimeSettings(target="bfloat16"))
         assert not tf2_loss_scale.loss_scaling_wanted()
         job = Decision("float16", DYNAMIC)
-        runtime._follow_job(runtime._ACTIVE, TargetChoice("float16", "the job"), job.settings_for(runtime.current_settings()))
+        runtime._follow_job(runtime._ACTIVE, TargetChoice("float16", "the job"),
+                            job.settings_for(runtime.current_settings()))
         assert runtime.current_target() == "float16" and tf2_loss_scale.loss_scaling_wanted()
         runtime._follow_job(runtime._ACTIVE, TargetChoice(None, "the job"), runtime.current_settings())
         assert runtime.current_target() is None and not runtime.is_enabled()

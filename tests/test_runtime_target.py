@@ -159,7 +159,8 @@ def test_bfloat16_adds_no_loss_scale_ops_and_trains_in_bfloat16(amp_runtime):
 
 def test_amp_loss_scale_still_scales_under_bfloat16(amp_runtime, monkeypatch):
     monkeypatch.setenv("AMP_LOSS_SCALE", "128")
-    amp_runtime(RuntimeSettings(target="bfloat16"))
+    monkeypatch.setenv("AMP_REWRITE_TARGET", "bfloat16")
+    amp_runtime(RuntimeSettings.from_env())  # read once, as enable() reads it
     graph, *_ = train_graph()
     assert len(graph.get_collection(loss_scale.STATE_COLLECTION)) == 3
 

@@ -123,12 +123,13 @@ FLOAT32 = Decision()
 def _policy(scaling: LossScaleSettings) -> LossScaleSettings:
     """What of ``scaling`` the workers must share.
 
-    How often the scale is logged is each worker's own business, and a fixed
-    scale never grows.
+    How often the scale is logged is each worker's own business, a fixed
+    scale never grows, and whether scaling was asked for by name is settled
+    once the decision says whether it scales.
     """
     default = LossScaleSettings()
     interval = scaling.growth_interval if scaling.is_dynamic else default.growth_interval
-    return replace(scaling, growth_interval=interval, log_every=default.log_every)
+    return replace(scaling, growth_interval=interval, log_every=default.log_every, is_asked=False)
 
 
 @dataclass(frozen=True)
