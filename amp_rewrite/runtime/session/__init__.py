@@ -44,7 +44,7 @@ The modules, one job each:
 - :mod:`~amp_rewrite.runtime.session.plans` and
   :mod:`~amp_rewrite.runtime.session.fast_calls`: how a call maps onto the
   shadow graph (:class:`RunPlan` per :class:`PlanKey`, :class:`FastCall` per
-  :class:`CallKey`);
+  :data:`CallKey`);
 - :mod:`~amp_rewrite.runtime.session.keeper`: :class:`ShadowKeeper`, which
   shadow is current (built, grown, a float32 copy) and what is made on it;
 - :mod:`~amp_rewrite.runtime.session.fallback`: the explicit

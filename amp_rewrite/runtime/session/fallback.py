@@ -42,20 +42,13 @@ class FallbackState:
     def __init__(self):
         self.mode = Mode.REWRITTEN
         self.reason: str | None = None
-
-    @property
-    def is_rewritten(self) -> bool:
-        """Whether the rewritten graph runs, so that a failure is blamed on the rewrite."""
-        return self.mode is Mode.REWRITTEN
-
-    @property
-    def runs_script_graph(self) -> bool:
-        """Whether the script's own session runs every call (no shadow is left)."""
-        return self.mode is Mode.SCRIPT_GRAPH
+        # Read on every step, so kept as plain flags; only _move sets them.
+        self.is_rewritten = True  # the rewritten graph runs: a failure is blamed on the rewrite
+        self.runs_script_graph = False  # the script's own session runs every call (no shadow is left)
 
     def blames_rewrite(self, exc: BaseException) -> bool:
         """Whether ``exc``, raised by a run now, is the rewrite's failure rather than the script's."""
-        return self.mode is Mode.REWRITTEN and type(exc).__name__ not in SCRIPT_ERRORS
+        return self.is_rewritten and type(exc).__name__ not in SCRIPT_ERRORS
 
     def try_float32(self, reason: str) -> None:
         """A call that failed on the rewritten graph is retried in float32."""
@@ -80,6 +73,8 @@ class FallbackState:
         if self.mode not in allowed_from:
             raise RuntimeError(f"session fallback: no transition from {self.mode.name} to {mode.name}")
         self.mode = mode
+        self.is_rewritten = mode is Mode.REWRITTEN
+        self.runs_script_graph = mode is Mode.SCRIPT_GRAPH
 
 
 # Lines of TensorFlow's error messages that say nothing about the error itself.

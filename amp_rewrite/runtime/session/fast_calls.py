@@ -2,7 +2,7 @@
 
 A call whose fetches are tensors/ops (alone, or a list or tuple of them) and
 whose feeds are tensors of numpy values gets a :class:`FastCall` on its
-second run, keyed by the identity of those objects (its :class:`CallKey`):
+second run, keyed by the identity of those objects (its :data:`CallKey`):
 later such calls skip TensorFlow's fetch mapping and feed parsing and run a
 callable made once in the shadow session.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeAlias
 
 import numpy as np
 
@@ -30,26 +30,22 @@ MAX_FAST_CALLS = 256
 _FAST_FEED_TYPES = (np.ndarray, np.generic, float, bool)
 
 
-class CallKey(NamedTuple):
-    """The identity of a call's fetch elements and feed keys (not of a container the script may change).
-
-    Attributes:
-        fetches: the id of a single fetch, or the sequence's type followed by the id of each fetch.
-        feeds: the id of each feed key, in feed order.
-    """
-
-    fetches: object
-    feeds: tuple
+# The identity of a call's fetch elements and feed keys (not of a container the
+# script may change): the id of a single fetch, or the sequence's type followed by
+# the id of each fetch; then the id of each feed key, in feed order. A plain
+# tuple: it is made on every step and only ever hashed, and a NamedTuple would
+# cost that step several times as much to make.
+CallKey: TypeAlias = tuple[object, tuple]
 
 
 def call_key(fetches, feed_dict) -> CallKey:
-    """The :class:`CallKey` of a ``run(fetches, feed_dict)`` call."""
+    """The :data:`CallKey` of a ``run(fetches, feed_dict)`` call."""
     kind = type(fetches)
     if kind is list or kind is tuple:
         fetch_key: object = (kind, *map(id, fetches))
     else:
         fetch_key = id(fetches)
-    return CallKey(fetch_key, tuple(map(id, feed_dict)) if feed_dict else ())
+    return fetch_key, tuple(map(id, feed_dict)) if feed_dict else ()
 
 
 class FastFeed(NamedTuple):
@@ -121,7 +117,7 @@ class FastCall:
 
 
 class FastCalls:
-    """The fast calls resolved on one shadow, by :class:`CallKey`."""
+    """The fast calls resolved on one shadow, by :data:`CallKey`."""
 
     def __init__(self):
         self._calls: dict[CallKey, FastCall] = {}
