@@ -3,6 +3,7 @@
 import amp_rewrite
 from amp_rewrite.errors import AmpRewriteError, RuntimeRewriteError, first_line
 from amp_rewrite.runtime import session
+from amp_rewrite.runtime.session import fallback
 
 
 def test_the_runtime_error_is_one_class_under_the_package_base():
@@ -29,7 +30,7 @@ def test_a_tensorflow_error_line_names_the_message_and_the_node():
     text = ("Graph execution error:\n\nDetected at node 'dense/MatMul' defined at (most recent call last):\n"
             "Node: 'dense/MatMul'\nMatrix size-incompatible: In[0]: [2,3], In[1]: [4,5]\n"
             "\t [[{{node dense/MatMul}}]]")
-    error_line = session._error_line  # pylint: disable=protected-access
+    error_line = fallback.error_line
     assert error_line(ValueError(text)) == (
         "ValueError: Matrix size-incompatible: In[0]: [2,3], In[1]: [4,5] (node dense/MatMul)")
     plain = ValueError("Matrix size-incompatible at node dense/MatMul\nmore")

@@ -146,7 +146,7 @@ def test_calls_resolved_before_the_graph_grew_see_the_new_shadow(amp_runtime):
 
 
 def test_values_that_need_the_general_path_do_not_resolve_the_call_again(amp_runtime, monkeypatch):
-    from amp_rewrite.runtime import session as session_module
+    from amp_rewrite.runtime.session import fast_calls as session_module
 
     resolved = []
     resolve = session_module._resolve_call

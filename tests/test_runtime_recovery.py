@@ -147,7 +147,7 @@ def test_the_end_of_the_input_is_not_blamed_on_the_rewrite(amp_runtime, monkeypa
         sess.run(w.initializer)
         sess.run(out), sess.run(out)
         copies = []
-        monkeypatch.setattr(type(runner(sess)), "_float32_copy", lambda self: copies.append(1))
+        monkeypatch.setattr(type(runner(sess).keeper), "_float32_copy", lambda self: copies.append(1))
         with pytest.raises(tf.errors.OutOfRangeError):
             sess.run(out)
         assert runner(sess).fallback_reason is None and not copies
@@ -201,7 +201,7 @@ def test_a_checkpoint_of_the_model_alone_restores_and_trains(amp_runtime, tmp_pa
 
 
 def test_a_graph_that_keeps_growing_stops_being_rewritten(amp_runtime, monkeypatch, caplog):
-    from amp_rewrite.runtime import session
+    from amp_rewrite.runtime.session import keeper as session
 
     monkeypatch.setattr(session, "MAX_REWRITES", 2)
     amp_runtime(RuntimeSettings(target="float16"))

@@ -11,8 +11,8 @@ from helpers import rng, tf1
 
 import amp_rewrite
 from amp_rewrite.op_lists import load_lists
-from amp_rewrite.runtime import session as session_module
 from amp_rewrite.runtime.session import CAST_BACK_SUFFIX, RUNNER_ATTR, RuntimeRewriteError
+from amp_rewrite.runtime.session import keeper as session_module
 from amp_rewrite.runtime.settings import RuntimeSettings
 
 X = rng().normal(size=(4, 8)).astype(np.float32)

@@ -80,7 +80,7 @@ def main() -> None:
         sess.run(fetches, feed)
         runner = getattr(sess, RUNNER_ATTR)
         plan = list(runner.plans.values())[-1]  # the training step's, made last
-        shadow_feed = {plan.feeds[t.name][0]: v for t, v in feed.items()}
+        shadow_feed = {plan.feeds[t.name].tensor: v for t, v in feed.items()}
         options = config_pb2.CallableOptions(
             feed=[t.name for t in shadow_feed],
             fetch=[e.name for e in plan.fetches if hasattr(e, "dtype")],
@@ -119,7 +119,7 @@ def main() -> None:
 def patch_python_work(sess, fetches, feed) -> float:
     """Microseconds per patched ``sess.run`` with the shadow step replaced by its recorded values."""
     runner = getattr(sess, RUNNER_ATTR)
-    (call,) = runner._calls.values()  # the one fast call the timed loop resolved
+    (call,) = runner.keeper.calls.values()  # the one fast call the timed loop resolved
     values = call.session._do_call(call.run, *[feed[t] for t in feed])
     real_run = call.run
     call.run = lambda *args: values

@@ -2,15 +2,16 @@
 
 A :class:`ShadowGraph` builds the shadow (the script's graph rewritten, or a
 float32 copy of it) and keeps it in step with the script's graph as ops are
-added. Running steps on it, and deciding when to rebuild or fall back, is
-:class:`~amp_rewrite.runtime.session.ShadowRunner`'s work.
+added. Deciding when to rebuild it or fall back is
+:class:`~amp_rewrite.runtime.session.keeper.ShadowKeeper`'s work, running
+steps on it :class:`~amp_rewrite.runtime.session.runner.ShadowRunner`'s.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -27,6 +28,25 @@ SHADOW_ATTR = "_amp_rewrite_is_shadow"
 CAST_BACK_SUFFIX = "CastBack-AmpRewrite"
 COPY_SCOPE = "Copy-AmpRewrite"
 VARIABLE_OPS = ("VarHandleOp", "VariableV2", "Variable")
+
+
+class ShadowState(NamedTuple):
+    """One shadow as :meth:`ShadowGraph.use` makes it current.
+
+    Attributes:
+        graph, session: the shadow ``tf.Graph`` and the ``Session`` that runs it.
+        imported: names of the script's ops the shadow holds.
+        version: the script graph's version the shadow is current with.
+        cast_back: per script tensor name, the shadow's cast back to the script's dtype.
+        control_proxies: per script op name without outputs, a tensor that runs after it.
+    """
+
+    graph: Any
+    session: Any
+    imported: set
+    version: int
+    cast_back: dict
+    control_proxies: dict
 
 
 class ShadowGraph:
@@ -57,17 +77,16 @@ class ShadowGraph:
         self.rewrites = 0
         self.result: Any = None
 
-    def state(self) -> tuple:
-        """The arguments :meth:`use` takes to make this shadow current again."""
-        return (self.graph, self.session, self.imported, self.version, self.cast_back,
-                self.control_proxies)
+    def state(self) -> ShadowState:
+        """This shadow, as :meth:`use` takes it to make it current again."""
+        return ShadowState(self.graph, self.session, self.imported, self.version, self.cast_back,
+                           self.control_proxies)
 
-    def use(self, graph, session, imported, version, cast_back=None, control_proxies=None) -> None:
-        """Makes ``graph`` and ``session`` the shadow; it holds the script ops ``imported`` at ``version``."""
-        self.graph, self.session = graph, session
-        self.imported, self.version = imported, version
-        self.cast_back = {} if cast_back is None else cast_back
-        self.control_proxies = {} if control_proxies is None else control_proxies
+    def use(self, state: ShadowState) -> None:
+        """Makes ``state``'s graph and session the shadow."""
+        self.graph, self.session = state.graph, state.session
+        self.imported, self.version = state.imported, state.version
+        self.cast_back, self.control_proxies = state.cast_back, state.control_proxies
 
     def discard(self) -> None:
         """Closes the session and forgets the shadow (the script's own session runs from now on)."""
@@ -104,7 +123,7 @@ class ShadowGraph:
         if old_session is not None:
             copied = copy_variables(old_session, self.graph, shadow_session, shadow)
             logger.debug("copied %d variables into the new rewritten graph", copied)
-        self.use(shadow, shadow_session, {node.name for node in graph_def.node}, version)
+        self.use(_fresh_state(shadow, shadow_session, graph_def, version))
         if old_session is not None:
             old_session.close()
         self.result = result
@@ -112,10 +131,10 @@ class ShadowGraph:
         self.rewrites += 1
         return result, _target_reason(config.target)
 
-    def float32_copy(self, *, has_run: bool) -> tuple:
+    def float32_copy(self, *, has_run: bool) -> ShadowState:
         """The script's graph as it is, in a new graph and session holding this shadow's variables.
 
-        Returns the arguments :meth:`use` takes; the copy is not made current.
+        Returns the copy as :meth:`use` takes it; it is not made current.
         When the variables cannot be copied, the copy is closed and the error
         raised if the shadow ``has_run`` (it holds trained values), else ignored.
         """
@@ -130,7 +149,7 @@ class ShadowGraph:
                 shadow_session.close()
                 raise
             logger.debug("the rewritten graph never ran; its variables are not copied")
-        return shadow, shadow_session, {node.name for node in graph_def.node}, version
+        return _fresh_state(shadow, shadow_session, graph_def, version)
 
     def new_ops_convert(self) -> bool:
         """Whether an op added to the script's graph since the last import is on the allow list."""
@@ -246,6 +265,11 @@ class ShadowGraph:
             with open(f"{stem}_{label}.pb", "wb") as f:
                 f.write(graph_def.SerializeToString(deterministic=True))
         logger.debug("wrote %s_{before,after}.pb", stem)
+
+
+def _fresh_state(graph, session, graph_def, version: int) -> ShadowState:
+    """A shadow just imported from ``graph_def``: no casts back or control proxies yet."""
+    return ShadowState(graph, session, {node.name for node in graph_def.node}, version, {}, {})
 
 
 def _target_reason(target: str) -> str:

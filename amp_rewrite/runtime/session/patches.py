@@ -1,0 +1,110 @@
+"""The ``Session`` patches: each routes a session's calls to its :class:`ShadowRunner`.
+
+:func:`amp_rewrite.runtime.enable` installs these on ``BaseSession``; each
+takes the original method first (and, but for ``__init__`` and ``close``,
+the runtime settings), then the session and the method's own arguments.
+Shadow sessions, the ones the runtime makes, run unpatched.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, NamedTuple
+
+from amp_rewrite.runtime.session.runner import ShadowRunner
+from amp_rewrite.runtime.settings import RuntimeSettings
+from amp_rewrite.runtime.shadow_graph import SHADOW_ATTR
+
+# One logger for the whole package: its lines keep the name they have always had.
+logger = logging.getLogger(__package__)
+
+RUNNER_ATTR = "_amp_rewrite_runner"
+SESSION_ARGS_ATTR = "_amp_rewrite_session_args"
+
+
+class SessionArgs(NamedTuple):
+    """What a session was made with that its shadow sessions are made with too."""
+
+    target: str = ""
+    config: Any = None
+
+
+def runner_for(session, settings: RuntimeSettings) -> ShadowRunner | None:
+    """The session's runner, created on first use; None for shadow sessions."""
+    if getattr(session, SHADOW_ATTR, False):
+        return None
+    runner = getattr(session, RUNNER_ATTR, None)
+    if runner is None:
+        args = getattr(session, SESSION_ARGS_ATTR, SessionArgs())
+        runner = ShadowRunner(session.graph, settings, args.target, args.config)
+        setattr(session, RUNNER_ATTR, runner)
+    return runner
+
+
+def patched_init(original, session, target="", graph=None, config=None, *args, **kwargs):
+    setattr(session, SESSION_ARGS_ATTR, SessionArgs(target, config))
+    return original(session, target, graph, config, *args, **kwargs)
+
+
+def patched_run(original, settings, session, fetches, feed_dict=None, options=None,
+                run_metadata=None):
+    runner = runner_for(session, settings)
+    if runner is None:
+        return original(session, fetches, feed_dict, options, run_metadata)
+    return runner.run(original, session, fetches, feed_dict, options, run_metadata)
+
+
+def patched_make_callable(original, settings, session, fetches, feed_list=None,
+                          accept_options=False):
+    """A callable that goes through ``run``, so it runs the shadow graph too."""
+    if getattr(session, SHADOW_ATTR, False):
+        return original(session, fetches, feed_list, accept_options)
+    feed_list = list(feed_list or [])
+
+    def call(*args, options=None, run_metadata=None):
+        if len(args) != len(feed_list):
+            raise TypeError(f"expected {len(feed_list)} feeds, got {len(args)}")
+        if not accept_options and (options is not None or run_metadata is not None):
+            raise TypeError("this callable was made without accept_options=True")
+        return session.run(fetches, dict(zip(feed_list, args)), options, run_metadata)
+
+    return call
+
+
+def patched_make_callable_from_options(original, settings, session, callable_options):
+    """The raw-callable API (used by Keras in graph mode), routed through ``run``."""
+    if getattr(session, SHADOW_ATTR, False):
+        return original(session, callable_options)
+    if callable_options.tensor_connection:
+        logger.warning("amp-rewrite: a callable with tensor connections runs the float32 graph")
+        return original(session, callable_options)
+    fetches = list(callable_options.fetch)
+    targets = list(callable_options.target)
+    feeds = list(callable_options.feed)
+
+    def call(*args, run_metadata=None):
+        values = session.run(fetches + targets, dict(zip(feeds, args)), None, run_metadata)
+        return values[:len(fetches)]
+
+    return call
+
+
+def patched_partial_run_setup(original, settings, session, fetches, feeds=None):
+    runner = runner_for(session, settings)
+    if runner is None:
+        return original(session, fetches, feeds)
+    return runner.partial_run_setup(original, session, fetches, feeds)
+
+
+def patched_partial_run(original, settings, session, handle, fetches, feed_dict=None):
+    runner = runner_for(session, settings)
+    if runner is None:
+        return original(session, handle, fetches, feed_dict)
+    return runner.partial_run(original, session, handle, fetches, feed_dict)
+
+
+def patched_close(original, session):
+    runner = getattr(session, RUNNER_ATTR, None)
+    if runner is not None:
+        runner.close()
+    return original(session)
