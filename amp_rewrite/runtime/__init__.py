@@ -38,13 +38,13 @@ from amp_rewrite import tf_internals
 from amp_rewrite.runtime import multi_worker
 from amp_rewrite.runtime.core import Runtime
 from amp_rewrite.runtime.ledger import LEDGER
-from amp_rewrite.runtime.settings import LossScaleSettings, RuntimeSettings
+from amp_rewrite.runtime.settings import RuntimeSettings, scales_loss
 from amp_rewrite.runtime.target import TargetChoice, choose_target
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["RuntimeSettings", "TargetChoice", "current_settings", "current_target", "disable", "enable",
-           "is_enabled", "target_choice"]
+           "is_enabled", "scales_loss", "target_choice"]
 
 
 # Names of the runtime's entries in the ledger.
@@ -140,7 +140,7 @@ def _install(active: Runtime) -> None:
     _note_untested_tensorflow()
     try:
         if tf_internals.usable(_tf1_capabilities(settings), "TF1 sessions", is_strict=settings.is_strict):
-            for name, owner, attr, replacement in _patch_table(settings):
+            for name, owner, attr, replacement in _patch_table(active):
                 LEDGER.install(name, owner, attr, replacement)
         if tf_internals.usable(_tf2_capabilities(settings), "tf.function traces", is_strict=settings.is_strict):
             _install_tf2_patches(active)
@@ -161,19 +161,6 @@ def _follow_job(active: Runtime, choice: TargetChoice, settings: RuntimeSettings
             _install(active)
 
 
-def scales_loss(settings: RuntimeSettings) -> bool:
-    """Whether optimizers get loss scaling: float16 always; bfloat16 only when asked.
-
-    bfloat16 has float32's exponent range, so gradients need no scaling; an
-    ``AMP_LOSS_SCALE`` in the environment (``is_asked``), or loss-scale
-    settings other than the defaults, ask for it anyway. A multi-worker job's
-    decision (``settings.is_loss_scaled``) overrides all of these.
-    """
-    if settings.is_loss_scaled is not None:
-        return settings.is_loss_scaled
-    return settings.target == "float16" or settings.loss_scale != LossScaleSettings()
-
-
 def _tf1_capabilities(settings: RuntimeSettings) -> list[tf_internals.Capability]:
     """What the TF1 patches need of TensorFlow's internals."""
     return [tf_internals.SESSIONS] + ([tf_internals.TF1_LOSS_SCALING] if scales_loss(settings) else [])
@@ -192,21 +179,22 @@ def _note_untested_tensorflow() -> None:
         logger.info("amp-rewrite: %s", sentence)
 
 
-def _patch_table(settings: RuntimeSettings):
+def _patch_table(active: Runtime):
     import tensorflow as tf
 
     from amp_rewrite.runtime import checkpoint, loss_scale, session
 
     base = tf_internals.base_session_class()
+    settings = active.settings
     scaling = settings.loss_scale
     table = [
         (SESSION, base, "__init__", session.patched_init),
-        (SESSION, base, "run", _bound(session.patched_run, settings)),
-        (SESSION, base, "make_callable", _bound(session.patched_make_callable, settings)),
+        (SESSION, base, "run", _bound(session.patched_run, active)),
+        (SESSION, base, "make_callable", _bound(session.patched_make_callable, active)),
         (SESSION, base, "_make_callable_from_options",
-         _bound(session.patched_make_callable_from_options, settings)),
-        (SESSION, base, "partial_run_setup", _bound(session.patched_partial_run_setup, settings)),
-        (SESSION, base, "partial_run", _bound(session.patched_partial_run, settings)),
+         _bound(session.patched_make_callable_from_options, active)),
+        (SESSION, base, "partial_run_setup", _bound(session.patched_partial_run_setup, active)),
+        (SESSION, base, "partial_run", _bound(session.patched_partial_run, active)),
         (SESSION, base, "close", session.patched_close),
     ]
     if scales_loss(settings):
@@ -228,14 +216,14 @@ def _install_tf2_patches(active: Runtime) -> None:
 
     tf_function.install(active)
     if scales_loss(active.settings):
-        tf2_loss_scale.install(active.settings)
+        tf2_loss_scale.install(active.settings, stop_tracing=tf_function.uninstall)
 
 
-def _bound(replacement, settings):
-    """``replacement(original, settings, ...)`` as a ``(original, ...)`` replacement."""
+def _bound(replacement, given):
+    """``replacement(original, given, ...)`` as a ``(original, ...)`` replacement."""
 
     def call(original, *args, **kwargs):
-        return replacement(original, settings, *args, **kwargs)
+        return replacement(original, given, *args, **kwargs)
 
     return call
 

@@ -52,7 +52,7 @@ from typing import Protocol
 from amp_rewrite import tf_internals
 from amp_rewrite.errors import RuntimeRewriteError, first_line
 from amp_rewrite.runtime.ledger import LEDGER
-from amp_rewrite.runtime.settings import LossScaleSettings, RuntimeSettings
+from amp_rewrite.runtime.settings import LossScaleSettings, RuntimeSettings, scales_loss
 from amp_rewrite.runtime.target import TargetChoice
 
 logger = logging.getLogger(__name__)
@@ -81,8 +81,6 @@ class Decision:
     @classmethod
     def of(cls, settings: RuntimeSettings, choice: TargetChoice) -> Decision:
         """The decision of the runtime's ``settings`` for the ``choice`` made on this machine."""
-        from amp_rewrite.runtime import scales_loss
-
         if choice.target is None:
             return cls()
         if not scales_loss(replace(settings, target=choice.target)):

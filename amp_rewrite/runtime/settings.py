@@ -208,3 +208,16 @@ def _parse(name, text, kind):
         return kind(text)
     except (ValueError, OverflowError):
         raise UsageError(f"{name}={text!r}: not a{'n integer' if kind is int else ' number'}") from None
+
+
+def scales_loss(settings: RuntimeSettings) -> bool:
+    """Whether optimizers get loss scaling: float16 always; bfloat16 only when asked.
+
+    bfloat16 has float32's exponent range, so gradients need no scaling; an
+    ``AMP_LOSS_SCALE`` in the environment (``is_asked``), or loss-scale
+    settings other than the defaults, ask for it anyway. A multi-worker job's
+    decision (``settings.is_loss_scaled``) overrides all of these.
+    """
+    if settings.is_loss_scaled is not None:
+        return settings.is_loss_scaled
+    return settings.target == "float16" or settings.loss_scale != LossScaleSettings()

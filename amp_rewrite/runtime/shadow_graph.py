@@ -16,11 +16,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from amp_rewrite import tf_internals
-from amp_rewrite.config import Config
 from amp_rewrite.graph_facts import parse_input, sinks
-from amp_rewrite.op_registry import default_device_type
 from amp_rewrite.runtime import loss_scale
-from amp_rewrite.runtime.settings import RuntimeSettings
+from amp_rewrite.runtime.core import Runtime
 
 logger = logging.getLogger(__name__)
 
@@ -60,10 +58,11 @@ class ShadowGraph:
     ``graph`` and ``session`` are None until :meth:`build` or :meth:`use`.
     """
 
-    def __init__(self, script_graph, settings: RuntimeSettings, session_target: str = "",
+    def __init__(self, script_graph, runtime: Runtime, session_target: str = "",
                  session_config: Any = None):
         self.script_graph = script_graph
-        self.settings = settings
+        self.runtime = runtime
+        self.settings = runtime.settings
         self.session_target = session_target
         self.session_config = session_config
         self.graph: Any = None
@@ -113,9 +112,7 @@ class ShadowGraph:
         """
         version = self.script_graph.version  # before the snapshot: later ops trigger an extension
         graph_def = self.script_graph.as_graph_def(add_shapes=True)
-        config = Config.from_env(preserve=tuple(sorted(fed)),
-                                 device_type=default_device_type(runs_here=True),
-                                 target=self._target(), **self.settings.rewrite_fields())
+        config = self.runtime.rewrite_config(preserve=tuple(sorted(fed)))
         result = rewrite(graph_def, fetches=sorted(set(fetched) | sinks(graph_def)), config=config)
         self._dump(config, graph_def, result.graph_def)
         shadow, shadow_session = self._import(result.graph_def)
@@ -129,7 +126,7 @@ class ShadowGraph:
         self.result = result
         self.allow = result.lists.allow  # the lists the rewrite used
         self.rewrites += 1
-        return result, _target_reason(config.target)
+        return result, self.runtime.target_reason
 
     def float32_copy(self, *, has_run: bool) -> ShadowState:
         """The script's graph as it is, in a new graph and session holding this shadow's variables.
@@ -206,13 +203,6 @@ class ShadowGraph:
         setattr(shadow_session, SHADOW_ATTR, True)
         return shadow, shadow_session
 
-    def _target(self) -> str:
-        if self.settings.target != "auto":
-            return self.settings.target
-        from amp_rewrite.runtime.target import choose_target
-
-        return choose_target().target or "float16"
-
     def _input_map(self, new_nodes, new_names) -> dict:
         """Existing shadow tensors for the delta's references to already imported nodes."""
         input_map = {}
@@ -270,15 +260,6 @@ class ShadowGraph:
 def _fresh_state(graph, session, graph_def, version: int) -> ShadowState:
     """A shadow just imported from ``graph_def``: no casts back or control proxies yet."""
     return ShadowState(graph, session, {node.name for node in graph_def.node}, version, {}, {})
-
-
-def _target_reason(target: str) -> str:
-    from amp_rewrite import runtime
-
-    choice = runtime.target_choice()
-    if choice is not None and choice.target == target:
-        return choice.reason
-    return f"{target} was requested"
 
 
 def copy_variables(source_session, source_graph, target_session, target_graph) -> int:

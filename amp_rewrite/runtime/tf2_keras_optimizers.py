@@ -13,6 +13,7 @@ Keras' own loss scaling is left alone, and nobody is scaled twice: a loss
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from amp_rewrite import tf_internals
 from amp_rewrite.runtime import tf2_loss_scale_state as shared
@@ -26,10 +27,11 @@ KERAS3_MODULE = tf_internals.KERAS3_LOSS_SCALE_MODULE
 TF_KERAS_MODULE = tf_internals.TF_KERAS_LOSS_SCALE_MODULE
 
 
-def patch_keras3(module) -> None:
+def patch_keras3(module, *, stop_tracing: Callable[[], None]) -> None:
     """Patches Keras 3's optimizers, once ``module`` (its loss-scale optimizer's) is imported."""
     with LEDGER.lock:
-        if not shared.loss_scaling_wanted() or not _has_keras_internals(tf_internals.KERAS3_OPTIMIZERS):
+        if not shared.loss_scaling_wanted() or \
+                not _has_keras_internals(tf_internals.KERAS3_OPTIMIZERS, stop_tracing):
             return
         backend, base = tf_internals.keras3_optimizer_parts()
         if backend.backend() != "tensorflow":
@@ -42,10 +44,11 @@ def patch_keras3(module) -> None:
     logger.debug("patched Keras 3 optimizers")
 
 
-def patch_tf_keras(module) -> None:
+def patch_tf_keras(module, *, stop_tracing: Callable[[], None]) -> None:
     """Patches tf_keras' optimizers, once ``module`` (its loss-scale optimizers') is imported."""
     with LEDGER.lock:
-        if not shared.loss_scaling_wanted() or not _has_keras_internals(tf_internals.TF_KERAS_OPTIMIZERS):
+        if not shared.loss_scaling_wanted() or \
+                not _has_keras_internals(tf_internals.TF_KERAS_OPTIMIZERS, stop_tracing):
             return
         LEDGER.install(shared.LEDGER_NAME, tf_internals.tf_keras_optimizer_class(), "apply_gradients",
                        _guarded_tf_keras_apply_gradients)
@@ -55,17 +58,16 @@ def patch_tf_keras(module) -> None:
     logger.debug("patched tf_keras optimizers")
 
 
-def _has_keras_internals(capability: tf_internals.Capability) -> bool:
+def _has_keras_internals(capability: tf_internals.Capability, stop_tracing: Callable[[], None]) -> bool:
     """Whether Keras has what the guarded apply needs; if not, new traces run float32 (strict: raise).
 
     Without the guard a step whose scaled gradients overflow would be
-    applied, so the tf.function hook stops rewriting rather than train on infs.
+    applied, so ``stop_tracing`` turns the tf.function hook off rather than
+    train on infs.
     """
-    from amp_rewrite.runtime import tf_function
-
     if tf_internals.usable([capability], "tf.function traces", is_strict=shared.is_strict()):
         return True
-    tf_function.uninstall()
+    stop_tracing()
     return False
 
 

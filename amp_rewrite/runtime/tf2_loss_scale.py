@@ -54,6 +54,9 @@ the patches share: the settings, the state and the step contexts.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import _amp_rewrite_import_hook as import_hook
 from amp_rewrite.runtime import tf2_keras_optimizers, tf2_tape
 from amp_rewrite.runtime.ledger import LEDGER
@@ -76,8 +79,13 @@ __all__ = ["LEDGER_NAME", "check_traced", "has_guarded_apply", "has_state", "ins
            "loss_scaling_wanted", "settings", "state"]
 
 
-def install(runtime_settings: RuntimeSettings) -> None:
+def install(runtime_settings: RuntimeSettings, *, stop_tracing: Callable[[], None] = lambda: None) -> None:
     """Patches the tape now and Keras' optimizers once their modules are imported.
+
+    ``stop_tracing`` is called when Keras lacks a part its guarded apply
+    needs: new traces must then run float32 rather than apply steps whose
+    scaled gradients overflowed (the runtime passes the tracing hook's
+    :func:`~amp_rewrite.runtime.tf_function.uninstall`).
 
     Every change goes into the runtime's ledger, which undoes it on
     :func:`amp_rewrite.disable`: the methods are restored, and the state
@@ -97,7 +105,8 @@ def install(runtime_settings: RuntimeSettings) -> None:
                       _remove_keras_hooks)
         for module, patch in ((KERAS3_MODULE, tf2_keras_optimizers.patch_keras3),
                               (TF_KERAS_MODULE, tf2_keras_optimizers.patch_tf_keras)):
-            import_hook.after_import(patch, owner=import_hook.RUNTIME, name=module,
+            import_hook.after_import(functools.partial(patch, stop_tracing=stop_tracing), owner=import_hook.RUNTIME,
+                                     name=module,
                                      is_strict=lambda: runtime_settings.is_strict)
 
 

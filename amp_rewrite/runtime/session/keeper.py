@@ -16,10 +16,10 @@ import threading
 from amp_rewrite.errors import RuntimeRewriteError
 from amp_rewrite.graph_facts import node_name
 from amp_rewrite.pipeline import rewrite
+from amp_rewrite.runtime.core import Runtime
 from amp_rewrite.runtime.session.fallback import FallbackState, error_line
 from amp_rewrite.runtime.session.fast_calls import FastCalls
 from amp_rewrite.runtime.session.plans import PlanKey, RunPlan, make_plan
-from amp_rewrite.runtime.settings import RuntimeSettings
 from amp_rewrite.runtime.shadow_graph import ShadowGraph, ShadowState
 
 # One logger for the whole package: its lines keep the name they have always had.
@@ -42,11 +42,11 @@ class ShadowKeeper:
         has_run: the rewritten graph ran a step (its variables hold trained values).
     """
 
-    def __init__(self, graph, settings: RuntimeSettings, target: str = "", config=None):
+    def __init__(self, graph, runtime: Runtime, target: str = "", config=None):
         self.graph = graph
-        self.settings = settings
+        self.settings = runtime.settings
         self.lock = threading.RLock()
-        self.shadow = ShadowGraph(graph, settings, target, config)
+        self.shadow = ShadowGraph(graph, runtime, target, config)
         self.fallback = FallbackState()
         self.plans: dict[PlanKey, RunPlan] = {}
         self.calls = FastCalls()

@@ -2,7 +2,7 @@
 
 :func:`amp_rewrite.runtime.enable` installs these on ``BaseSession``; each
 takes the original method first (and, but for ``__init__`` and ``close``,
-the runtime settings), then the session and the method's own arguments.
+the :class:`~amp_rewrite.runtime.core.Runtime`), then the session and the method's own arguments.
 Shadow sessions, the ones the runtime makes, run unpatched.
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 from typing import Any, NamedTuple
 
+from amp_rewrite.runtime.core import Runtime
 from amp_rewrite.runtime.session.runner import ShadowRunner
-from amp_rewrite.runtime.settings import RuntimeSettings
 from amp_rewrite.runtime.shadow_graph import SHADOW_ATTR
 
 # One logger for the whole package: its lines keep the name they have always had.
@@ -29,14 +29,14 @@ class SessionArgs(NamedTuple):
     config: Any = None
 
 
-def runner_for(session, settings: RuntimeSettings) -> ShadowRunner | None:
+def runner_for(session, runtime: Runtime) -> ShadowRunner | None:
     """The session's runner, created on first use; None for shadow sessions."""
     if getattr(session, SHADOW_ATTR, False):
         return None
     runner = getattr(session, RUNNER_ATTR, None)
     if runner is None:
         args = getattr(session, SESSION_ARGS_ATTR, SessionArgs())
-        runner = ShadowRunner(session.graph, settings, args.target, args.config)
+        runner = ShadowRunner(session.graph, runtime, args.target, args.config)
         setattr(session, RUNNER_ATTR, runner)
     return runner
 
@@ -46,15 +46,15 @@ def patched_init(original, session, target="", graph=None, config=None, *args, *
     return original(session, target, graph, config, *args, **kwargs)
 
 
-def patched_run(original, settings, session, fetches, feed_dict=None, options=None,
+def patched_run(original, runtime, session, fetches, feed_dict=None, options=None,
                 run_metadata=None):
-    runner = runner_for(session, settings)
+    runner = runner_for(session, runtime)
     if runner is None:
         return original(session, fetches, feed_dict, options, run_metadata)
     return runner.run(original, session, fetches, feed_dict, options, run_metadata)
 
 
-def patched_make_callable(original, settings, session, fetches, feed_list=None,
+def patched_make_callable(original, runtime, session, fetches, feed_list=None,
                           accept_options=False):
     """A callable that goes through ``run``, so it runs the shadow graph too."""
     if getattr(session, SHADOW_ATTR, False):
@@ -71,7 +71,7 @@ def patched_make_callable(original, settings, session, fetches, feed_list=None,
     return call
 
 
-def patched_make_callable_from_options(original, settings, session, callable_options):
+def patched_make_callable_from_options(original, runtime, session, callable_options):
     """The raw-callable API (used by Keras in graph mode), routed through ``run``."""
     if getattr(session, SHADOW_ATTR, False):
         return original(session, callable_options)
@@ -89,15 +89,15 @@ def patched_make_callable_from_options(original, settings, session, callable_opt
     return call
 
 
-def patched_partial_run_setup(original, settings, session, fetches, feeds=None):
-    runner = runner_for(session, settings)
+def patched_partial_run_setup(original, runtime, session, fetches, feeds=None):
+    runner = runner_for(session, runtime)
     if runner is None:
         return original(session, fetches, feeds)
     return runner.partial_run_setup(original, session, fetches, feeds)
 
 
-def patched_partial_run(original, settings, session, handle, fetches, feed_dict=None):
-    runner = runner_for(session, settings)
+def patched_partial_run(original, runtime, session, handle, fetches, feed_dict=None):
+    runner = runner_for(session, runtime)
     if runner is None:
         return original(session, handle, fetches, feed_dict)
     return runner.partial_run(original, session, handle, fetches, feed_dict)

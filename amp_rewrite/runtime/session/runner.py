@@ -16,6 +16,7 @@ from typing import Any
 
 from amp_rewrite import tf_internals
 from amp_rewrite.errors import RuntimeRewriteError
+from amp_rewrite.runtime.core import Runtime
 from amp_rewrite.runtime.session.keeper import ShadowKeeper
 from amp_rewrite.runtime.session.loss_scale_log import LossScaleLog
 from amp_rewrite.runtime.session.plans import (
@@ -29,7 +30,6 @@ from amp_rewrite.runtime.session.plans import (
     to_script,
     to_shadow,
 )
-from amp_rewrite.runtime.settings import RuntimeSettings
 
 # One logger for the whole package: its lines keep the name they have always had.
 logger = logging.getLogger(__package__)
@@ -43,10 +43,10 @@ class ShadowRunner:
     the plans and fast calls made on it, and the fallback state.
     """
 
-    def __init__(self, graph, settings: RuntimeSettings, target: str = "", config: Any = None):
+    def __init__(self, graph, runtime: Runtime, target: str = "", config: Any = None):
         self.graph = graph
-        self.settings = settings
-        self.keeper = ShadowKeeper(graph, settings, target, config)
+        self.settings = settings = runtime.settings
+        self.keeper = ShadowKeeper(graph, runtime, target, config)
         self._log = LossScaleLog(every=settings.loss_scale.log_every)
         if settings.profile_after is not None:
             from amp_rewrite.runtime.profile import watch_session
