@@ -111,7 +111,7 @@ class RuntimeSettings:
         tune_cache_dir: where timings are kept (None: the user cache directory).
         tune_batch: the size an unknown batch dimension is timed at (0: not timed).
         is_loss_scaled: None: loss scaling as the target and loss-scale
-            settings ask (:func:`amp_rewrite.runtime.scales_loss`); True or
+            settings ask (:func:`amp_rewrite.runtime.settings.scales_loss`); True or
             False: as a multi-worker job decided for every worker.
         peer_wait_seconds: how long a worker of a multi-worker job waits for
             the other workers' settings (:mod:`amp_rewrite.runtime.multi_worker`).

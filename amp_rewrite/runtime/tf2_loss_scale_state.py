@@ -110,7 +110,7 @@ def loss_scaling_wanted() -> bool:
     """The one switch of TF2 loss scaling: its patches are installed.
 
     The runtime installs them only when its target wants loss scaling
-    (:func:`amp_rewrite.runtime.scales_loss`): always for float16; for
+    (:func:`amp_rewrite.runtime.settings.scales_loss`): always for float16; for
     bfloat16, whose range is float32's, only when loss-scale settings ask.
     """
     return _PATCHES.settings is not None
