@@ -521,7 +521,13 @@ def test_signal_while_writing_leaves_no_partial_file(capsys, tmp_path, good, mon
         os.kill(os.getpid(), signum)
 
     monkeypatch.setattr(graph_io.Outputs, "add_file", add_then_signal)
-    refused(capsys, tmp_path, code, word, good, out, "--device-type", "CPU")
+    # A suite started in the background (`cmd &` in a script) inherits SIGINT ignored, and Python then
+    # leaves it ignored; what a user's Ctrl-C does is what Python does by default.
+    previous_sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        refused(capsys, tmp_path, code, word, good, out, "--device-type", "CPU")
+    finally:
+        signal.signal(signal.SIGINT, previous_sigint)
     assert out.read_bytes() == b"previous"
 
 
