@@ -329,7 +329,8 @@ def test_the_runtime_reads_its_tuning_switches_once(monkeypatch, amp_runtime):
 
     assert RuntimeSettings.from_env({}).is_tuning is False
     settings = RuntimeSettings.from_env({"AMP_REWRITE_TUNE": "1", "AMP_REWRITE_TUNE_BUDGET": "7.5",
-                                         "AMP_REWRITE_TUNE_CACHE": "/somewhere", "AMP_REWRITE_TUNE_BATCH": "16"})
+                                         "AMP_REWRITE_TUNE_CACHE": "/somewhere", "AMP_REWRITE_TUNE_BATCH": "16",
+                                         "AMP_REWRITE_TARGET": "float16"})  # rewriting here, whatever the CPU
     assert (settings.is_tuning, settings.tune_budget_seconds, settings.tune_cache_dir, settings.tune_batch) == (
         True, 7.5, "/somewhere", 16)
     with pytest.raises(UsageError, match="AMP_REWRITE_TUNE_BUDGET='soon': not a number"):

@@ -117,13 +117,11 @@ def current_target() -> str | None:
 
 def _apply_patches(active: Runtime) -> None:
     """Chooses the target and gives ``active`` to every installer (once TensorFlow is imported)."""
-    from amp_rewrite.op_registry import default_device_type
-
     with LEDGER.lock:
         if active is not _ACTIVE or active.choice is not None:
             return  # disabled meanwhile, or patched already
         choice = choose_target(active.requested.target)
-        active.choose(choice, device_type=default_device_type(runs_here=True))
+        active.choose(choice)
         # Installed whatever this machine chose: under a multi-worker strategy the job's decision may differ.
         multi_worker.install(active.requested, choice, lambda choice, settings: _follow_job(active, choice, settings))
         if active.target is None:
@@ -151,12 +149,10 @@ def _install(active: Runtime) -> None:
 
 def _follow_job(active: Runtime, choice: TargetChoice, settings: RuntimeSettings) -> None:
     """Runs a multi-worker job's decision instead of this machine's: ``choice`` (None: float32), ``settings``."""
-    from amp_rewrite.op_registry import default_device_type
-
     with LEDGER.lock:
         LEDGER.uninstall_all(keep=multi_worker.LEDGER_NAME)
         active.requested = settings
-        active.choose(choice, device_type=default_device_type(runs_here=True))
+        active.choose(choice)
         if choice.target is not None:
             _install(active)
 

@@ -2,9 +2,12 @@
 
 :func:`amp_rewrite.runtime.enable` makes one :class:`Runtime` from the
 settings (read from the environment once, or given); when TensorFlow is
-imported the target is chosen for the machine and the rewrites' base
-:class:`amp_rewrite.Config` is read, once, from TensorFlow's
-``TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_*`` variables. The installers are
+imported the target is chosen for the machine; the rewrites' base
+:class:`amp_rewrite.Config` is read once, at the first rewrite, from
+TensorFlow's ``TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_*`` variables. (Not
+when TensorFlow is imported: asking TensorFlow for its devices then would
+start its eager context before a TF1 script's
+``tf.compat.v1.disable_eager_execution()``, which must come first.) The installers are
 given this value; none of the runtime's modules reaches back into the
 runtime package for its settings. :func:`amp_rewrite.runtime.disable` drops
 it.
@@ -26,20 +29,17 @@ class Runtime:
     Attributes:
         requested: the settings it was enabled with (the target may be ``auto``).
         choice: the target chosen for this process and why; None until TensorFlow is imported.
-        base_config: the rewrites' configuration, read when the target was chosen.
+        base_config: the rewrites' configuration, read at the first rewrite.
     """
 
     requested: RuntimeSettings
     choice: TargetChoice | None = None
     base_config: Config | None = None
 
-    def choose(self, choice: TargetChoice, *, device_type: str) -> None:
-        """Records the target chosen; with one, reads the rewrites' configuration for ``device_type``."""
+    def choose(self, choice: TargetChoice) -> None:
+        """Records the target chosen (again, when a multi-worker job decides otherwise)."""
         self.choice = choice
-        if choice.target is not None:
-            config = Config.from_env(device_type=device_type, target=choice.target, **self.requested.rewrite_fields())
-            # strict mode promises the postconditions, however the settings were given
-            self.base_config = replace(config, is_checking=config.is_checking or self.requested.is_strict)
+        self.base_config = None
 
     @property
     def target(self) -> str | None:
@@ -58,7 +58,15 @@ class Runtime:
         return self.choice.reason if self.choice is not None else f"{self.requested.target} was requested"
 
     def rewrite_config(self, **fields) -> Config:
-        """The base configuration with ``fields`` replaced (a fetch set, a device type, ...)."""
+        """The base configuration, for the device type graphs run on here, with ``fields`` replaced."""
         if self.base_config is None:
-            raise RuntimeError("the runtime has no target yet: TensorFlow is not imported or scripts run float32")
+            from amp_rewrite.op_registry import default_device_type
+
+            target = self.target
+            if target is None:
+                raise RuntimeError("the runtime has no half target: TensorFlow is not imported or scripts run float32")
+            config = Config.from_env(device_type=default_device_type(runs_here=True), target=target,
+                                     **self.requested.rewrite_fields())
+            # strict mode promises the postconditions, however the settings were given
+            self.base_config = replace(config, is_checking=config.is_checking or self.requested.is_strict)
         return replace(self.base_config, **fields)
