@@ -279,8 +279,6 @@ def test_disable_puts_back_every_attribute_enable_patched():
     from tensorflow.python.training import optimizer, saver
     from tensorflow.python.training.experimental import loss_scale_optimizer as tf1_lso
 
-    from amp_rewrite.runtime.ledger import LEDGER
-
     patched = {
         session.BaseSession: {"__init__", "run", "make_callable", "_make_callable_from_options",
                               "partial_run_setup", "partial_run", "close"},
@@ -302,7 +300,8 @@ def test_disable_puts_back_every_attribute_enable_patched():
                 assert changed == attrs, owner
                 assert all(vars(owner)[a].__wrapped__ is before[owner][a] for a in attrs)
             assert len(transform.CONCRETE_FUNCTION_CALLBACKS) == len(callbacks) + 1
-            where = {e.where for e in LEDGER.installed()}
+            where = {e.where for e in runtime.installed_changes()}
+            ledger = runtime._ACTIVE.ledger  # pylint: disable=protected-access
             assert {f"{o.__qualname__}.{a}" for o, attrs in patched.items() for a in attrs} <= where
         finally:
             amp_rewrite.disable()
@@ -310,4 +309,4 @@ def test_disable_puts_back_every_attribute_enable_patched():
             assert vars(owner).keys() == before[owner].keys()
             assert all(vars(owner)[k] is v for k, v in before[owner].items()), owner
         assert transform.CONCRETE_FUNCTION_CALLBACKS == callbacks and sys.meta_path == meta_path
-        assert LEDGER.installed() == [] and not runtime.is_enabled()
+        assert ledger.installed() == [] and not runtime.is_enabled()

@@ -18,7 +18,6 @@ from fixtures.harness import Script, free_ports, run_scripts
 from amp_rewrite import runtime
 from amp_rewrite.errors import RuntimeRewriteError
 from amp_rewrite.runtime import multi_worker
-from amp_rewrite.runtime.ledger import LEDGER
 from amp_rewrite.runtime.multi_worker import (
     FLOAT32,
     VERDICT_KEY,
@@ -283,7 +282,7 @@ def test_the_agreement_is_installed_even_when_this_machine_runs_float32(monkeypa
     try:
         runtime.enable(settings=RuntimeSettings())
         assert runtime.current_target() is None and not runtime.is_enabled()
-        assert [e.where for e in LEDGER.installed()] == ["CollectiveAllReduceStrategy.__init__"]
+        assert [e.where for e in runtime.installed_changes()] == ["CollectiveAllReduceStrategy.__init__"]
         assert tf.distribute.MultiWorkerMirroredStrategy.__init__.__wrapped__ is original
     finally:
         runtime.disable()
@@ -291,22 +290,22 @@ def test_the_agreement_is_installed_even_when_this_machine_runs_float32(monkeypa
 
 
 def test_following_the_job_swaps_the_runtimes_patches(monkeypatch):
-    from amp_rewrite.runtime import tf2_loss_scale
-
     runtime.disable()
     try:
         runtime.enable(settings=RuntimeSettings(target="bfloat16"))
-        assert not tf2_loss_scale.loss_scaling_wanted()
+        ledger = runtime._ACTIVE.ledger
+        assert runtime.loss_scaling() is None
         job = Decision("float16", DYNAMIC)
         runtime._follow_job(runtime._ACTIVE, TargetChoice("float16", "the job"),
                             job.settings_for(runtime.current_settings()))
-        assert runtime.current_target() == "float16" and tf2_loss_scale.loss_scaling_wanted()
+        assert runtime.current_target() == "float16" and runtime.loss_scaling() is not None
         runtime._follow_job(runtime._ACTIVE, TargetChoice(None, "the job"), runtime.current_settings())
         assert runtime.current_target() is None and not runtime.is_enabled()
-        assert [e.name for e in LEDGER.installed()] == [multi_worker.LEDGER_NAME]
+        assert runtime.loss_scaling() is None
+        assert [e.name for e in runtime.installed_changes()] == [multi_worker.LEDGER_NAME]
     finally:
         runtime.disable()
-    assert LEDGER.installed() == []
+    assert ledger.installed() == []
 
 
 def test_a_tensorflow_without_the_store_runs_every_worker_float32_with_one_line(coordinated, monkeypatch, caplog):

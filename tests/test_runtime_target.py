@@ -176,12 +176,12 @@ def test_float16_keeps_dynamic_loss_scaling(amp_runtime):
 def test_tf2_loss_scaling_is_installed_only_for_float16(amp_runtime, setting, scales):
     import keras
 
+    from amp_rewrite import runtime
     from amp_rewrite.runtime import tf2_loss_scale, tf_function
-    from amp_rewrite.runtime.ledger import LEDGER
 
     amp_runtime(RuntimeSettings(target=setting))
-    assert bool(LEDGER.installed(tf2_loss_scale.LEDGER_NAME)) is scales
-    assert tf2_loss_scale.loss_scaling_wanted() is scales
+    assert bool(runtime.installed_changes(tf2_loss_scale.LEDGER_NAME)) is scales
+    assert (runtime.loss_scaling() is not None) is scales
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
     model.compile(optimizer="sgd", loss="mse")
     assert type(model.optimizer).__name__ == "SGD"

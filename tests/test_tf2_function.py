@@ -54,7 +54,7 @@ def half_op_types(graph) -> set[str]:
 
 def float32_reference(net=None):
     """Outputs and concrete function of a plain tf.function traced with no hook."""
-    assert not tf_function._HOOK.is_global  # pylint: disable=protected-access
+    assert all(hook.runtime is None for hook in tf_function.installed_hooks())
     function = tf.function((net or ConvNet()).__call__)
     return function(X).numpy(), function.get_concrete_function(X)
 
@@ -235,6 +235,43 @@ def test_amp_rewrite_function_needs_no_switch_and_leaves_other_functions_alone()
     assert not runtime.is_enabled()
 
 
+def test_a_function_marked_while_the_runtime_is_on_keeps_its_rewrite_after_disable(amp_runtime):
+    net = ConvNet()
+    want, _ = float32_reference(net)
+    amp_rewrite.function(ConvNet().__call__)(X)  # the marked functions' hook exists before the runtime's
+    amp_runtime(RuntimeSettings(target="bfloat16"))
+    marked = amp_rewrite.function(net.__call__, target="float16")
+    plain = tf.function(net.__call__)
+    assert_half_close(marked(X).numpy(), want)
+    assert_half_close(plain(X).numpy(), want)
+    traced = marked.get_concrete_function(X)
+    record = tf_function.record_of(traced)
+    assert record.report.is_explicit  # the runtime's hook rewrote it, with the function's own target
+    assert any(op.type == "MatMul" and op.get_attr("T") == tf.float16
+               for op in record.rewritten.concrete_function.graph.get_operations())
+    runtime.disable()
+    assert tf_function.record_of(traced) is record  # now the marked functions' hook's
+    assert [hook.runtime for hook in tf_function.installed_hooks()] == [None]
+    assert_half_close(marked(X).numpy(), want)
+    assert np.array_equal(plain(X).numpy(), want)  # the runtime's own swap was put back
+
+
+def test_each_enable_starts_with_a_fresh_runtime_value(amp_runtime):
+    model = ConvNet()
+    amp_runtime()
+    first = runtime._ACTIVE  # pylint: disable=protected-access
+    training_step(model)(X, Y)
+    scaling = runtime.loss_scaling()
+    assert scaling.has_state() and first.tracing is not None and first.tracing.history
+    runtime.disable()
+    assert not scaling.is_installed and first.tracing is None and first.loss_scaling is None
+    assert first.ledger.installed() == [] and runtime.loss_scaling() is None
+    amp_runtime()
+    second = runtime._ACTIVE  # pylint: disable=protected-access
+    assert second is not first and second.tracing.history == []
+    assert not runtime.loss_scaling().has_state()  # a new scale, not the last run's
+
+
 def test_amp_rewrite_function_as_decorator_with_options_autograph_and_methods():
     runtime.disable()
     net = ConvNet()
@@ -277,7 +314,7 @@ def test_rewrite_concrete_function_returns_a_new_function_and_keeps_the_original
 def test_enable_is_idempotent_and_tf_data_functions_stay_float32(amp_runtime):
     amp_runtime()
     amp_runtime()
-    assert transform.CONCRETE_FUNCTION_CALLBACKS.count(tf_function._on_concrete_function) == 1  # pylint: disable=protected-access
+    assert [hook.runtime is not None for hook in tf_function.installed_hooks()].count(True) == 1
     before = len(tf_function.rewritten_functions())
     w = tf.constant(rng(3).normal(size=(8, 8)).astype(np.float32))
     dataset = tf.data.Dataset.from_tensor_slices(Y[:, :4].repeat(2, axis=1)).map(lambda v: tf.linalg.matvec(w, v))
@@ -286,21 +323,20 @@ def test_enable_is_idempotent_and_tf_data_functions_stay_float32(amp_runtime):
 
 
 def test_missing_tracing_internal_keeps_functions_float32(amp_runtime, monkeypatch, caplog):
-    hook = tf_function._on_concrete_function  # pylint: disable=protected-access
     runtime.disable()
     absent = "tensorflow.python.eager.polymorphic_function.transform:NO_SUCH_CALLBACKS"
     monkeypatch.setattr(tf_internals, "TRACING", replace(tf_internals.TRACING,
                                                          symbols=tf_internals.TRACING.symbols + (absent,)))
-    monkeypatch.setattr(tf_function._HOOK, "wants_marked", False)  # pylint: disable=protected-access
     monkeypatch.setattr(transform, "CONCRETE_FUNCTION_CALLBACKS",
-                        [c for c in transform.CONCRETE_FUNCTION_CALLBACKS if c is not hook])
+                        [c for c in transform.CONCRETE_FUNCTION_CALLBACKS
+                         if not isinstance(getattr(c, "__self__", None), tf_function.TracingHook)])
     net = ConvNet()
     want, _ = float32_reference(net)
     with caplog.at_level(logging.WARNING, "amp_rewrite"):
         amp_runtime()
         assert np.array_equal(tf.function(net.__call__)(X).numpy(), want)
         assert np.array_equal(amp_rewrite.function(net.__call__)(X).numpy(), want)
-    assert hook not in transform.CONCRETE_FUNCTION_CALLBACKS
+    assert tf_function.installed_hooks() == []
     assert len(caplog.records) == 2
     assert caplog.records[0].getMessage() == (
         f"amp-rewrite: tf.function traces run in float32: TensorFlow {tf.__version__} lacks {absent}, "

@@ -20,7 +20,6 @@ from helpers import rng
 
 from amp_rewrite import runtime
 from amp_rewrite.runtime import tf2_loss_scale
-from amp_rewrite.runtime.ledger import LEDGER
 from amp_rewrite.runtime.settings import RuntimeSettings
 
 FIT_TOOL = Path(__file__).resolve().parents[1] / "tools" / "tf2_keras_fit.py"
@@ -95,9 +94,10 @@ def test_compile_keeps_the_optimizer(amp_runtime):
     sgd = keras.optimizers.SGD()
     model.compile(optimizer=sgd, loss="mse")
     assert model.optimizer is sgd
-    assert LEDGER.installed(tf2_loss_scale.LEDGER_NAME)
+    assert runtime.installed_changes(tf2_loss_scale.LEDGER_NAME)
+    ledger = runtime._ACTIVE.ledger  # pylint: disable=protected-access
     runtime.disable()
-    assert not LEDGER.installed(tf2_loss_scale.LEDGER_NAME)
+    assert not ledger.installed(tf2_loss_scale.LEDGER_NAME)
 
 
 def eager_step(model, x, y, *, wrapper=None):
@@ -148,7 +148,7 @@ def test_custom_loop_applies_the_true_gradients(amp_runtime, caplog, step, rtol)
             grad, change = step(model, x, y)
             np.testing.assert_allclose(change, -0.1 * grad, rtol=rtol, atol=1e-3 * np.abs(grad).max())
     assert [r.getMessage() for r in caplog.records] == []
-    assert float(tf2_loss_scale.state().scale.numpy()) == 32768.0
+    assert float(runtime.loss_scaling().state().scale.numpy()) == 32768.0
 
 
 def test_a_loss_scale_optimizer_is_not_scaled_twice(amp_runtime):
@@ -161,4 +161,4 @@ def test_a_loss_scale_optimizer_is_not_scaled_twice(amp_runtime):
     grad, change = eager_step(model, x, y, wrapper=wrapper)
     np.testing.assert_allclose(grad, want, rtol=1e-4, atol=1e-6)  # scaled by 64 only
     np.testing.assert_allclose(change, -0.1 * grad, rtol=1e-5, atol=1e-7)
-    assert not tf2_loss_scale.has_state()  # neither the tape nor the optimizers scaled
+    assert not runtime.loss_scaling().has_state()  # neither the tape nor the optimizers scaled

@@ -232,7 +232,7 @@ def test_hand_written_updates_get_true_gradients_and_one_warning(amp_runtime, ca
 def test_only_a_loss_with_respect_to_trainable_variables_is_scaled(amp_runtime):
     import tensorflow as tf
 
-    from amp_rewrite.runtime import tf2_loss_scale
+    from amp_rewrite import runtime
 
     amp_runtime()
     x, weight = tf.constant([[1.0, 2.0]]), tf.Variable([[3.0], [4.0]])
@@ -242,11 +242,11 @@ def test_only_a_loss_with_respect_to_trainable_variables_is_scaled(amp_runtime):
             tape.watch(x)
             loss = tf.reduce_sum(tf.matmul(x, weight) + tf.matmul(x, frozen))
         tape.gradient(loss, sources)
-        assert not tf2_loss_scale.has_state()
+        assert not runtime.loss_scaling().has_state()
     with tf.GradientTape() as tape:
         loss = tf.reduce_sum(tf.matmul(x, weight))
     np.testing.assert_allclose(tape.gradient(loss, [weight])[0].numpy(), [[1.0], [2.0]])
-    assert tf2_loss_scale.has_state()
+    assert runtime.loss_scaling().has_state()
 
 
 def test_tf_keras_loss_scale_optimizer_is_not_scaled_twice(tmp_path):
@@ -268,8 +268,8 @@ def test_tf_keras_loss_scale_optimizer_is_not_scaled_twice(tmp_path):
         "change = model.trainable_variables[0].numpy() - before\n"
         "np.testing.assert_allclose(grads[0].numpy(), want, rtol=1e-4, atol=1e-6)\n"
         "np.testing.assert_allclose(change, -0.1 * want, rtol=1e-4, atol=1e-7)\n"
-        "from amp_rewrite.runtime import tf2_loss_scale\n"
-        "assert tf2_loss_scale.loss_scaling_wanted() and not tf2_loss_scale.has_state()\n"
+        "from amp_rewrite import runtime\n"
+        "assert runtime.loss_scaling() is not None and not runtime.loss_scaling().has_state()\n"
         "print('ok')\n")
     process = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
                              env=environment(**FLOAT16, TF_USE_LEGACY_KERAS="1"))
@@ -281,7 +281,7 @@ def test_an_xla_compiled_step_skips_too(amp_runtime):
     import keras
     import tensorflow as tf
 
-    from amp_rewrite.runtime import tf2_loss_scale
+    from amp_rewrite import runtime
 
     amp_runtime()
     model, (x, y) = small_model(), batch()
@@ -299,7 +299,7 @@ def test_an_xla_compiled_step_skips_too(amp_runtime):
     step(tf.constant(np.inf))
     for old, variable in zip(before, model.trainable_variables):
         np.testing.assert_array_equal(variable.numpy(), old)
-    state = tf2_loss_scale.state()
+    state = runtime.loss_scaling().state()
     assert int(state.skipped_steps.numpy()) == 1 and float(state.scale.numpy()) == 16384.0
     assert int(optimizer.iterations.numpy()) == 1
 

@@ -2,6 +2,10 @@
 
 Reads the source only (nothing is imported). Imports inside functions count
 as imports: a function-level import that reaches back up is still a cycle.
+Imports under ``if TYPE_CHECKING:`` do not: they are never executed, and
+only name types in annotations. Module-level objects are names bound to an
+instance of one of the package's classes, or annotated with one, except
+instances of frozen (immutable) classes, which are constants.
 Usage: ``python tools/runtime_structure.py [CHECKOUT]`` (default: this one).
 """
 
@@ -33,7 +37,12 @@ def import_graph(modules: dict[str, Path]) -> nx.DiGraph:
     graph = nx.DiGraph()
     graph.add_nodes_from(modules)
     for name, path in modules.items():
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        type_only = {id(inner) for node in ast.walk(tree) if _is_type_checking_block(node)
+                     for inner in ast.walk(node)}
+        for node in ast.walk(tree):
+            if id(node) in type_only:
+                continue
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
@@ -44,17 +53,43 @@ def import_graph(modules: dict[str, Path]) -> nx.DiGraph:
     return graph
 
 
+def _is_type_checking_block(node: ast.AST) -> bool:
+    if not isinstance(node, ast.If):
+        return False
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _is_frozen(node: ast.ClassDef) -> bool:
+    """A ``@dataclass(frozen=True)`` or a ``NamedTuple``: its instances cannot change."""
+    for decorator in node.decorator_list:
+        if isinstance(decorator, ast.Call) and any(
+                k.arg == "frozen" and isinstance(k.value, ast.Constant) and k.value.value is True
+                for k in decorator.keywords):
+            return True
+    return any(isinstance(base, ast.Name) and base.id == "NamedTuple" for base in node.bases)
+
+
 def module_objects(modules: dict[str, Path], prefix: str) -> list[str]:
-    """Names bound at module level to an instance of one of the package's classes (state, not constants)."""
+    """Names bound at module level to an instance of one of the package's mutable classes (state, not constants)."""
     trees = {name: ast.parse(path.read_text()) for name, path in modules.items()}
-    classes = {node.name for tree in trees.values() for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
+    class_nodes = [node for tree in trees.values() for node in ast.walk(tree) if isinstance(node, ast.ClassDef)]
+    mutable = {node.name for node in class_nodes if not _is_frozen(node)}
     found = []
     for name, tree in trees.items():
         if not name.startswith(prefix):
             continue
         for node in tree.body:
-            value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
-            if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in classes:
+            if not isinstance(node, (ast.Assign, ast.AnnAssign)):
+                continue
+            value = node.value
+            is_instance = isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and \
+                value.func.id in mutable
+            annotation = node.annotation if isinstance(node, ast.AnnAssign) else None
+            is_annotated = annotation is not None and any(
+                isinstance(part, ast.Name) and part.id in mutable for part in ast.walk(annotation))
+            if is_instance or is_annotated:
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 found += [f"{name}.{t.id}" for t in targets if isinstance(t, ast.Name)]
     return found

@@ -82,8 +82,9 @@ def train(name, build, shape, *, epochs, seed):
 
 def loss_scale():
     """The runtime's loss scale and skipped steps so far, or None when it is off."""
-    scaling = sys.modules.get("amp_rewrite.runtime.tf2_loss_scale")
-    if scaling is None or not scaling.loss_scaling_wanted():
+    runtime = sys.modules.get("amp_rewrite.runtime")
+    scaling = runtime.loss_scaling() if runtime is not None else None
+    if scaling is None:
         return None
     state = scaling.state()
     return {"scale": float(state.scale.numpy()), "skipped": int(state.skipped_steps.numpy())}

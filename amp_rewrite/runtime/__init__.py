@@ -21,9 +21,11 @@
 - ``GradientTape.gradient`` and Keras optimizers' apply, for dynamic loss
   scaling of TF2 loops and ``fit`` (:mod:`amp_rewrite.runtime.tf2_loss_scale`).
 
-Each change is entered in one ledger (:mod:`amp_rewrite.runtime.ledger`) as it
-is made; :func:`disable` undoes the ledger's entries, newest first, so every
-patched attribute is the original object again. Both are idempotent.
+Each change is entered in the ledger of the one :class:`~amp_rewrite.runtime.core.Runtime`
+value :func:`enable` makes (:mod:`amp_rewrite.runtime.ledger`) as it is made;
+:func:`disable` undoes the ledger's entries, newest first, so every patched
+attribute is the original object again, and drops the value. Both are
+idempotent.
 Importing this module patches nothing and does not import TensorFlow.
 """
 
@@ -31,20 +33,25 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 import _amp_rewrite_import_hook as import_hook
 from amp_rewrite import tf_internals
 from amp_rewrite.runtime import multi_worker
 from amp_rewrite.runtime.core import Runtime
-from amp_rewrite.runtime.ledger import LEDGER
+from amp_rewrite.runtime.ledger import LOCK, Entry, bound
 from amp_rewrite.runtime.settings import RuntimeSettings, scales_loss
 from amp_rewrite.runtime.target import TargetChoice, choose_target
+
+if TYPE_CHECKING:
+    from amp_rewrite.runtime.tf2_loss_scale_state import TF2LossScaling
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["RuntimeSettings", "TargetChoice", "current_settings", "current_target", "disable", "enable",
-           "is_enabled", "scales_loss", "target_choice"]
+           "installed_changes", "is_enabled", "loss_scaling", "scales_loss", "target_choice"]
 
 
 # Names of the runtime's entries in the ledger.
@@ -70,7 +77,7 @@ def enable(*, settings: RuntimeSettings | None = None, from_env: bool = False,
     after :func:`disable`).
     """
     global _ACTIVE
-    with LEDGER.lock:
+    with LOCK:
         if _ACTIVE is not None:
             return
         settings = settings if settings is not None else RuntimeSettings.from_env()
@@ -88,16 +95,23 @@ def disable() -> None:
     Sessions that already ran a rewritten graph must be closed first.
     """
     global _ACTIVE
-    with LEDGER.lock:
+    with LOCK:
         for owner in (import_hook.STARTUP, import_hook.RUNTIME):
             import_hook.remove(owner=owner)
-        _ACTIVE = None
-        LEDGER.uninstall_all()
+        active, _ACTIVE = _ACTIVE, None
+        if active is not None:
+            active.ledger.uninstall_all()
 
 
 def is_enabled() -> bool:
     """Whether TensorFlow is currently patched to rewrite (the multi-worker agreement alone does not count)."""
-    return any(entry.name != multi_worker.LEDGER_NAME for entry in LEDGER.installed())
+    return any(entry.name != multi_worker.LEDGER_NAME for entry in installed_changes())
+
+
+def installed_changes(name: str | None = None) -> list[Entry]:
+    """The changes the runtime made and has not undone, oldest first; only those of ``name`` when given."""
+    active = _ACTIVE
+    return active.ledger.installed(name) if active is not None else []
 
 
 def target_choice() -> TargetChoice | None:
@@ -110,6 +124,12 @@ def current_settings() -> RuntimeSettings | None:
     return _ACTIVE.requested if _ACTIVE is not None else None
 
 
+def loss_scaling() -> TF2LossScaling | None:
+    """What the TF2 loss-scaling patches share (settings, state) while they are installed; else None."""
+    active = _ACTIVE
+    return active.loss_scaling if active is not None else None
+
+
 def current_target() -> str | None:
     """``"float16"`` or ``"bfloat16"`` while the runtime rewrites; None when scripts run float32."""
     return _ACTIVE.target if _ACTIVE is not None and is_enabled() else None
@@ -117,13 +137,14 @@ def current_target() -> str | None:
 
 def _apply_patches(active: Runtime) -> None:
     """Chooses the target and gives ``active`` to every installer (once TensorFlow is imported)."""
-    with LEDGER.lock:
+    with LOCK:
         if active is not _ACTIVE or active.choice is not None:
             return  # disabled meanwhile, or patched already
         choice = choose_target(active.requested.target)
         active.choose(choice)
         # Installed whatever this machine chose: under a multi-worker strategy the job's decision may differ.
-        multi_worker.install(active.requested, choice, lambda choice, settings: _follow_job(active, choice, settings))
+        multi_worker.install(active.ledger, active.requested, choice,
+                             lambda choice, settings: _follow_job(active, choice, settings))
         if active.target is None:
             logger.info("amp-rewrite: scripts run in float32: %s", active.target_reason)
             return
@@ -139,7 +160,7 @@ def _install(active: Runtime) -> None:
     try:
         if tf_internals.usable(_tf1_capabilities(settings), "TF1 sessions", is_strict=settings.is_strict):
             for name, owner, attr, replacement in _patch_table(active):
-                LEDGER.install(name, owner, attr, replacement)
+                active.ledger.install(name, owner, attr, replacement)
         if tf_internals.usable(_tf2_capabilities(settings), "tf.function traces", is_strict=settings.is_strict):
             _install_tf2_patches(active)
     except Exception:
@@ -149,8 +170,8 @@ def _install(active: Runtime) -> None:
 
 def _follow_job(active: Runtime, choice: TargetChoice, settings: RuntimeSettings) -> None:
     """Runs a multi-worker job's decision instead of this machine's: ``choice`` (None: float32), ``settings``."""
-    with LEDGER.lock:
-        LEDGER.uninstall_all(keep=multi_worker.LEDGER_NAME)
+    with LOCK:
+        active.ledger.uninstall_all(keep=multi_worker.LEDGER_NAME)
         active.requested = settings
         active.choose(choice)
         if choice.target is not None:
@@ -183,22 +204,22 @@ def _patch_table(active: Runtime):
     base = tf_internals.base_session_class()
     settings = active.settings
     scaling = settings.loss_scale
-    table = [
+    table: list[tuple[str, Any, str, Callable[..., Any]]] = [
         (SESSION, base, "__init__", session.patched_init),
-        (SESSION, base, "run", _bound(session.patched_run, active)),
-        (SESSION, base, "make_callable", _bound(session.patched_make_callable, active)),
+        (SESSION, base, "run", bound(session.patched_run, active)),
+        (SESSION, base, "make_callable", bound(session.patched_make_callable, active)),
         (SESSION, base, "_make_callable_from_options",
-         _bound(session.patched_make_callable_from_options, active)),
-        (SESSION, base, "partial_run_setup", _bound(session.patched_partial_run_setup, active)),
-        (SESSION, base, "partial_run", _bound(session.patched_partial_run, active)),
+         bound(session.patched_make_callable_from_options, active)),
+        (SESSION, base, "partial_run_setup", bound(session.patched_partial_run_setup, active)),
+        (SESSION, base, "partial_run", bound(session.patched_partial_run, active)),
         (SESSION, base, "close", session.patched_close),
     ]
     if scales_loss(settings):
         table += [
             (TF1_LOSS_SCALING, tf.compat.v1.train.Optimizer, "compute_gradients",
-             _bound(loss_scale.scaled_compute_gradients, scaling)),
+             bound(loss_scale.scaled_compute_gradients, scaling)),
             (TF1_LOSS_SCALING, tf.compat.v1.train.Optimizer, "apply_gradients",
-             _bound(loss_scale.guarded_apply_gradients, scaling)),
+             bound(loss_scale.guarded_apply_gradients, scaling)),
             (TF1_LOSS_SCALING, tf.compat.v1.train.Saver, "restore", checkpoint.tolerant_restore),
             (TF1_LOSS_SCALING, tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer, "__init__",
              _init_wrapper),
@@ -210,18 +231,22 @@ def _install_tf2_patches(active: Runtime) -> None:
     """``tf.function`` traces run rewritten; the tape and Keras optimizers scale the loss."""
     from amp_rewrite.runtime import tf2_loss_scale, tf_function
 
-    tf_function.install(active)
+    active.tracing = tf_function.install(active)
+    if active.tracing is not None:
+        active.ledger.record(tf_function.LEDGER_NAME, "the runtime's tracing hook", lambda: _forget_tracing(active))
     if scales_loss(active.settings):
-        tf2_loss_scale.install(active.settings, stop_tracing=tf_function.uninstall)
+        stop_tracing = active.tracing.uninstall if active.tracing is not None else lambda: None
+        active.loss_scaling = tf2_loss_scale.install(active.settings, active.ledger, stop_tracing=stop_tracing)
+        active.ledger.record(tf2_loss_scale.LEDGER_NAME, "the runtime's loss scaling",
+                             lambda: _forget_loss_scaling(active))
 
 
-def _bound(replacement, given):
-    """``replacement(original, given, ...)`` as a ``(original, ...)`` replacement."""
+def _forget_tracing(active: Runtime) -> None:
+    active.tracing = None
 
-    def call(original, *args, **kwargs):
-        return replacement(original, given, *args, **kwargs)
 
-    return call
+def _forget_loss_scaling(active: Runtime) -> None:
+    active.loss_scaling = None
 
 
 def _init_wrapper(original, wrapper, opt, *args, **kwargs):

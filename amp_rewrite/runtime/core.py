@@ -8,18 +8,25 @@ TensorFlow's ``TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_*`` variables. (Not
 when TensorFlow is imported: asking TensorFlow for its devices then would
 start its eager context before a TF1 script's
 ``tf.compat.v1.disable_eager_execution()``, which must come first.) The installers are
-given this value; none of the runtime's modules reaches back into the
-runtime package for its settings. :func:`amp_rewrite.runtime.disable` drops
-it.
+given this value and enter what they change in its ledger; the tracing hook
+and the TF2 loss-scaling patches they install are kept on it. None of the
+runtime's modules reaches back into the runtime package for its settings or
+state. :func:`amp_rewrite.runtime.disable` undoes its ledger and drops it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from amp_rewrite.config import Config
+from amp_rewrite.runtime.ledger import Ledger
 from amp_rewrite.runtime.settings import RuntimeSettings
 from amp_rewrite.runtime.target import TargetChoice
+
+if TYPE_CHECKING:
+    from amp_rewrite.runtime.tf2_loss_scale_state import TF2LossScaling
+    from amp_rewrite.runtime.tf_function import TracingHook
 
 
 @dataclass
@@ -30,11 +37,17 @@ class Runtime:
         requested: the settings it was enabled with (the target may be ``auto``).
         choice: the target chosen for this process and why; None until TensorFlow is imported.
         base_config: the rewrites' configuration, read at the first rewrite.
+        ledger: every change it made to TensorFlow, Keras and the import system, with its undo.
+        tracing: its ``tf.function`` tracing hook, once installed.
+        loss_scaling: what its TF2 loss-scaling patches share, once installed (float16, or when asked).
     """
 
     requested: RuntimeSettings
     choice: TargetChoice | None = None
     base_config: Config | None = None
+    ledger: Ledger = field(default_factory=Ledger)
+    tracing: TracingHook | None = None
+    loss_scaling: TF2LossScaling | None = None
 
     def choose(self, choice: TargetChoice) -> None:
         """Records the target chosen (again, when a multi-worker job decides otherwise)."""

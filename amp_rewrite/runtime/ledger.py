@@ -1,7 +1,8 @@
 """The one record of what the runtime changed outside this package, and how to undo it.
 
 Every change the runtime makes to TensorFlow, Keras or the import system is
-entered in :data:`LEDGER` when it is made:
+entered in the :class:`Ledger` of the :class:`~amp_rewrite.runtime.core.Runtime`
+that made it, when it is made:
 
 - a patched attribute (:meth:`Ledger.install`): ``owner.attr`` becomes a
   wrapper that calls ``replacement(original, *args, **kwargs)``;
@@ -11,8 +12,12 @@ entered in :data:`LEDGER` when it is made:
 
 :meth:`Ledger.uninstall_all`, which :func:`amp_rewrite.disable` calls, undoes
 them newest first, so every patched attribute is again the object it was.
-The ledger's lock is the runtime's one lock: the modules that install patches
-take it for their own state too, so there is no lock order to get wrong.
+
+:data:`LOCK` is the runtime's one lock, held by every ledger: the modules that
+install patches take it for their own state too, so there is no lock order to
+get wrong. (It is a module-level object because what it guards is: the
+attributes of TensorFlow's classes, which every runtime in the process would
+patch.)
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -39,11 +45,15 @@ class Entry:
     undo: Callable[[], None]
 
 
+# The runtime's one lock (see the module docstring).
+LOCK = threading.RLock()
+
+
 class Ledger:
-    """The installed changes, in the order they were made, under one lock."""
+    """The installed changes, in the order they were made, under :data:`LOCK`."""
 
     def __init__(self):
-        self.lock = threading.RLock()
+        self.lock = LOCK
         self._entries: list[Entry] = []
 
     def install(self, name: str, owner, attr: str, replacement: Callable) -> None:
@@ -112,4 +122,10 @@ def _qualified(owner) -> str:
     return str(getattr(owner, "__qualname__", None) or getattr(owner, "__name__", repr(owner)))
 
 
-LEDGER = Ledger()
+def bound(replacement: Callable[..., Any], given) -> Callable[..., Any]:
+    """``replacement(original, given, ...)`` as the ``(original, ...)`` replacement :meth:`Ledger.install` takes."""
+
+    def call(original, *args, **kwargs):
+        return replacement(original, given, *args, **kwargs)
+
+    return call

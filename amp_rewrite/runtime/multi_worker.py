@@ -51,7 +51,7 @@ from typing import Protocol
 
 from amp_rewrite import tf_internals
 from amp_rewrite.errors import RuntimeRewriteError, first_line
-from amp_rewrite.runtime.ledger import LEDGER
+from amp_rewrite.runtime.ledger import Ledger
 from amp_rewrite.runtime.settings import LossScaleSettings, RuntimeSettings, scales_loss
 from amp_rewrite.runtime.target import TargetChoice
 
@@ -371,16 +371,16 @@ def _fail(line: str) -> None:
     raise RuntimeRewriteError(line)
 
 
-def install(settings: RuntimeSettings, choice: TargetChoice,
+def install(ledger: Ledger, settings: RuntimeSettings, choice: TargetChoice,
             follow: Callable[[TargetChoice, RuntimeSettings], None]) -> None:
-    """Patches ``MultiWorkerMirroredStrategy``'s constructor to agree with the other workers."""
+    """Patches ``MultiWorkerMirroredStrategy``'s constructor to agree with the other workers (entered in ``ledger``)."""
     import tensorflow as tf
 
-    with LEDGER.lock:
-        if LEDGER.installed(LEDGER_NAME):
+    with ledger.lock:
+        if ledger.installed(LEDGER_NAME):
             return
         agreement = Agreement(settings, choice, follow)
-        LEDGER.install(LEDGER_NAME, tf.distribute.MultiWorkerMirroredStrategy, "__init__", agreement.construct)
+        ledger.install(LEDGER_NAME, tf.distribute.MultiWorkerMirroredStrategy, "__init__", agreement.construct)
 
 
 __all__ = ["Agreement", "Cluster", "Decision", "Setting", "Verdict", "decide", "exchange", "install"]

@@ -4,8 +4,8 @@ A TF1 session switches to its float32 graph after a step is skipped with the
 loss scale at its floor of 1 (:mod:`amp_rewrite.runtime.session`). Here the
 same happens to a rewritten ``tf.function`` that applies a guarded optimizer
 (a custom training loop, or the train function Keras' ``fit`` traces): after
-each eager call, the process's loss-scale state
-(:mod:`amp_rewrite.runtime.tf2_loss_scale`) says whether the call skipped a
+each eager call, the installed loss scaling's state
+(:class:`~amp_rewrite.runtime.tf2_loss_scale_state.TF2LossScaling`) says whether the call skipped a
 step at scale 1. If it did, the gradients are not finite even unscaled, so no
 scale helps; the function gets its traced float32 body back for the next call
 (:func:`amp_rewrite.runtime.tf_function.restore`), with one warning naming
@@ -36,9 +36,12 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from amp_rewrite import tf_internals
+
+if TYPE_CHECKING:
+    from amp_rewrite.runtime.tf2_loss_scale_state import TF2LossScaling
 
 logger = logging.getLogger(__name__)
 
@@ -50,16 +53,14 @@ FLOOR_REASON = ("a step was skipped with the loss scale at its floor of 1: the g
 FELL_BACK = "an earlier trace of it fell back, since no loss scale helped"
 
 
-def is_wanted() -> bool:
+def is_wanted(scaling: TF2LossScaling | None) -> bool:
     """Whether functions are watched: only under dynamic scaling, where a skip at 1 means no scale helps.
 
-    A fixed scale (``AMP_LOSS_SCALE=1`` included) never moves, so its skips
-    say nothing about other scales; they are counted as before.
+    ``scaling`` is the installed loss scaling (None: none is). A fixed scale
+    (``AMP_LOSS_SCALE=1`` included) never moves, so its skips say nothing
+    about other scales; they are counted as before.
     """
-    from amp_rewrite.runtime import tf2_loss_scale
-
-    settings = tf2_loss_scale.settings()
-    return settings is not None and settings.loss_scale.is_dynamic
+    return scaling is not None and scaling.loss_scale.is_dynamic
 
 
 class FloorWatch:
@@ -71,8 +72,9 @@ class FloorWatch:
     :meth:`check` around the first call, which it runs itself.
     """
 
-    def __init__(self, concrete_function, on_hopeless: Callable[[object, str], None]):
+    def __init__(self, concrete_function, scaling: TF2LossScaling, on_hopeless: Callable[[object, str], None]):
         self.function_ref = weakref.ref(concrete_function)
+        self.scaling = scaling
         self.on_hopeless = on_hopeless
 
     def __call__(self, tensor_inputs, captured_inputs):
@@ -86,38 +88,23 @@ class FloorWatch:
         self.check(cf, before)
         return outputs
 
-    @staticmethod
-    def count() -> int | None:
-        """The process's skipped-step count now (None before any step was scaled)."""
-        return _skipped_steps()
+    def count(self) -> int | None:
+        """The skipped-step count now (None before any step was scaled)."""
+        if not self.scaling.has_state():
+            return None
+        return int(self.scaling.state().skipped_steps.numpy())
 
     def check(self, concrete_function, before: int | None) -> None:
         """Calls ``on_hopeless`` if a step was skipped at the floor since the count was ``before``."""
-        if _skipped_at_floor_since(before):
+        if self._skipped_at_floor_since(before):
             self.on_hopeless(concrete_function, FLOOR_REASON)
 
-
-def floor_watch(concrete_function, on_hopeless: Callable[[object, str], None]) -> FloorWatch:
-    """A :class:`FloorWatch` for ``concrete_function``."""
-    return FloorWatch(concrete_function, on_hopeless)
-
-
-def _skipped_steps() -> int | None:
-    from amp_rewrite.runtime import tf2_loss_scale
-
-    if not tf2_loss_scale.has_state():
-        return None
-    return int(tf2_loss_scale.state().skipped_steps.numpy())
-
-
-def _skipped_at_floor_since(before: int | None) -> bool:
-    """Whether a step was skipped since the count was ``before``, the last one with the scale at 1."""
-    from amp_rewrite.runtime import tf2_loss_scale
-
-    after = _skipped_steps()
-    if after is None or after == (before or 0):
-        return False
-    return float(tf2_loss_scale.state().last_skip.scale.numpy()) <= 1.0
+    def _skipped_at_floor_since(self, before: int | None) -> bool:
+        """Whether a step was skipped since the count was ``before``, the last one with the scale at 1."""
+        after = self.count()
+        if after is None or after == (before or 0):
+            return False
+        return float(self.scaling.state().last_skip.scale.numpy()) <= 1.0
 
 
 class Callers:

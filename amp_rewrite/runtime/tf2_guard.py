@@ -17,6 +17,7 @@ from amp_rewrite.errors import first_line
 from amp_rewrite.runtime import tf2_loss_scale_state as shared
 from amp_rewrite.runtime.loss_scale_core import APPLY_SCOPE, GuardedStep
 from amp_rewrite.runtime.loss_scale_core import nonfinite_flags as _nonfinite_flags
+from amp_rewrite.runtime.tf2_loss_scale_state import TF2LossScaling
 
 logger = logging.getLogger(shared.LOGGER_NAME)
 
@@ -26,7 +27,7 @@ OVERFLOW_HINT = "AMP_REWRITE_FIND_OVERFLOW=1 names the first op whose output was
 CAUSE_BUCKETS = 2 ** 62
 
 
-def guard_or_warn(optimizer, apply, grads, variables) -> bool:
+def guard_or_warn(scaling: TF2LossScaling, optimizer, apply, grads, variables) -> bool:
     """:func:`_guard`; if building it fails, a warning and False (the caller applies unguarded).
 
     Once the optimizer's own apply has been called, its errors (and any
@@ -40,24 +41,25 @@ def guard_or_warn(optimizer, apply, grads, variables) -> bool:
         apply(grads_, variables_)
 
     try:
-        _guard(optimizer, tracked_apply, grads, variables)
+        _guard(scaling, optimizer, tracked_apply, grads, variables)
         return True
     except Exception as exc:  # the guard must never be what stops training
-        if called or shared.is_strict():
+        if called or scaling.is_strict:
             raise
         logger.warning("amp-rewrite: %s applies without skipping non-finite steps: the loss-scale "
                        "guard failed: %s", type(optimizer).__name__, first_line(exc, with_type=True))
         return False
 
 
-def _guard(optimizer, apply, grads, variables) -> None:
+def _guard(scaling: TF2LossScaling, optimizer, apply, grads, variables) -> None:
     """Runs ``apply(grads, variables)`` if every gradient is finite; updates the scale either way."""
-    loss_scale = shared.state()
+    loss_scale = scaling.state()
     shared.track(optimizer, loss_scale)
-    shared.note_guarded_apply()
+    scaling.note_guarded_apply()
     flags = _nonfinite_flags(grads)
     names = [_variable_name(v) for v in variables]
-    guarded = _GuardedKerasApply(apply, loss_scale, names, shared.loss_scale_settings())
+    guarded = _GuardedKerasApply(apply, loss_scale, names, scaling.loss_scale,
+                                 names_overflow_finder=not scaling.is_finding_overflow)
     guarded.build_for_all_replicas(flags, grads, variables)
 
 
@@ -69,10 +71,11 @@ def _variable_name(variable) -> str:
 class _GuardedKerasApply(GuardedStep):
     """The guarded step around a Keras optimizer's apply; a skip says why, once per cause."""
 
-    def __init__(self, apply, loss_scale, names, scaling):
+    def __init__(self, apply, loss_scale, names, scaling, *, names_overflow_finder: bool):
         super().__init__(loss_scale, scaling)
         self.apply = apply
         self.names = names
+        self.names_overflow_finder = names_overflow_finder
 
     def build(self, distribution, grads, variables, flags):
         import tensorflow as tf
@@ -137,7 +140,7 @@ class _GuardedKerasApply(GuardedStep):
 
         shown = tf.strings.reduce_join(bad[:NAMES_IN_SKIP_LINE], separator=", ")
         more = tf.size(bad) - tf.minimum(tf.size(bad), NAMES_IN_SKIP_LINE)
-        hint = "" if shared.is_finding_overflow() else " " + OVERFLOW_HINT
+        hint = " " + OVERFLOW_HINT if self.names_overflow_finder else ""
         return tf.strings.join([
             tf.strings.format("amp-rewrite: loss scale {}: step skipped, gradients not finite for "
                               "{} of {} variables: ", (scale, tf.size(bad), len(self.names))),

@@ -17,9 +17,10 @@ from collections.abc import Callable
 
 from amp_rewrite import tf_internals
 from amp_rewrite.runtime import tf2_loss_scale_state as shared
-from amp_rewrite.runtime.ledger import LEDGER
+from amp_rewrite.runtime.ledger import Ledger, bound
 from amp_rewrite.runtime.loss_scale_core import is_scaled_elsewhere, mark_scaled_elsewhere
 from amp_rewrite.runtime.tf2_guard import guard_or_warn
+from amp_rewrite.runtime.tf2_loss_scale_state import TF2LossScaling
 
 logger = logging.getLogger(shared.LOGGER_NAME)
 
@@ -27,55 +28,63 @@ KERAS3_MODULE = tf_internals.KERAS3_LOSS_SCALE_MODULE
 TF_KERAS_MODULE = tf_internals.TF_KERAS_LOSS_SCALE_MODULE
 
 
-def patch_keras3(module, *, stop_tracing: Callable[[], None]) -> None:
-    """Patches Keras 3's optimizers, once ``module`` (its loss-scale optimizer's) is imported."""
-    with LEDGER.lock:
-        if not shared.loss_scaling_wanted() or \
-                not _has_keras_internals(tf_internals.KERAS3_OPTIMIZERS, stop_tracing):
+def patch_keras3(module, *, ledger: Ledger, scaling: TF2LossScaling, stop_tracing: Callable[[], None]) -> None:
+    """Patches Keras 3's optimizers, once ``module`` (its loss-scale optimizer's) is imported.
+
+    The patches are given ``scaling`` and entered in ``ledger``; nothing is
+    patched once ``scaling`` was uninstalled.
+    """
+    with ledger.lock:
+        if not scaling.is_installed or \
+                not _has_keras_internals(tf_internals.KERAS3_OPTIMIZERS, scaling, stop_tracing):
             return
         backend, base = tf_internals.keras3_optimizer_parts()
         if backend.backend() != "tensorflow":
             return
         wrapper = module.LossScaleOptimizer
-        LEDGER.install(shared.LEDGER_NAME, base, "apply", _guarded_keras3_apply)
-        LEDGER.install(shared.LEDGER_NAME, base, "scale_loss", _marking_scale_loss)
-        LEDGER.install(shared.LEDGER_NAME, wrapper, "scale_loss", _marking_scale_loss)
-        LEDGER.install(shared.LEDGER_NAME, wrapper, "__init__", _marking_wrapper_init)
+        ledger.install(shared.LEDGER_NAME, base, "apply", bound(_guarded_keras3_apply, scaling))
+        ledger.install(shared.LEDGER_NAME, base, "scale_loss", bound(_marking_scale_loss, scaling))
+        ledger.install(shared.LEDGER_NAME, wrapper, "scale_loss", bound(_marking_scale_loss, scaling))
+        ledger.install(shared.LEDGER_NAME, wrapper, "__init__", _marking_wrapper_init)
     logger.debug("patched Keras 3 optimizers")
 
 
-def patch_tf_keras(module, *, stop_tracing: Callable[[], None]) -> None:
-    """Patches tf_keras' optimizers, once ``module`` (its loss-scale optimizers') is imported."""
-    with LEDGER.lock:
-        if not shared.loss_scaling_wanted() or \
-                not _has_keras_internals(tf_internals.TF_KERAS_OPTIMIZERS, stop_tracing):
+def patch_tf_keras(module, *, ledger: Ledger, scaling: TF2LossScaling, stop_tracing: Callable[[], None]) -> None:
+    """Patches tf_keras' optimizers, once ``module`` (its loss-scale optimizers') is imported.
+
+    As :func:`patch_keras3`, with ``scaling`` and ``ledger``.
+    """
+    with ledger.lock:
+        if not scaling.is_installed or \
+                not _has_keras_internals(tf_internals.TF_KERAS_OPTIMIZERS, scaling, stop_tracing):
             return
-        LEDGER.install(shared.LEDGER_NAME, tf_internals.tf_keras_optimizer_class(), "apply_gradients",
-                       _guarded_tf_keras_apply_gradients)
+        ledger.install(shared.LEDGER_NAME, tf_internals.tf_keras_optimizer_class(), "apply_gradients",
+                       bound(_guarded_tf_keras_apply_gradients, scaling))
         for wrapper in (module.LossScaleOptimizer, module.LossScaleOptimizerV3):
-            LEDGER.install(shared.LEDGER_NAME, wrapper, "get_scaled_loss", _marking_scale_loss)
-            LEDGER.install(shared.LEDGER_NAME, wrapper, "__init__", _marking_wrapper_init)
+            ledger.install(shared.LEDGER_NAME, wrapper, "get_scaled_loss", bound(_marking_scale_loss, scaling))
+            ledger.install(shared.LEDGER_NAME, wrapper, "__init__", _marking_wrapper_init)
     logger.debug("patched tf_keras optimizers")
 
 
-def _has_keras_internals(capability: tf_internals.Capability, stop_tracing: Callable[[], None]) -> bool:
+def _has_keras_internals(capability: tf_internals.Capability, scaling: TF2LossScaling,
+                         stop_tracing: Callable[[], None]) -> bool:
     """Whether Keras has what the guarded apply needs; if not, new traces run float32 (strict: raise).
 
     Without the guard a step whose scaled gradients overflow would be
     applied, so ``stop_tracing`` turns the tf.function hook off rather than
     train on infs.
     """
-    if tf_internals.usable([capability], "tf.function traces", is_strict=shared.is_strict()):
+    if tf_internals.usable([capability], "tf.function traces", is_strict=scaling.is_strict):
         return True
     stop_tracing()
     return False
 
 
-def _marking_scale_loss(original, optimizer, loss, *args, **kwargs):
+def _marking_scale_loss(original, scaling: TF2LossScaling, optimizer, loss, *args, **kwargs):
     """``scale_loss``/``get_scaled_loss``: a loss Keras scaled is differentiated as it is."""
     scaled = original(optimizer, loss, *args, **kwargs)
     if scaled is not loss and scaled is not None:
-        shared.note_scaled_loss(scaled)
+        scaling.note_scaled_loss(scaled)
     return scaled
 
 
@@ -98,9 +107,9 @@ def _is_exempt(optimizer) -> bool:
                for cls in kind.__mro__)
 
 
-def _guarded_keras3_apply(original, optimizer, grads, trainable_variables=None):
+def _guarded_keras3_apply(original, scaling: TF2LossScaling, optimizer, grads, trainable_variables=None):
     """Keras 3 ``BaseOptimizer.apply`` that skips a step whose gradients are not finite."""
-    if not shared.loss_scaling_wanted() or _is_exempt(optimizer):
+    if _is_exempt(optimizer):
         return original(optimizer, grads, trainable_variables)
     grads = list(grads)
     if not grads:
@@ -116,15 +125,15 @@ def _guarded_keras3_apply(original, optimizer, grads, trainable_variables=None):
     def apply(grads_, variables_):
         original(optimizer, list(grads_), list(variables_))
 
-    if not guard_or_warn(optimizer, apply, grads, variables):
+    if not guard_or_warn(scaling, optimizer, apply, grads, variables):
         return original(optimizer, grads, trainable_variables)
 
 
-def _guarded_tf_keras_apply_gradients(original, optimizer, grads_and_vars, *args, **kwargs):
+def _guarded_tf_keras_apply_gradients(original, scaling: TF2LossScaling, optimizer, grads_and_vars, *args, **kwargs):
     """tf_keras ``Optimizer.apply_gradients`` that skips a step whose gradients are not finite."""
     import tensorflow as tf
 
-    if not shared.loss_scaling_wanted() or _is_exempt(optimizer):
+    if _is_exempt(optimizer):
         return original(optimizer, grads_and_vars, *args, **kwargs)
     grads_and_vars = list(grads_and_vars)
     if not grads_and_vars:
@@ -137,6 +146,6 @@ def _guarded_tf_keras_apply_gradients(original, optimizer, grads_and_vars, *args
     def apply(grads_, variables_):
         original(optimizer, list(zip(grads_, variables_)), *args, **kwargs)
 
-    if not guard_or_warn(optimizer, apply, grads, variables):
+    if not guard_or_warn(scaling, optimizer, apply, grads, variables):
         return original(optimizer, grads_and_vars, *args, **kwargs)
     return optimizer.iterations

@@ -1,6 +1,7 @@
 """Dynamic loss scaling for TF2 training loops: GradientTape in, optimizer apply out.
 
-With the runtime enabled for a float16 target (:func:`loss_scaling_wanted`),
+With the runtime enabled for a float16 target (its ``loss_scaling`` is then a
+:class:`~amp_rewrite.runtime.tf2_loss_scale_state.TF2LossScaling`),
 two places change, so every loop built from them is scaled without code changes:
 
 - ``tf.GradientTape.gradient(loss, variables)`` (one float loss, trainable
@@ -24,7 +25,8 @@ two places change, so every loop built from them is scaled without code changes:
   decision.
 
 The scale is one set of float32/int64 variables per process (one
-:class:`~amp_rewrite.runtime.tf2_loss_scale_state.ProcessState`), read by
+:class:`~amp_rewrite.runtime.tf2_loss_scale_state.ProcessState` per
+installation), read by
 every tape and updated by every guarded apply. Each guarded optimizer tracks it as the checkpoint dependency
 ``amp_loss_scale``, so ``tf.train.Checkpoint`` saves it with the optimizer and
 restores it (also when the restore came first: TensorFlow defers it). A
@@ -44,9 +46,9 @@ overflow is not skipped.
 
 The algorithm (state, schedule, guard) is TF1's, in
 :mod:`amp_rewrite.runtime.loss_scale_core`; what differs is how it hooks in.
-This module installs the patches and answers the rest of the runtime
-(:data:`__all__`). :mod:`~amp_rewrite.runtime.tf2_loss_scale_state` holds what
-the patches share: the settings, the state and the step contexts.
+This module installs the patches. :mod:`~amp_rewrite.runtime.tf2_loss_scale_state`
+holds what the patches share (the settings, the state and the step
+contexts), one object the runtime keeps and each patch is given.
 :mod:`~amp_rewrite.runtime.tf2_tape` patches the tape,
 :mod:`~amp_rewrite.runtime.tf2_keras_optimizers` the Keras optimizers, and
 :mod:`~amp_rewrite.runtime.tf2_guard` guards their apply.
@@ -59,55 +61,46 @@ from collections.abc import Callable
 
 import _amp_rewrite_import_hook as import_hook
 from amp_rewrite.runtime import tf2_keras_optimizers, tf2_tape
-from amp_rewrite.runtime.ledger import LEDGER
+from amp_rewrite.runtime.ledger import Ledger, bound
 from amp_rewrite.runtime.settings import RuntimeSettings
 from amp_rewrite.runtime.tf2_keras_optimizers import KERAS3_MODULE, TF_KERAS_MODULE
-from amp_rewrite.runtime.tf2_loss_scale_state import (
-    LEDGER_NAME,
-    activate,
-    check_traced,
-    forget,
-    has_guarded_apply,
-    has_state,
-    is_finding_overflow,
-    loss_scaling_wanted,
-    settings,
-    state,
-)
+from amp_rewrite.runtime.tf2_loss_scale_state import LEDGER_NAME, TF2LossScaling
 
-__all__ = ["LEDGER_NAME", "check_traced", "has_guarded_apply", "has_state", "install", "is_finding_overflow",
-           "loss_scaling_wanted", "settings", "state"]
+__all__ = ["LEDGER_NAME", "TF2LossScaling", "install"]
 
 
-def install(runtime_settings: RuntimeSettings, *, stop_tracing: Callable[[], None] = lambda: None) -> None:
-    """Patches the tape now and Keras' optimizers once their modules are imported.
+def install(runtime_settings: RuntimeSettings, ledger: Ledger, *,
+            stop_tracing: Callable[[], None] = lambda: None) -> TF2LossScaling:
+    """Patches the tape now and Keras' optimizers once their modules are imported; returns what they share.
 
     ``stop_tracing`` is called when Keras lacks a part its guarded apply
     needs: new traces must then run float32 rather than apply steps whose
-    scaled gradients overflowed (the runtime passes the tracing hook's
-    :func:`~amp_rewrite.runtime.tf_function.uninstall`).
+    scaled gradients overflowed (the runtime passes its tracing hook's
+    :meth:`~amp_rewrite.runtime.tf_function.TracingHook.uninstall`).
 
-    Every change goes into the runtime's ledger, which undoes it on
-    :func:`amp_rewrite.disable`: the methods are restored, and the state
-    starts afresh (its variables stay with the optimizers that track them).
+    Every change goes into ``ledger``, which undoes it on
+    :func:`amp_rewrite.disable`: the methods are restored, and the returned
+    :class:`TF2LossScaling` is marked uninstalled (its variables stay with
+    the optimizers that track them; the next installation starts afresh).
     """
     import tensorflow as tf
 
-    with LEDGER.lock:
-        if not activate(runtime_settings):
-            return
-        LEDGER.record(LEDGER_NAME, "the loss-scale settings and state", forget)
+    scaling = TF2LossScaling(runtime_settings)
+    with ledger.lock:
+        ledger.record(LEDGER_NAME, "the loss-scale settings and state", scaling.uninstall)
         tape = tf.GradientTape
-        LEDGER.install(LEDGER_NAME, tape, "gradient", tf2_tape.scaled_gradient)
-        LEDGER.install(LEDGER_NAME, tape, "jacobian", tf2_tape.unscaled_inside)
-        LEDGER.install(LEDGER_NAME, tape, "batch_jacobian", tf2_tape.unscaled_inside)
-        LEDGER.record(LEDGER_NAME, f"import hooks on {KERAS3_MODULE} and {TF_KERAS_MODULE}",
+        ledger.install(LEDGER_NAME, tape, "gradient", bound(tf2_tape.scaled_gradient, scaling))
+        ledger.install(LEDGER_NAME, tape, "jacobian", bound(tf2_tape.unscaled_inside, scaling))
+        ledger.install(LEDGER_NAME, tape, "batch_jacobian", bound(tf2_tape.unscaled_inside, scaling))
+        ledger.record(LEDGER_NAME, f"import hooks on {KERAS3_MODULE} and {TF_KERAS_MODULE}",
                       _remove_keras_hooks)
         for module, patch in ((KERAS3_MODULE, tf2_keras_optimizers.patch_keras3),
                               (TF_KERAS_MODULE, tf2_keras_optimizers.patch_tf_keras)):
-            import_hook.after_import(functools.partial(patch, stop_tracing=stop_tracing), owner=import_hook.RUNTIME,
-                                     name=module,
+            import_hook.after_import(functools.partial(patch, ledger=ledger, scaling=scaling,
+                                                       stop_tracing=stop_tracing),
+                                     owner=import_hook.RUNTIME, name=module,
                                      is_strict=lambda: runtime_settings.is_strict)
+    return scaling
 
 
 def _remove_keras_hooks() -> None:

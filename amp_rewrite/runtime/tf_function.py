@@ -33,15 +33,21 @@ Guarantees:
   (:mod:`amp_rewrite.runtime.tf2_fallback`), with the same warning or error;
   so does a function that calls it in its graph (Keras 3's train function),
   through a float32 body of its own.
-- :func:`uninstall`, which the runtime's ledger calls on
+- :meth:`TracingHook.uninstall`, which the runtime's ledger calls on
   :func:`amp_rewrite.disable`, puts back every function it swapped (functions
   from :func:`amp_rewrite.function` keep theirs).
+
+The hooks are :class:`TracingHook` values: the runtime's, held by its
+:class:`~amp_rewrite.runtime.core.Runtime`, and one for marked functions.
+TensorFlow's list of callbacks is the one record of which are installed
+(:func:`installed_hooks`); this module keeps no state of its own.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import sys
 import time
 import weakref
 from dataclasses import dataclass, field, replace
@@ -52,7 +58,7 @@ from amp_rewrite.config import Config
 from amp_rewrite.errors import RuntimeRewriteError, first_line
 from amp_rewrite.runtime import tf2_fallback
 from amp_rewrite.runtime.core import Runtime
-from amp_rewrite.runtime.ledger import LEDGER
+from amp_rewrite.runtime.ledger import LOCK
 
 logger = logging.getLogger(__name__)
 
@@ -98,70 +104,368 @@ class SwapRecord:
     rewritten: object = field(repr=False)
 
 
-class _Hook:
-    """Whether the callback rewrites every trace or only marked ones; what it swapped."""
+class TracingHook:
+    """TensorFlow's tracing callback, and what it swapped.
 
-    def __init__(self):
-        self.is_global = False
-        self.runtime: Runtime | None = None  # the runtime whose switch is on
-        self.is_strict_when_marked = False
-        self.wants_marked = False
+    Two kinds exist, each registered at most once in TensorFlow's list of
+    callbacks (the one record of which hooks are installed):
+
+    - the runtime's (``runtime`` given): rewrites every traced function,
+      marked ones with their own configuration; made by :func:`install`,
+      held as ``Runtime.tracing`` and removed by the runtime's ledger;
+    - the marked functions' (no ``runtime``): made by
+      :func:`install_for_marked` for :func:`amp_rewrite.function`, rewrites
+      only graphs :func:`marked` traced, and only while no runtime hook is
+      installed (that one does it then).
+
+    Attributes:
+        runtime: the runtime whose switch this hook is; None for marked functions only.
+        is_strict: raise instead of running a function whose rewrite failed as traced.
+        swapped: the ConcreteFunctions running rewritten now, with their records.
+        traced_graphs: rewritten function name → the graph traced for it (node names agree), for the tuner.
+        history: a report of every swap this hook made, oldest first.
+        profiles: a :class:`~amp_rewrite.runtime.profile.FunctionProfiles` with ``AMP_REWRITE_PROFILE``.
+        fallback: what the loss-scale floor fallback keeps (:class:`FloorFallback`).
+    """
+
+    def __init__(self, runtime: Runtime | None = None, *, is_strict: bool = False):
+        self.runtime = runtime
+        self.is_strict = runtime.settings.is_strict if runtime is not None else is_strict
         self.swapped: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        # rewritten function name → the graph traced for it (node names agree), for the tuner
         self.traced_graphs: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self.history: list[FunctionReport] = []
-        self.profiles: Any = None  # a runtime.profile.FunctionProfiles with AMP_REWRITE_PROFILE
-        self.callers = tf2_fallback.Callers()  # functions calling a rewritten guarded function
-        self.fell_back = tf2_fallback.FellBack()  # functions no loss scale helped
+        self.profiles: Any = None
+        if runtime is not None and runtime.settings.profile_after is not None:
+            from amp_rewrite.runtime.profile import FunctionProfiles
+
+            self.profiles = FunctionProfiles(runtime.settings.profile_after)
+        self.fallback = FloorFallback(self)
+
+    # --- registration -----------------------------------------------------
+
+    def register(self) -> None:
+        callbacks = tf_internals.concrete_function_callbacks()
+        if self.on_concrete_function not in callbacks:
+            callbacks.append(self.on_concrete_function)
+
+    def uninstall(self) -> None:
+        """Stops rewriting new traces and puts back the functions the runtime swapped.
+
+        Functions :func:`amp_rewrite.function` traced keep their rewritten
+        bodies; their records go to the marked functions' hook.
+        """
+        with LOCK:
+            callbacks = tf_internals.concrete_function_callbacks()
+            while self.on_concrete_function in callbacks:
+                callbacks.remove(self.on_concrete_function)
+            marked_hook = _marked_hook()
+            for cf, record in list(self.swapped.items()):
+                if not record.report.is_explicit:
+                    self.restore(cf)
+                elif marked_hook is not None:
+                    marked_hook.swapped[cf] = self.swapped.pop(cf)
+            self.fallback.forget()
+
+    # --- queries ----------------------------------------------------------
+
+    def record_of(self, concrete_function) -> SwapRecord | None:
+        return self.swapped.get(concrete_function)
+
+    def restore(self, concrete_function) -> None:
+        """Puts the traced state back into ``concrete_function``."""
+        with LOCK:
+            record = self.swapped.pop(concrete_function, None)
+            if record is not None:
+                tf_internals.set_concrete_function_state(concrete_function, record.traced_state)
+
+    def default_config(self) -> Config:
+        """The configuration for functions traced without one."""
+        return self.runtime.rewrite_config() if self.runtime is not None else _env_config()
+
+    @property
+    def loss_scaling(self):
+        """The runtime's TF2 loss scaling, or None (then nothing is guarded or watched)."""
+        return self.runtime.loss_scaling if self.runtime is not None else None
+
+    # --- the callback -----------------------------------------------------
+
+    def on_concrete_function(self, concrete_function) -> None:
+        """TensorFlow's callback: a ConcreteFunction was just traced."""
+        config = getattr(concrete_function.graph, MARK_ATTR, None)
+        is_explicit = config is not None
+        if self.runtime is None and (not is_explicit or _runtime_hook() is not None):
+            return
+        name = _function_name(concrete_function)
+        if TF_DATA_ATTR in concrete_function.function_def.attr:
+            logger.debug("tf.function %s: a tf.data function, left in float32", name)
+            return
+        config = config or self.default_config()
+        if not is_explicit:
+            reason = xla_keeps_float32(concrete_function.function_def, setting=self._setting(),
+                                       device_type=config.device_type)
+            if reason is not None:
+                logger.info("amp-rewrite: tf.function %s runs in float32: %s", name, reason)
+                return
+            config = self._with_float32_callees_opaque(concrete_function, config)
+        with LOCK:
+            if concrete_function in self.swapped or self.fallback.fell_back_before(concrete_function, name):
+                return
+            calls_guarded = self.fallback.note_guarded_calls(concrete_function)
+            try:
+                self._swap_in(concrete_function, config, is_explicit=is_explicit, calls_guarded=calls_guarded)
+            except Exception as exc:
+                reason = first_line(exc, with_type=True, if_empty=NO_MESSAGE)
+                if self.is_strict:
+                    raise RuntimeRewriteError(f"tf.function {name}: rewrite failed: {reason}") from exc
+                logger.warning("amp-rewrite: tf.function %s runs in float32: rewrite failed: %s", name, reason)
+            if calls_guarded and concrete_function not in self.swapped:
+                tf_internals.override_call(concrete_function, self.fallback.floor_watch(concrete_function))
+
+    def _setting(self) -> str | None:
+        """The target the runtime was asked for (``auto``, ``float16``, ``bfloat16``); None for marked functions."""
+        return self.runtime.requested.target if self.runtime is not None else None
+
+    def _with_float32_callees_opaque(self, concrete_function, config: Config) -> Config:
+        """``config`` leaving alone the functions the function calls that must stay float32.
+
+        Those are XLA-compiled functions on a CPU, and the traced bodies of
+        functions that fell back because no loss scale helped (Keras 3's train
+        function, traced again, calls such a one-step function).
+        """
+        from amp_rewrite.runtime.concrete import library_functions
+
+        setting = self._setting()
+        opaque = []
+        for name, function in sorted(library_functions(concrete_function.graph).items()):
+            reason = xla_keeps_float32(function.definition, setting=setting, device_type=config.device_type)
+            if reason is None and self.fallback.fell_back.has_body(name):
+                reason = tf2_fallback.FELL_BACK
+            if reason is not None:
+                opaque.append((name, reason))
+        return replace(config, opaque_functions=tuple(opaque)) if opaque else config
+
+    # --- swapping ---------------------------------------------------------
+
+    def _swap_in(self, concrete_function, config: Config, *, is_explicit: bool, calls_guarded: bool = False) -> None:
+        from amp_rewrite.runtime.concrete import rewrite_concrete
+
+        start = time.perf_counter()
+        name = _function_name(concrete_function)
+        scaling = self.loss_scaling
+        if scaling is not None:
+            scaling.check_traced(concrete_function.graph, name)
+        # XLA-compiled functions record no skip cause, so a skip there says nothing about the floor.
+        is_guarded = not is_xla_compiled(concrete_function.function_def) and (
+            calls_guarded or self.fallback.has_guarded_apply(concrete_function.graph))
+        extra: dict[str, Any] = {"is_probing_overflow": True} if scaling is not None and \
+            scaling.is_finding_overflow else {}
+        if config.is_tuning:
+            extra["traced_graphs"] = self.traced_graphs
+        rewritten = rewrite_concrete(concrete_function, config, **extra)
+        if rewritten.concrete_function is None:
+            logger.debug("tf.function %s: nothing to run in %s", name, config.target)
+            return
+        traced_state = tf_internals.concrete_function_state(concrete_function)
+        tf_internals.take_over_graph_collection(traced_state)
+        # With custom gradients, calls under a tape, and calls from another
+        # function's trace, keep the traced (float32) forward and backward functions.
+        new_state = tf_internals.runnable_state(tf_internals.concrete_function_state(rewritten.concrete_function),
+                                                inference_only=rewritten.has_custom_gradients)
+        report = FunctionReport(name=name, summary=_summary(rewritten.result),
+                                nodes_total=rewritten.result.nodes_total,
+                                seconds=time.perf_counter() - start,
+                                rewrite_seconds=rewritten.result.seconds, is_explicit=is_explicit,
+                                is_inference_only=rewritten.has_custom_gradients)
+        record = SwapRecord(report, traced_state, rewritten)
+        new_function: Any = rewritten.concrete_function
+        self.traced_graphs[new_function.function_def.signature.name] = concrete_function.graph
+        tf_internals.set_concrete_function_state(concrete_function, {**traced_state, **new_state})
+        then = self.fallback.floor_watch(concrete_function) if is_guarded else None
+        tf_internals.override_call(concrete_function, self._first_eager_call_guard(concrete_function, record,
+                                                                                   then=then))
+        if self.profiles is not None:
+            self.profiles.watch(concrete_function)
+        self.swapped[concrete_function] = record
+        self.history.append(report)
+        logger.info("amp-rewrite: tf.function %s: %s (rewrite %.3f s, reload %.3f s)", name,
+                    report.summary, report.rewrite_seconds, report.seconds - report.rewrite_seconds)
+        if report.is_inference_only:
+            logger.info("amp-rewrite: tf.function %s: calls under a GradientTape run it in float32, "
+                        "since the gradient would reach the custom gradient of %s", name,
+                        rewritten.custom_gradient_ops[0])
+
+    def _first_eager_call_guard(self, concrete_function, record: SwapRecord, *, then=None):
+        """A ``_call_flat`` that checks the first eager run of the rewritten function.
+
+        Once a run succeeds the guard removes itself, so later calls cost nothing,
+        or gives its place to ``then`` (the loss-scale floor watch).
+        """
+        function_ref = weakref.ref(concrete_function)
+
+        def call_flat(tensor_inputs, captured_inputs):
+            import tensorflow as tf
+
+            cf: Any = function_ref()
+            if not tf.executing_eagerly():
+                return tf_internals.call_concrete_function(cf, tensor_inputs, captured_inputs)  # builds a call
+            before = then.count() if then is not None else None
+            try:
+                outputs = tf_internals.call_concrete_function(cf, tensor_inputs, captured_inputs)
+            except Exception as exc:
+                return self._first_run_failed(cf, record, exc, tensor_inputs, captured_inputs)
+            if then is None:
+                tf_internals.drop_call_override(cf)
+            else:
+                tf_internals.override_call(cf, then)
+                then.check(cf, before)
+            return outputs
+
+        return call_flat
+
+    def _first_run_failed(self, cf, record: SwapRecord, exc, tensor_inputs, captured_inputs):
+        """The rewritten function failed on its first run: try the traced one."""
+        rewritten_state = tf_internals.concrete_function_state(cf)
+        tf_internals.set_concrete_function_state(cf, record.traced_state)
+        try:
+            outputs = tf_internals.call_concrete_function(cf, tensor_inputs, captured_inputs)
+        except Exception:
+            # The traced function fails too: the caller's error, not the rewrite's.
+            tf_internals.set_concrete_function_state(cf, rewritten_state)
+            raise exc from None
+        with LOCK:
+            self.swapped.pop(cf, None)
+        name = record.report.name
+        reason = "the rewritten function failed to run: " + first_line(exc, with_type=True, if_empty=NO_MESSAGE)
+        if self.is_strict:
+            raise RuntimeRewriteError(f"tf.function {name}: {reason}") from exc
+        logger.warning("amp-rewrite: tf.function %s runs in float32: %s", name, reason)
+        return outputs
 
 
-_HOOK = _Hook()
+class FloorFallback:
+    """A hook's fallback to float32 when no loss scale helps (:mod:`amp_rewrite.runtime.tf2_fallback`).
+
+    Attributes:
+        hook: the hook whose swapped functions fall back.
+        callers: functions calling a rewritten guarded function.
+        fell_back: functions no loss scale helped.
+    """
+
+    def __init__(self, hook: TracingHook):
+        self.hook = hook
+        self.callers = tf2_fallback.Callers()
+        self.fell_back = tf2_fallback.FellBack()
+
+    def forget(self) -> None:
+        self.callers.forget()
+        self.fell_back.clear()
+
+    def is_wanted(self) -> bool:
+        return tf2_fallback.is_wanted(self.hook.loss_scaling)
+
+    def has_guarded_apply(self, graph) -> bool:
+        scaling = self.hook.loss_scaling
+        return scaling is not None and scaling.has_guarded_apply(graph)
+
+    def floor_watch(self, concrete_function):
+        """The ``_call_flat`` that watches a function holding a guarded apply for skips at the scale floor, or None."""
+        if not self.is_wanted():
+            return None
+        return tf2_fallback.FloorWatch(concrete_function, self.hook.loss_scaling, self.fall_back_hopeless)
+
+    def note_guarded_calls(self, concrete_function) -> bool:
+        """Whether a just-traced function calls the rewritten body of a watched one (kept in ``callers``)."""
+        if not self.is_wanted():
+            return False
+        rewritten = {tf2_fallback.called_name(cf) for cf, record in self.hook.swapped.items()
+                     if not record.report.is_inference_only and self._holds_guarded_apply(record)
+                     and not is_xla_compiled(cf.function_def)}
+        return self.callers.note(concrete_function, rewritten)
+
+    def fell_back_before(self, concrete_function, name: str) -> bool:
+        """Whether an earlier trace of this function fell back (it stays as traced, with a line saying so)."""
+        graph = concrete_function.graph
+        if not (self.has_guarded_apply(graph) and self.fell_back.holds(name, graph)):
+            return False
+        logger.info("amp-rewrite: tf.function %s runs in float32: %s", name, tf2_fallback.FELL_BACK)
+        self.fell_back.add_body(tf2_fallback.called_name(concrete_function))
+        return True
+
+    def _holds_guarded_apply(self, record: SwapRecord) -> bool:
+        return self.has_guarded_apply(tf_internals.graph_in_state(record.traced_state))
+
+    def fall_back_hopeless(self, concrete_function, reason: str) -> None:
+        """No loss scale helps this function: from the next call it runs float32.
+
+        A rewritten function gets its traced body back, and so do the other
+        watched traces of the same name (a ``tf.function`` that creates variables
+        is traced twice, once creating them and once to run) and the rewritten
+        functions it calls. Every function whose graph calls one of those bodies
+        gets a float32 body (:class:`amp_rewrite.runtime.tf2_fallback.Callers`).
+        """
+        hook = self.hook
+        record = hook.record_of(concrete_function)
+        callees = self.callers.calls_of(concrete_function)
+        if record is None and not callees:
+            return
+        name = record.report.name if record is not None else _function_name(concrete_function)
+        if hook.is_strict:
+            raise RuntimeRewriteError(f"tf.function {name}: {reason}")
+        with LOCK:
+            names = {name} | {other.report.name for cf, other in hook.swapped.items()
+                              if tf2_fallback.called_name(cf) in callees}
+            hopeless = [cf for cf, other in hook.swapped.items()
+                        if other.report.name in names and self._holds_guarded_apply(other)]
+            replacements: dict[str, Any] = {}
+            for cf in dict.fromkeys([concrete_function, *hopeless]):
+                rewritten_name = tf2_fallback.called_name(cf)
+                if hook.record_of(cf) is not None:
+                    hook.restore(cf)
+                    replacements[rewritten_name] = tf_internals.inference_function(cf)
+                    self.fell_back.add(_function_name(cf), cf.graph)
+                    self.fell_back.add_body(tf2_fallback.called_name(cf))
+            self._fall_back_callers(name, replacements)
+        logger.warning("amp-rewrite: tf.function %s runs in float32 from the next call: %s", name, reason)
+
+    def _fall_back_callers(self, name: str, replacements: dict) -> None:
+        """Gives the functions calling the replaced bodies float32 bodies (a warning if one fails)."""
+        try:
+            changed = self.callers.fall_back(replacements, self.hook.restore)
+        except Exception as exc:
+            reason = first_line(exc, with_type=True, if_empty=NO_MESSAGE)
+            logger.warning("amp-rewrite: tf.function %s: a function calling it keeps its half body: "
+                           "building a float32 one failed: %s", name, reason)
+            return
+        for caller in changed:
+            logger.debug("tf.function %s: runs a float32 body from the next call", caller)
 
 
-def install(runtime: Runtime) -> None:
+# --- installing, and the process's hooks ---------------------------------------
+
+
+def install(runtime: Runtime) -> TracingHook | None:
     """Rewrites every ConcreteFunction traced from now on with ``runtime``'s configuration (the runtime's switch).
 
     With the settings' ``profile_after``, one eager call after that many
     calls of a rewritten function is profiled (:mod:`amp_rewrite.runtime.profile`).
 
     When this TensorFlow lacks an internal the hook needs, nothing is
-    installed: a warning names it (strict mode raises instead). Otherwise
-    the ledger records :func:`uninstall` as the way back.
+    installed and None returned: a warning names it (strict mode raises
+    instead). Otherwise the runtime's ledger records the hook's
+    :meth:`TracingHook.uninstall` as the way back.
     """
-    with LEDGER.lock:
-        _HOOK.runtime = runtime
-        profile_after = runtime.settings.profile_after
-        if profile_after is not None:
-            from amp_rewrite.runtime.profile import FunctionProfiles
-
-            _HOOK.profiles = FunctionProfiles(profile_after)
-        if not _has_tracing_internals():
-            return
-        _HOOK.is_global = True
-        _register_callback()
-        LEDGER.record(LEDGER_NAME, "transform.CONCRETE_FUNCTION_CALLBACKS and the functions it swaps",
-                      uninstall)
-
-
-def uninstall() -> None:
-    """Stops rewriting new traces and puts back the functions the runtime swapped."""
-    with LEDGER.lock:
-        _HOOK.is_global = False
-        _HOOK.runtime = None
-        _HOOK.profiles = None
-        _HOOK.callers.forget()
-        _HOOK.fell_back.clear()
-        for cf, record in list(_HOOK.swapped.items()):
-            if not record.report.is_explicit:
-                restore(cf)
-        if not _HOOK.wants_marked:
-            callbacks = tf_internals.concrete_function_callbacks()
-            while _on_concrete_function in callbacks:
-                callbacks.remove(_on_concrete_function)
+    with LOCK:
+        if not _has_tracing_internals(is_strict=runtime.settings.is_strict):
+            return None
+        hook = TracingHook(runtime)
+        hook.register()
+        runtime.ledger.record(LEDGER_NAME, "transform.CONCRETE_FUNCTION_CALLBACKS and the functions it swaps",
+                              hook.uninstall)
+        return hook
 
 
 def install_for_marked(*, is_strict: bool) -> bool:
-    """Makes the callback rewrite graphs :func:`marked` traced, whatever the runtime does.
+    """Makes a hook rewrite graphs :func:`marked` traced, whatever the runtime does.
 
     Args:
         is_strict: raise instead of running a function whose rewrite failed
@@ -169,18 +473,40 @@ def install_for_marked(*, is_strict: bool) -> bool:
 
     Returns False (after a warning) when this TensorFlow lacks an internal the hook needs.
     """
-    with LEDGER.lock:
-        _HOOK.is_strict_when_marked = _HOOK.is_strict_when_marked or is_strict
-        if not _has_tracing_internals():
+    with LOCK:
+        if not _has_tracing_internals(is_strict=is_strict):
             return False
-        _HOOK.wants_marked = True
-        _register_callback()
+        hook = _marked_hook()
+        if hook is None:
+            hook = TracingHook(is_strict=is_strict)
+            hook.register()
+        hook.is_strict = hook.is_strict or is_strict
         return True
 
 
-def _has_tracing_internals() -> bool:
+def installed_hooks() -> list[TracingHook]:
+    """The hooks in TensorFlow's list of tracing callbacks, in the order TensorFlow calls them."""
+    if "tensorflow" not in sys.modules:
+        return []
+    try:
+        callbacks = tf_internals.concrete_function_callbacks()
+    except (ImportError, AttributeError):  # a TensorFlow without the list has no hook
+        return []
+    return [callback.__self__ for callback in callbacks
+            if isinstance(getattr(callback, "__self__", None), TracingHook)]
+
+
+def _runtime_hook() -> TracingHook | None:
+    return next((hook for hook in installed_hooks() if hook.runtime is not None), None)
+
+
+def _marked_hook() -> TracingHook | None:
+    return next((hook for hook in installed_hooks() if hook.runtime is None), None)
+
+
+def _has_tracing_internals(*, is_strict: bool) -> bool:
     """Whether this TensorFlow has the tracing internals the hook needs (a warning, or strict's error, if not)."""
-    return tf_internals.usable([tf_internals.TRACING], "tf.function traces", is_strict=_is_strict())
+    return tf_internals.usable([tf_internals.TRACING], "tf.function traces", is_strict=is_strict)
 
 
 def marked(python_function, config: Config | None):
@@ -199,67 +525,53 @@ def marked(python_function, config: Config | None):
 
 
 def rewritten_functions() -> list[FunctionReport]:
-    """A report of every swap made so far in this process, oldest first."""
-    with LEDGER.lock:
-        return list(_HOOK.history)
+    """A report of every swap the installed hooks made, oldest first within each hook."""
+    with LOCK:
+        return [report for hook in installed_hooks() for report in hook.history]
 
 
 def swapped() -> list[tuple[object, FunctionReport]]:
     """The ConcreteFunctions running rewritten now, each with its report."""
-    with LEDGER.lock:
-        return [(cf, record.report) for cf, record in _HOOK.swapped.items()]
+    with LOCK:
+        return [(cf, record.report) for hook in installed_hooks() for cf, record in hook.swapped.items()]
 
 
 def record_of(concrete_function) -> SwapRecord | None:
     """The swap record of ``concrete_function``, or None when it runs as traced."""
-    return _HOOK.swapped.get(concrete_function)
+    return next((record for hook in installed_hooks()
+                 if (record := hook.record_of(concrete_function)) is not None), None)
 
 
 def restore(concrete_function) -> None:
     """Puts the traced state back into ``concrete_function``."""
-    with LEDGER.lock:
-        record = _HOOK.swapped.pop(concrete_function, None)
-        if record is not None:
-            tf_internals.set_concrete_function_state(concrete_function, record.traced_state)
+    for hook in installed_hooks():
+        hook.restore(concrete_function)
 
 
-def _register_callback() -> None:
-    callbacks = tf_internals.concrete_function_callbacks()
-    if _on_concrete_function not in callbacks:
-        callbacks.append(_on_concrete_function)
+def default_config() -> Config:
+    """The runtime's configuration while it rewrites; else the environment's, for float16.
+
+    Either is for the device type functions will run on. The runtime's was
+    read once, at its first rewrite, with its keep-float32 patterns and
+    tuning switches.
+    """
+    hook = _runtime_hook()
+    return hook.default_config() if hook is not None else _env_config()
 
 
-def _on_concrete_function(concrete_function) -> None:
-    """TensorFlow's callback: a ConcreteFunction was just traced."""
-    config = getattr(concrete_function.graph, MARK_ATTR, None)
-    is_explicit = config is not None
-    if not is_explicit and not _HOOK.is_global:
-        return
-    name = _function_name(concrete_function)
-    if TF_DATA_ATTR in concrete_function.function_def.attr:
-        logger.debug("tf.function %s: a tf.data function, left in float32", name)
-        return
-    config = config or default_config()
-    if not is_explicit:
-        reason = xla_keeps_float32(concrete_function.function_def, setting=_runtime_setting(),
-                                   device_type=config.device_type)
-        if reason is not None:
-            logger.info("amp-rewrite: tf.function %s runs in float32: %s", name, reason)
-            return
-        config = _with_float32_callees_opaque(concrete_function, config)
-    with LEDGER.lock:
-        if concrete_function in _HOOK.swapped or _fell_back_before(concrete_function, name):
-            return
-        calls_guarded = _note_guarded_calls(concrete_function)
-        try:
-            _swap_in(concrete_function, config, is_explicit=is_explicit, calls_guarded=calls_guarded)
-        except Exception as exc:
-            reason = first_line(exc, with_type=True, if_empty=NO_MESSAGE)
-            if _is_strict():
-                raise RuntimeRewriteError(f"tf.function {name}: rewrite failed: {reason}") from exc
-            logger.warning("amp-rewrite: tf.function %s runs in float32: rewrite failed: %s", name, reason)
-        if calls_guarded and concrete_function not in _HOOK.swapped:
-            tf_internals.override_call(concrete_function, _floor_watch(concrete_function))
+def _env_config() -> Config:
+    from amp_rewrite.op_registry import default_device_type
+
+    return Config.from_env(device_type=default_device_type(runs_here=True), target="float16")
+
+
+def _summary(result) -> str:
+    """The rewrite's numbers, without the FLOP share (which would build every body again)."""
+    return result.summary(with_flops=False)
+
+
+def _function_name(concrete_function) -> str:
+    return str(concrete_function.graph.name)
 
 
 def xla_keeps_float32(function_def, *, setting: str | None, device_type: str | None) -> str | None:
@@ -278,231 +590,4 @@ def is_xla_compiled(function_def) -> bool:
     """Whether a traced function is XLA-compiled (``jit_compile=True``)."""
     return XLA_ATTR in function_def.attr and function_def.attr[XLA_ATTR].b
 
-
-def _with_float32_callees_opaque(concrete_function, config: Config) -> Config:
-    """``config`` leaving alone the functions the function calls that must stay float32.
-
-    Those are XLA-compiled functions on a CPU, and the traced bodies of
-    functions that fell back because no loss scale helped (Keras 3's train
-    function, traced again, calls such a one-step function).
-    """
-    from amp_rewrite.runtime.concrete import library_functions
-
-    setting = _runtime_setting()
-    opaque = []
-    for name, function in sorted(library_functions(concrete_function.graph).items()):
-        reason = xla_keeps_float32(function.definition, setting=setting, device_type=config.device_type)
-        if reason is None and _HOOK.fell_back.has_body(name):
-            reason = tf2_fallback.FELL_BACK
-        if reason is not None:
-            opaque.append((name, reason))
-    return replace(config, opaque_functions=tuple(opaque)) if opaque else config
-
-
-def _runtime_setting() -> str | None:
-    """The target the runtime was asked for (``auto``, ``float16``, ``bfloat16``); None when it is off."""
-    return _HOOK.runtime.requested.target if _HOOK.runtime is not None else None
-
-
-def _swap_in(concrete_function, config: Config, *, is_explicit: bool, calls_guarded: bool = False) -> None:
-    from amp_rewrite.runtime import tf2_loss_scale
-    from amp_rewrite.runtime.concrete import rewrite_concrete
-
-    start = time.perf_counter()
-    name = _function_name(concrete_function)
-    tf2_loss_scale.check_traced(concrete_function.graph, name)
-    # XLA-compiled functions record no skip cause, so a skip there says nothing about the floor.
-    is_guarded = not is_xla_compiled(concrete_function.function_def) and (
-        calls_guarded or tf2_loss_scale.has_guarded_apply(concrete_function.graph))
-    extra: dict[str, Any] = {"is_probing_overflow": True} if tf2_loss_scale.is_finding_overflow() else {}
-    if config.is_tuning:
-        extra["traced_graphs"] = _HOOK.traced_graphs
-    rewritten = rewrite_concrete(concrete_function, config, **extra)
-    if rewritten.concrete_function is None:
-        logger.debug("tf.function %s: nothing to run in %s", name, config.target)
-        return
-    traced_state = tf_internals.concrete_function_state(concrete_function)
-    tf_internals.take_over_graph_collection(traced_state)
-    # With custom gradients, calls under a tape, and calls from another
-    # function's trace, keep the traced (float32) forward and backward functions.
-    new_state = tf_internals.runnable_state(tf_internals.concrete_function_state(rewritten.concrete_function),
-                                            inference_only=rewritten.has_custom_gradients)
-    report = FunctionReport(name=name, summary=_summary(rewritten.result),
-                            nodes_total=rewritten.result.nodes_total,
-                            seconds=time.perf_counter() - start,
-                            rewrite_seconds=rewritten.result.seconds, is_explicit=is_explicit,
-                            is_inference_only=rewritten.has_custom_gradients)
-    record = SwapRecord(report, traced_state, rewritten)
-    new_function: Any = rewritten.concrete_function
-    _HOOK.traced_graphs[new_function.function_def.signature.name] = concrete_function.graph
-    tf_internals.set_concrete_function_state(concrete_function, {**traced_state, **new_state})
-    tf_internals.override_call(concrete_function, _first_eager_call_guard(
-        concrete_function, record, then=_floor_watch(concrete_function) if is_guarded else None))
-    if _HOOK.profiles is not None:
-        _HOOK.profiles.watch(concrete_function)
-    _HOOK.swapped[concrete_function] = record
-    _HOOK.history.append(report)
-    logger.info("amp-rewrite: tf.function %s: %s (rewrite %.3f s, reload %.3f s)", name,
-                report.summary, report.rewrite_seconds, report.seconds - report.rewrite_seconds)
-    if report.is_inference_only:
-        logger.info("amp-rewrite: tf.function %s: calls under a GradientTape run it in float32, "
-                    "since the gradient would reach the custom gradient of %s", name,
-                    rewritten.custom_gradient_ops[0])
-
-
-def _first_eager_call_guard(concrete_function, record: SwapRecord, *, then=None):
-    """A ``_call_flat`` that checks the first eager run of the rewritten function.
-
-    Once a run succeeds the guard removes itself, so later calls cost nothing,
-    or gives its place to ``then`` (the loss-scale floor watch).
-    """
-    function_ref = weakref.ref(concrete_function)
-
-    def call_flat(tensor_inputs, captured_inputs):
-        import tensorflow as tf
-
-        cf: Any = function_ref()
-        if not tf.executing_eagerly():
-            return tf_internals.call_concrete_function(cf, tensor_inputs, captured_inputs)  # builds a call
-        before = then.count() if then is not None else None
-        try:
-            outputs = tf_internals.call_concrete_function(cf, tensor_inputs, captured_inputs)
-        except Exception as exc:
-            return _first_run_failed(cf, record, exc, tensor_inputs, captured_inputs)
-        if then is None:
-            tf_internals.drop_call_override(cf)
-        else:
-            tf_internals.override_call(cf, then)
-            then.check(cf, before)
-        return outputs
-
-    return call_flat
-
-
-def _floor_watch(concrete_function):
-    """The ``_call_flat`` that watches a function holding a guarded apply for skips at the scale floor, or None."""
-    return tf2_fallback.floor_watch(concrete_function, _fall_back_hopeless) if tf2_fallback.is_wanted() else None
-
-
-def _note_guarded_calls(concrete_function) -> bool:
-    """Whether a just-traced function calls the rewritten body of a watched one (kept in ``_HOOK.callers``)."""
-    if not tf2_fallback.is_wanted():
-        return False
-    rewritten = {tf2_fallback.called_name(cf) for cf, record in _HOOK.swapped.items()
-                 if not record.report.is_inference_only and _holds_guarded_apply(record)
-                 and not is_xla_compiled(cf.function_def)}
-    return _HOOK.callers.note(concrete_function, rewritten)
-
-
-def _fell_back_before(concrete_function, name: str) -> bool:
-    """Whether an earlier trace of this function fell back (it stays as traced, with a line saying so)."""
-    from amp_rewrite.runtime import tf2_loss_scale
-
-    graph = concrete_function.graph
-    if not (tf2_loss_scale.has_guarded_apply(graph) and _HOOK.fell_back.holds(name, graph)):
-        return False
-    logger.info("amp-rewrite: tf.function %s runs in float32: %s", name, tf2_fallback.FELL_BACK)
-    _HOOK.fell_back.add_body(tf2_fallback.called_name(concrete_function))
-    return True
-
-
-def _holds_guarded_apply(record: SwapRecord) -> bool:
-    from amp_rewrite.runtime import tf2_loss_scale
-
-    return tf2_loss_scale.has_guarded_apply(tf_internals.graph_in_state(record.traced_state))
-
-
-def _fall_back_hopeless(concrete_function, reason: str) -> None:
-    """No loss scale helps this function: from the next call it runs float32.
-
-    A rewritten function gets its traced body back, and so do the other
-    watched traces of the same name (a ``tf.function`` that creates variables
-    is traced twice, once creating them and once to run) and the rewritten
-    functions it calls. Every function whose graph calls one of those bodies
-    gets a float32 body (:class:`amp_rewrite.runtime.tf2_fallback.Callers`).
-    """
-    record = record_of(concrete_function)
-    callees = _HOOK.callers.calls_of(concrete_function)
-    if record is None and not callees:
-        return
-    name = record.report.name if record is not None else _function_name(concrete_function)
-    if _is_strict():
-        raise RuntimeRewriteError(f"tf.function {name}: {reason}")
-    with LEDGER.lock:
-        names = {name} | {other.report.name for cf, other in _HOOK.swapped.items()
-                          if tf2_fallback.called_name(cf) in callees}
-        hopeless = [cf for cf, other in _HOOK.swapped.items()
-                    if other.report.name in names and _holds_guarded_apply(other)]
-        replacements: dict[str, Any] = {}
-        for cf in dict.fromkeys([concrete_function, *hopeless]):
-            rewritten_name = tf2_fallback.called_name(cf)
-            if record_of(cf) is not None:
-                restore(cf)
-                replacements[rewritten_name] = tf_internals.inference_function(cf)
-                _HOOK.fell_back.add(_function_name(cf), cf.graph)
-                _HOOK.fell_back.add_body(tf2_fallback.called_name(cf))
-        _fall_back_callers(name, replacements)
-    logger.warning("amp-rewrite: tf.function %s runs in float32 from the next call: %s", name, reason)
-
-
-def _fall_back_callers(name: str, replacements: dict) -> None:
-    """Gives the functions calling the replaced bodies float32 bodies (a warning if one fails)."""
-    try:
-        changed = _HOOK.callers.fall_back(replacements, restore)
-    except Exception as exc:
-        reason = first_line(exc, with_type=True, if_empty=NO_MESSAGE)
-        logger.warning("amp-rewrite: tf.function %s: a function calling it keeps its half body: "
-                       "building a float32 one failed: %s", name, reason)
-        return
-    for caller in changed:
-        logger.debug("tf.function %s: runs a float32 body from the next call", caller)
-
-
-def _first_run_failed(cf, record: SwapRecord, exc, tensor_inputs, captured_inputs):
-    """The rewritten function failed on its first run: try the traced one."""
-    rewritten_state = tf_internals.concrete_function_state(cf)
-    tf_internals.set_concrete_function_state(cf, record.traced_state)
-    try:
-        outputs = tf_internals.call_concrete_function(cf, tensor_inputs, captured_inputs)
-    except Exception:
-        # The traced function fails too: the caller's error, not the rewrite's.
-        tf_internals.set_concrete_function_state(cf, rewritten_state)
-        raise exc from None
-    with LEDGER.lock:
-        _HOOK.swapped.pop(cf, None)
-    name = record.report.name
-    reason = "the rewritten function failed to run: " + first_line(exc, with_type=True, if_empty=NO_MESSAGE)
-    if _is_strict():
-        raise RuntimeRewriteError(f"tf.function {name}: {reason}") from exc
-    logger.warning("amp-rewrite: tf.function %s runs in float32: %s", name, reason)
-    return outputs
-
-
-def default_config() -> Config:
-    """The runtime's configuration while it rewrites; else the environment's, for float16.
-
-    Either is for the device type functions will run on. The runtime's was
-    read once, when it chose its target, with its keep-float32 patterns and
-    tuning switches.
-    """
-    from amp_rewrite.op_registry import default_device_type
-
-    if _HOOK.runtime is not None:
-        return _HOOK.runtime.rewrite_config()
-    return Config.from_env(device_type=default_device_type(runs_here=True), target="float16")
-
-
-def _is_strict() -> bool:
-    if _HOOK.runtime is not None:
-        return _HOOK.runtime.settings.is_strict
-    return _HOOK.is_strict_when_marked
-
-
-def _summary(result) -> str:
-    """The rewrite's numbers, without the FLOP share (which would build every body again)."""
-    return result.summary(with_flops=False)
-
-
-def _function_name(concrete_function) -> str:
-    return str(concrete_function.graph.name)
 
