@@ -1,6 +1,6 @@
 """Every environment variable amp-rewrite reads, by name, and how a switch is spelled.
 
-The package reads the environment at two entry points only, each once into a
+The package reads the environment at three entry points only, each once into a
 frozen value that everything after it is given:
 
 - :meth:`amp_rewrite.Config.from_env`: a rewrite's configuration (TensorFlow's

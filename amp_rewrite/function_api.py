@@ -47,9 +47,10 @@ def function(func=None, *, target: str | None = None, config: Config | None = No
 
     if target is not None:
         config = replace(config if config is not None else tf_function.default_config(), target=target)
-    if not tf_function.install_for_marked(is_strict=is_true(os.environ.get(STRICT_ENV))):
+    hook = tf_function.install_for_marked(is_strict=is_true(os.environ.get(STRICT_ENV)))
+    if hook is None:
         return tf.function(func, **tf_function_kwargs)  # untested TensorFlow: plain float32
-    return tf.function(tf_function.marked(func, config), **tf_function_kwargs)
+    return tf.function(tf_function.marked(func, config, hook), **tf_function_kwargs)
 
 
 def rewrite_concrete_function(concrete_function, *, target: str | None = None,

@@ -384,6 +384,11 @@ def create_slots(optimizer, var_list) -> None:
     optimizer._create_slots(var_list)  # noqa: SLF001
 
 
+def saver_var_list(saver) -> Any:
+    """A TF1 Saver's variables (a list, or a dict by checkpoint key); None when it has none recorded."""
+    return getattr(saver, "_var_list", None)
+
+
 def saver_settings(saver) -> tuple[Any, bool, bool]:
     """A TF1 Saver's ``(var_list, sharded, reshape)``, to build a Saver like it."""
     return saver._var_list, saver._sharded, saver._reshape  # noqa: SLF001

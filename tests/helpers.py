@@ -185,3 +185,19 @@ def assert_one_line_error(stderr: str, message: str) -> str:
     assert lines[0].startswith("amp-rewrite: error: "), stderr
     assert "Traceback (most recent call last)" not in stderr, stderr
     return lines[0]
+
+
+def runner_of(sess):
+    """The enabled runtime's runner of ``sess`` (its shadow graph and session); None when it has none."""
+    from amp_rewrite import runtime
+
+    active = runtime.current_runtime()
+    return active.objects.runners.get(sess) if active is not None else None
+
+
+def loss_scale_reports(graph) -> tuple:
+    """The loss-scale reports the enabled runtime keeps for ``graph`` (one per guarded step built in it)."""
+    from amp_rewrite import runtime
+
+    active = runtime.current_runtime()
+    return active.objects.loss_scale_reports.get(graph, ()) if active is not None else ()

@@ -15,13 +15,13 @@ from helpers import (
     mlp_session_graph,
     our_lines,
     rng,
+    runner_of,
     tf1,
 )
 
 from amp_rewrite import Config
 from amp_rewrite.errors import UsageError
 from amp_rewrite.keep_patterns import split_env
-from amp_rewrite.runtime.session import RUNNER_ATTR
 from amp_rewrite.runtime.settings import KEEP_FLOAT32_ENV, RuntimeSettings
 
 X = rng(3).normal(size=(4, 8)).astype(np.float32)
@@ -117,7 +117,7 @@ def test_runtime_session_keeps_matching_nodes_float32(amp_runtime):
     with tf1.Session(graph=graph) as sess:
         sess.run("init")
         sess.run("y:0", {"x:0": X})
-        shadow = getattr(sess, RUNNER_ATTR).shadow_graph
+        shadow = runner_of(sess).shadow_graph
     assert shadow.get_operation_by_name("mm1").get_attr("T") == tf.float16
     assert shadow.get_operation_by_name("relu1").get_attr("T") == tf.float32
 

@@ -4,9 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from helpers import mlp_session_graph as mlp_graph
-from helpers import rng, tf1
-
-from amp_rewrite.runtime.session import RUNNER_ATTR
+from helpers import rng, runner_of, tf1
 
 X = rng().normal(size=(4, 8)).astype(np.float32)
 
@@ -25,7 +23,7 @@ def float32_session():
 
 def shadow_run_forbidden(sess, monkeypatch):
     """Later calls must not go through the shadow session's general ``run``."""
-    shadow = getattr(sess, RUNNER_ATTR).shadow_session
+    shadow = runner_of(sess).shadow_session
 
     def fail(*args, **kwargs):
         raise AssertionError("the general path ran")
@@ -50,7 +48,7 @@ def test_repeated_calls_keep_structure_dtypes_and_values(amp_runtime, monkeypatc
             sess.run([y, marker, relu1, y], {x: X})
             sess.run((relu1,), {x: X})
             sess.run(relu1, {x: X})
-        assert getattr(sess, RUNNER_ATTR).shadow_graph.get_tensor_by_name("relu1:0").dtype == tf.float16
+        assert runner_of(sess).shadow_graph.get_tensor_by_name("relu1:0").dtype == tf.float16
         shadow_run_forbidden(sess, monkeypatch)
         later = [sess.run([y, marker, relu1, y], {x: X}) for _ in range(2)]
         later_tuple = sess.run((relu1,), {x: X})
@@ -79,7 +77,7 @@ def test_a_tensor_that_became_half_is_fed_in_its_new_dtype_on_every_call(amp_run
         sess.run("init")
         sess.run(y, {x: X})  # the rewrite: relu1 becomes half before anyone feeds it
         got = [sess.run(y, {relu1: value}) for _ in range(2)]
-        shadow = getattr(sess, RUNNER_ATTR).shadow_graph
+        shadow = runner_of(sess).shadow_graph
         shadow_run_forbidden(sess, monkeypatch)
         got += [sess.run(y, {relu1: value}), sess.run(y, {relu1: value.astype(np.float64)})]
     assert shadow.get_tensor_by_name("relu1:0").dtype == tf.float16
@@ -101,7 +99,7 @@ def test_later_calls_raise_the_errors_session_run_raises(amp_runtime):
         with pytest.raises(ValueError):
             sess.run(y, {x: np.array([["a"] * 8] * 4)})
         np.testing.assert_array_equal(sess.run(y, {x: X.tolist()}), good)  # a nested list still feeds
-        assert getattr(sess, RUNNER_ATTR).fallback_reason is None
+        assert runner_of(sess).fallback_reason is None
     with pytest.raises(RuntimeError, match="closed Session"):
         sess.run(y, {x: X})
 
@@ -128,7 +126,7 @@ def test_calls_resolved_before_the_graph_grew_see_the_new_shadow(amp_runtime):
     with tf1.Session(graph=graph) as sess:
         sess.run("init")
         before = [sess.run(y, {x: X}) for _ in range(2)]
-        old_shadow = getattr(sess, RUNNER_ATTR).shadow_graph
+        old_shadow = runner_of(sess).shadow_graph
         with graph.as_default():
             w3 = tf1.get_variable("w3", [4, 2], initializer=tf1.initializers.ones())
             z = tf.matmul(y, w3, name="z")
@@ -136,7 +134,7 @@ def test_calls_resolved_before_the_graph_grew_see_the_new_shadow(amp_runtime):
         sess.run(init3)
         after = [sess.run(y, {x: X}) for _ in range(2)]
         z_value = sess.run(z, {x: X})
-        new_shadow = getattr(sess, RUNNER_ATTR).shadow_graph
+        new_shadow = runner_of(sess).shadow_graph
     assert new_shadow is not old_shadow
     assert new_shadow.get_operation_by_name("mm1").get_attr("T") == tf.float16
     for value in after:

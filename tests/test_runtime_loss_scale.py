@@ -5,7 +5,7 @@ import logging
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import tf1
+from helpers import runner_of, tf1
 
 from amp_rewrite.errors import UsageError
 from amp_rewrite.runtime import loss_scale
@@ -177,7 +177,7 @@ def run_momentum_steps(steps, x):
         sess.run(init)
         for _ in range(steps):
             sess.run(train, {"x:0": x, "multiplier:0": 1e-10})
-        return sess.run(w), sess.run(tf1.train.get_global_step(graph)), getattr(sess, "_amp_rewrite_runner", None)
+        return sess.run(w), sess.run(tf1.train.get_global_step(graph)), runner_of(sess)
 
 
 def test_half_that_no_scale_can_train_falls_back_to_float32_keeping_values(amp_runtime, caplog):

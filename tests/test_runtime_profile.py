@@ -3,13 +3,12 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import mlp_session_graph, tf1
+from helpers import mlp_session_graph, runner_of, tf1
 from tensorflow.core.framework import step_stats_pb2
 
 from amp_rewrite.errors import UsageError
 from amp_rewrite.runtime import tf_function
 from amp_rewrite.runtime.profile import OpTime, render_table, step_stats_ops
-from amp_rewrite.runtime.session import RUNNER_ATTR
 from amp_rewrite.runtime.settings import RuntimeSettings
 
 FEED = {"x:0": np.ones((4, 8), np.float32)}
@@ -32,7 +31,7 @@ def run_session(steps: int):
     with tf1.Session(graph=graph) as sess:
         sess.run(graph.get_operation_by_name("init"))
         values = [sess.run("y:0", FEED) for _ in range(steps)]
-        return values, getattr(sess, RUNNER_ATTR)
+        return values, runner_of(sess)
 
 
 def test_session_step_after_n_is_profiled_once_and_the_watcher_leaves(amp_runtime, capfd):

@@ -5,10 +5,10 @@ import logging
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import rng, tf1
+from helpers import rng, runner_of, tf1
 
 from amp_rewrite.runtime import loss_scale
-from amp_rewrite.runtime.session import RUNNER_ATTR, RuntimeRewriteError
+from amp_rewrite.runtime.session import RuntimeRewriteError
 from amp_rewrite.runtime.settings import RuntimeSettings
 
 X = rng().normal(size=(16, 8)).astype(np.float32)
@@ -18,7 +18,7 @@ HUGE = 3e4
 
 
 def runner(sess):
-    return getattr(sess, RUNNER_ATTR)
+    return runner_of(sess)
 
 
 def model(*, with_optimizer=True, check=True):

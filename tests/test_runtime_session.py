@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from helpers import mlp_session_graph as mlp_graph
-from helpers import rng, tf1
+from helpers import rng, runner_of, tf1
 
 import amp_rewrite
 from amp_rewrite.op_lists import load_lists
-from amp_rewrite.runtime.session import CAST_BACK_SUFFIX, RUNNER_ATTR, RuntimeRewriteError
+from amp_rewrite.runtime.session import CAST_BACK_SUFFIX, RuntimeRewriteError
 from amp_rewrite.runtime.session import keeper as session_module
 from amp_rewrite.runtime.settings import RuntimeSettings
 
@@ -27,7 +27,7 @@ def float32_values(fetches, feeds=None):
 
 
 def runner(sess):
-    return getattr(sess, RUNNER_ATTR)
+    return runner_of(sess)
 
 
 def test_session_runs_the_rewritten_graph_and_returns_script_dtypes(amp_runtime):

@@ -5,10 +5,11 @@ import logging
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import loss_scale_reports, runner_of
 
 from amp_rewrite import runtime
 from amp_rewrite.errors import UsageError
-from amp_rewrite.runtime import loss_scale, session, target
+from amp_rewrite.runtime import loss_scale, target
 from amp_rewrite.runtime.settings import RuntimeSettings
 
 tf1 = tf.compat.v1
@@ -137,7 +138,7 @@ def losses(graph, loss, train, init, steps=5):
     with tf1.Session(graph=graph) as sess:
         sess.run(init)
         out = [sess.run([loss, train], batch())[0] for _ in range(steps)]
-        shadow = getattr(sess, session.RUNNER_ATTR, None)
+        shadow = runner_of(sess)
         return out, (shadow.shadow_graph if shadow is not None else None)
 
 
@@ -147,7 +148,7 @@ def test_bfloat16_adds_no_loss_scale_ops_and_trains_in_bfloat16(amp_runtime):
     graph, loss, train, init = train_graph()
     assert not graph.get_collection(loss_scale.STATE_COLLECTION)
     assert not [op.name for op in graph.get_operations() if "amp_loss_scale" in op.name]
-    assert not loss_scale.reports_of(graph)
+    assert not loss_scale_reports(graph)
     got, shadow = losses(graph, loss, train, init)
     assert shadow.get_operation_by_name("mm1").get_attr("T") == tf.bfloat16
     assert shadow.get_operation_by_name("logits").get_attr("T") == tf.bfloat16
@@ -169,7 +170,7 @@ def test_float16_keeps_dynamic_loss_scaling(amp_runtime):
     amp_runtime(RuntimeSettings(target="float16"))
     graph, *_ = train_graph()
     assert len(graph.get_collection(loss_scale.STATE_COLLECTION)) == 3
-    assert loss_scale.reports_of(graph)
+    assert loss_scale_reports(graph)
 
 
 @pytest.mark.parametrize("setting, scales", [("bfloat16", False), ("float16", True)])

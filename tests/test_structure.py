@@ -2,8 +2,9 @@
 
 Reads the source as ``tools/runtime_structure.py`` does (nothing imported).
 A module-level object in the runtime besides the one optional reference to
-the enabled :class:`~amp_rewrite.runtime.core.Runtime` would be a second
-answer to "is the runtime on, with what settings".
+the enabled :class:`~amp_rewrite.runtime.core.Runtime`, or an attribute the
+runtime sets on TensorFlow's objects, would be a second answer to "is the
+runtime on, with what settings" (what it knows of objects is in the value's records).
 """
 
 import importlib.util
@@ -33,6 +34,11 @@ def test_the_runtime_keeps_its_state_in_one_reference():
     assert tool.module_objects(tool.module_files(ROOT), "amp_rewrite.runtime") == ["amp_rewrite.runtime._ACTIVE"]
 
 
+def test_the_runtime_sets_no_attribute_on_other_objects():
+    tool = structure_tool()
+    assert tool.attributes_set_on_objects(tool.module_files(ROOT), "amp_rewrite.runtime") == []
+
+
 def test_the_tool_sees_what_it_counts(tmp_path):
     """A cycle through a function-level import, and module-level state, are found; type-only imports are not."""
     package = tmp_path / "amp_rewrite"
@@ -46,10 +52,14 @@ def test_the_tool_sees_what_it_counts(tmp_path):
         "from dataclasses import dataclass\n"
         "class Hook:\n    pass\n"
         "@dataclass(frozen=True)\nclass Choice:\n    pass\n"
-        "HOOK = Hook()\nCHOICE = Choice()\n_ACTIVE: Hook | None = None\n")
+        "HOOK = Hook()\nCHOICE = Choice()\n_ACTIVE: Hook | None = None\n"
+        "def mark(session):\n    setattr(session, 'seen', True)\n    object.__setattr__(session, 'kept', 1)\n")
+    (package / "runtime" / "ledger.py").write_text("def install(owner, patched):\n    setattr(owner, 'run', patched)\n")
     tool = structure_tool()
     modules = tool.module_files(tmp_path)
     cycles = list(nx.simple_cycles(tool.import_graph(modules)))
     assert [sorted(c) for c in cycles] == [["amp_rewrite.b", "amp_rewrite.c"]]
     assert tool.module_objects(modules, "amp_rewrite.runtime") == ["amp_rewrite.runtime.HOOK",
                                                                     "amp_rewrite.runtime._ACTIVE"]
+    assert tool.attributes_set_on_objects(modules, "amp_rewrite.runtime") == ["amp_rewrite.runtime:11",
+                                                                              "amp_rewrite.runtime:12"]

@@ -13,12 +13,11 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import mlp_session_graph, rng, tf1
+from helpers import mlp_session_graph, rng, runner_of, tf1
 
 from amp_rewrite import runtime, tf_internals
 from amp_rewrite.errors import RuntimeRewriteError
 from amp_rewrite.runtime import tf_function
-from amp_rewrite.runtime.session import RUNNER_ATTR
 from amp_rewrite.runtime.settings import RuntimeSettings
 
 X = rng().normal(size=(4, 8)).astype(np.float32)
@@ -86,7 +85,7 @@ def test_a_missing_session_internal_leaves_sessions_float32_with_one_line(amp_ru
         with tf1.Session(graph=graph) as sess:
             sess.run("init")
             got = sess.run("y:0", {"x:0": X})
-            assert getattr(sess, RUNNER_ATTR, None) is None
+            assert runner_of(sess) is None
     assert np.array_equal(got, want)
     assert [r.getMessage() for r in caplog.records] == [expected]
     assert runtime.is_enabled()  # tf.function traces are rewritten still
@@ -101,7 +100,7 @@ def test_a_missing_loss_scaling_internal_keeps_float16_sessions_float32(amp_runt
         with tf1.Session(graph=graph) as sess:
             sess.run("init")
             assert np.array_equal(sess.run("y:0", {"x:0": X}), want)
-            assert getattr(sess, RUNNER_ATTR, None) is None
+            assert runner_of(sess) is None
     assert [r.getMessage() for r in caplog.records] == [expected]
 
 

@@ -1,11 +1,15 @@
-"""Structure counts of a checkout: import cycles, files over 600 lines, module-level runtime objects.
+"""Structure counts of a checkout: import cycles, files over 600 lines, the runtime's state outside its value.
 
 Reads the source only (nothing is imported). Imports inside functions count
 as imports: a function-level import that reaches back up is still a cycle.
 Imports under ``if TYPE_CHECKING:`` do not: they are never executed, and
 only name types in annotations. Module-level objects are names bound to an
 instance of one of the package's classes, or annotated with one, except
-instances of frozen (immutable) classes, which are constants.
+instances of frozen (immutable) classes, which are constants. Attributes set
+on other objects are the runtime's ``setattr(...)`` and
+``object.__setattr__(...)`` calls outside its ledger (whose one ``setattr`` is
+how a patch goes in, recorded with its undo): state stuck on TensorFlow's or
+Keras' objects instead of kept on the runtime's value.
 Usage: ``python tools/runtime_structure.py [CHECKOUT]`` (default: this one).
 """
 
@@ -95,6 +99,26 @@ def module_objects(modules: dict[str, Path], prefix: str) -> list[str]:
     return found
 
 
+def attributes_set_on_objects(modules: dict[str, Path], prefix: str,
+                              patcher: str = "amp_rewrite.runtime.ledger") -> list[str]:
+    """``module:line`` of each ``setattr``/``object.__setattr__`` call in ``prefix``'s modules but ``patcher``."""
+    found = []
+    for name, path in modules.items():
+        if not name.startswith(prefix) or name == patcher:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and _is_setattr(node.func):
+                found.append(f"{name}:{node.lineno}")
+    return found
+
+
+def _is_setattr(func: ast.expr) -> bool:
+    if isinstance(func, ast.Name):
+        return func.id == "setattr"
+    return isinstance(func, ast.Attribute) and func.attr == "__setattr__" and \
+        isinstance(func.value, ast.Name) and func.value.id == "object"
+
+
 def main() -> None:
     root = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parent.parent)
     modules = module_files(root)
@@ -106,6 +130,9 @@ def main() -> None:
     big = sorted(((len(p.read_text().splitlines()), n) for n, p in modules.items()), reverse=True)
     print(f"files over {BIG} lines: " + ", ".join(f"{n} ({lines})" for lines, n in big if lines > BIG))
     print("module-level objects in the runtime: " + ", ".join(module_objects(modules, "amp_rewrite.runtime")))
+    attributes = attributes_set_on_objects(modules, "amp_rewrite.runtime")
+    print(f"attributes the runtime sets on other objects: {len(attributes)}"
+          + "".join(f"\n  {where}" for where in attributes))
 
 
 if __name__ == "__main__":

@@ -40,7 +40,6 @@ from tensorflow.core.protobuf import config_pb2  # noqa: E402
 from tensorflow.python.client import session as session_lib  # noqa: E402
 
 from amp_rewrite import runtime  # noqa: E402
-from amp_rewrite.runtime.session import RUNNER_ATTR  # noqa: E402
 
 tf1 = tf.compat.v1
 UNPATCHED_RUN = session_lib.BaseSession.run
@@ -78,7 +77,7 @@ def main() -> None:
     try:
         sess, fetches, feed = tiny_training_session()
         sess.run(fetches, feed)
-        runner = getattr(sess, RUNNER_ATTR)
+        runner = runtime.current_runtime().objects.runners.get(sess)
         plan = list(runner.plans.values())[-1]  # the training step's, made last
         shadow_feed = {plan.feeds[t.name].tensor: v for t, v in feed.items()}
         options = config_pb2.CallableOptions(
@@ -118,7 +117,7 @@ def main() -> None:
 
 def patch_python_work(sess, fetches, feed) -> float:
     """Microseconds per patched ``sess.run`` with the shadow step replaced by its recorded values."""
-    runner = getattr(sess, RUNNER_ATTR)
+    runner = runtime.current_runtime().objects.runners.get(sess)
     (call,) = runner.keeper.calls.values()  # the one fast call the timed loop resolved
     values = call.session._do_call(call.run, *[feed[t] for t in feed])
     real_run = call.run

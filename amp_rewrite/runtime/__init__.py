@@ -42,6 +42,7 @@ from amp_rewrite import tf_internals
 from amp_rewrite.runtime import multi_worker
 from amp_rewrite.runtime.core import Runtime
 from amp_rewrite.runtime.ledger import LOCK, Entry, bound
+from amp_rewrite.runtime.records import ObjectRecords
 from amp_rewrite.runtime.settings import RuntimeSettings, scales_loss
 from amp_rewrite.runtime.target import TargetChoice, choose_target
 
@@ -50,8 +51,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RuntimeSettings", "TargetChoice", "current_settings", "current_target", "disable", "enable",
-           "installed_changes", "is_enabled", "loss_scaling", "scales_loss", "target_choice"]
+__all__ = ["Runtime", "RuntimeSettings", "TargetChoice", "current_runtime", "current_settings", "current_target",
+           "disable", "enable", "installed_changes", "is_enabled", "loss_scaling", "scales_loss", "target_choice"]
 
 
 # Names of the runtime's entries in the ledger.
@@ -101,6 +102,7 @@ def disable() -> None:
         active, _ACTIVE = _ACTIVE, None
         if active is not None:
             active.ledger.uninstall_all()
+            active.objects.clear()
 
 
 def is_enabled() -> bool:
@@ -112,6 +114,11 @@ def installed_changes(name: str | None = None) -> list[Entry]:
     """The changes the runtime made and has not undone, oldest first; only those of ``name`` when given."""
     active = _ACTIVE
     return active.ledger.installed(name) if active is not None else []
+
+
+def current_runtime() -> Runtime | None:
+    """The :class:`Runtime` value while the runtime is enabled (its settings, choice, ledger, records); else None."""
+    return _ACTIVE
 
 
 def target_choice() -> TargetChoice | None:
@@ -203,16 +210,16 @@ def _patch_table(active: Runtime):
 
     base = tf_internals.base_session_class()
     settings = active.settings
-    scaling = settings.loss_scale
+    scaling = loss_scale.TF1LossScaling(settings.loss_scale, active.objects)
     table: list[tuple[str, Any, str, Callable[..., Any]]] = [
-        (SESSION, base, "__init__", session.patched_init),
+        (SESSION, base, "__init__", bound(session.patched_init, active)),
         (SESSION, base, "run", bound(session.patched_run, active)),
         (SESSION, base, "make_callable", bound(session.patched_make_callable, active)),
         (SESSION, base, "_make_callable_from_options",
          bound(session.patched_make_callable_from_options, active)),
         (SESSION, base, "partial_run_setup", bound(session.patched_partial_run_setup, active)),
         (SESSION, base, "partial_run", bound(session.patched_partial_run, active)),
-        (SESSION, base, "close", session.patched_close),
+        (SESSION, base, "close", bound(session.patched_close, active)),
     ]
     if scales_loss(settings):
         table += [
@@ -220,9 +227,10 @@ def _patch_table(active: Runtime):
              bound(loss_scale.scaled_compute_gradients, scaling)),
             (TF1_LOSS_SCALING, tf.compat.v1.train.Optimizer, "apply_gradients",
              bound(loss_scale.guarded_apply_gradients, scaling)),
-            (TF1_LOSS_SCALING, tf.compat.v1.train.Saver, "restore", checkpoint.tolerant_restore),
+            (TF1_LOSS_SCALING, tf.compat.v1.train.Saver, "restore",
+             bound(checkpoint.tolerant_restore, active.objects)),
             (TF1_LOSS_SCALING, tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer, "__init__",
-             _init_wrapper),
+             bound(_init_wrapper, active.objects)),
         ]
     return table
 
@@ -236,7 +244,8 @@ def _install_tf2_patches(active: Runtime) -> None:
         active.ledger.record(tf_function.LEDGER_NAME, "the runtime's tracing hook", lambda: _forget_tracing(active))
     if scales_loss(active.settings):
         stop_tracing = active.tracing.uninstall if active.tracing is not None else lambda: None
-        active.loss_scaling = tf2_loss_scale.install(active.settings, active.ledger, stop_tracing=stop_tracing)
+        active.loss_scaling = tf2_loss_scale.install(active.settings, active.ledger, active.objects,
+                                                     stop_tracing=stop_tracing)
         active.ledger.record(tf2_loss_scale.LEDGER_NAME, "the runtime's loss scaling",
                              lambda: _forget_loss_scaling(active))
 
@@ -249,10 +258,9 @@ def _forget_loss_scaling(active: Runtime) -> None:
     active.loss_scaling = None
 
 
-def _init_wrapper(original, wrapper, opt, *args, **kwargs):
-    from amp_rewrite.runtime.loss_scale_core import mark_scaled_elsewhere
-
-    mark_scaled_elsewhere(opt)
+def _init_wrapper(original, records: ObjectRecords, wrapper, opt, *args, **kwargs):
+    """``MixedPrecisionLossScaleOptimizer(opt)``: ``opt``'s loss scaling is the wrapper's."""
+    records.scaled_elsewhere.add(opt)
     return original(wrapper, opt, *args, **kwargs)
 
 

@@ -4,7 +4,9 @@ A checkpoint written by a float32 run has no ``amp_loss_scale/*`` keys, and
 TensorFlow's ``Saver.restore`` fails on a missing key (NotFoundError).
 :func:`tolerant_restore` restores everything else and starts the loss-scale
 state from its initial value. The other direction needs nothing: a float32
-script's Saver ignores keys it does not ask for.
+script's Saver ignores keys it does not ask for. The Saver it restores with
+instead is built once per script Saver and kept in the runtime's records
+(:attr:`~amp_rewrite.runtime.records.ObjectRecords.restore_savers`).
 """
 
 from __future__ import annotations
@@ -13,13 +15,12 @@ import logging
 
 from amp_rewrite import tf_internals
 from amp_rewrite.runtime import loss_scale
+from amp_rewrite.runtime.records import ObjectRecords
 
 logger = logging.getLogger(__name__)
 
-FALLBACK_ATTR = "_amp_rewrite_saver_without_state"
 
-
-def tolerant_restore(original, saver, sess, save_path, *args, **kwargs):
+def tolerant_restore(original, records: ObjectRecords, saver, sess, save_path, *args, **kwargs):
     """``Saver.restore`` that initialises loss-scale variables the checkpoint lacks."""
     state = _state_entries(saver)
     missing = _missing_keys(save_path, state) if state and sess is not None else []
@@ -27,7 +28,8 @@ def tolerant_restore(original, saver, sess, save_path, *args, **kwargs):
         return original(saver, sess, save_path, *args, **kwargs)
     logger.info("amp-rewrite: %s has no loss-scale state (%s); starting from the default",
                 save_path, ", ".join(missing))
-    fallback = _saver_without_state(saver, sess.graph, [v for _, v in state])
+    fallback = records.restore_savers.setdefault(
+        saver, lambda: _saver_without_state(saver, sess.graph, [v for _, v in state]))
     result = original(fallback, sess, save_path, *args, **kwargs)
     sess.run([variable.initializer for _, variable in state])
     return result
@@ -35,7 +37,7 @@ def tolerant_restore(original, saver, sess, save_path, *args, **kwargs):
 
 def _state_entries(saver) -> list:
     """(checkpoint key, variable) for each loss-scale variable this saver saves."""
-    var_list = getattr(saver, "_var_list", None)
+    var_list = tf_internals.saver_var_list(saver)
     if not var_list:
         return []
     graph = _graph_of(var_list)
@@ -68,12 +70,9 @@ def _missing_keys(save_path, state) -> list[str]:
 
 
 def _saver_without_state(saver, graph, state_variables):
-    """A Saver over the same variables minus the loss-scale state; built once per Saver."""
+    """A Saver over the same variables minus the loss-scale state."""
     import tensorflow as tf
 
-    fallback = getattr(saver, FALLBACK_ATTR, None)
-    if fallback is not None:
-        return fallback
     skip = {id(v) for v in state_variables}
     var_list, sharded, reshape = tf_internals.saver_settings(saver)
     if isinstance(var_list, dict):
@@ -91,5 +90,4 @@ def _saver_without_state(saver, graph, state_variables):
     finally:
         if was_finalized:
             graph.finalize()
-    setattr(saver, FALLBACK_ATTR, fallback)
     return fallback

@@ -9,9 +9,11 @@ when TensorFlow is imported: asking TensorFlow for its devices then would
 start its eager context before a TF1 script's
 ``tf.compat.v1.disable_eager_execution()``, which must come first.) The installers are
 given this value and enter what they change in its ledger; the tracing hook
-and the TF2 loss-scaling patches they install are kept on it. None of the
+and the TF2 loss-scaling patches they install are kept on it, and so is what
+the patches learn about TensorFlow's objects (its records). None of the
 runtime's modules reaches back into the runtime package for its settings or
-state. :func:`amp_rewrite.runtime.disable` undoes its ledger and drops it.
+state. :func:`amp_rewrite.runtime.disable` undoes its ledger, forgets its records
+and drops it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from amp_rewrite.config import Config
 from amp_rewrite.runtime.ledger import Ledger
+from amp_rewrite.runtime.records import ObjectRecords
 from amp_rewrite.runtime.settings import RuntimeSettings
 from amp_rewrite.runtime.target import TargetChoice
 
@@ -38,6 +41,8 @@ class Runtime:
         choice: the target chosen for this process and why; None until TensorFlow is imported.
         base_config: the rewrites' configuration, read at the first rewrite.
         ledger: every change it made to TensorFlow, Keras and the import system, with its undo.
+        objects: what it knows about the sessions, graphs, functions, optimizers and
+            Savers it met (:mod:`amp_rewrite.runtime.records`); nothing is set on them.
         tracing: its ``tf.function`` tracing hook, once installed.
         loss_scaling: what its TF2 loss-scaling patches share, once installed (float16, or when asked).
     """
@@ -46,6 +51,7 @@ class Runtime:
     choice: TargetChoice | None = None
     base_config: Config | None = None
     ledger: Ledger = field(default_factory=Ledger)
+    objects: ObjectRecords = field(default_factory=ObjectRecords)
     tracing: TracingHook | None = None
     loss_scaling: TF2LossScaling | None = None
 

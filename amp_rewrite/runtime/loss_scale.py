@@ -22,13 +22,15 @@ With the runtime enabled, :func:`scaled_compute_gradients` and
   the default Saver saves it. Slots are created before the guarded branch, so
   checkpoint keys are those of the float32 script.
 - An optimizer wrapped by TensorFlow's ``MixedPrecisionLossScaleOptimizer`` is
-  left to that wrapper (:func:`~amp_rewrite.runtime.loss_scale_core.mark_scaled_elsewhere`).
+  left to that wrapper (the runtime records it in
+  :attr:`~amp_rewrite.runtime.records.ObjectRecords.scaled_elsewhere`).
 
 The state, the schedule and the guard are those of
 :mod:`amp_rewrite.runtime.loss_scale_core`, shared with TF2 loops; this module
 is how TF1 hooks them in: the graph collection, the two ``Optimizer`` methods,
 the step as the train op, and the report each session reads after it
-(:func:`reports_of`).
+(:class:`Report`, kept per graph in the runtime's records). The two patches
+are bound to one :class:`TF1LossScaling`: the schedule's settings and those records.
 """
 
 from __future__ import annotations
@@ -48,18 +50,15 @@ from amp_rewrite.runtime.loss_scale_core import (
     create_state,
     in_cross_replica_context,
     inverse_of,
-    is_scaled_elsewhere,
     seed_gradient,
     unscale,
 )
+from amp_rewrite.runtime.records import ObjectRecords
 from amp_rewrite.runtime.settings import LossScaleSettings
 
 logger = logging.getLogger(__name__)
 
 STATE_COLLECTION = SCOPE
-# Reports hang on the graph object, not in a collection: export_meta_graph
-# (every Saver.save) would warn that it cannot serialise them.
-REPORTS_ATTR = "_amp_rewrite_loss_scale_reports"
 
 
 @dataclass(frozen=True)
@@ -68,6 +67,19 @@ class Report:
 
     op: Any
     tensor: Any
+
+
+@dataclass(frozen=True)
+class TF1LossScaling:
+    """What the optimizer patches are bound to: the schedule's settings, and the runtime's records.
+
+    The records say which optimizers a wrapper scales, and keep each graph's
+    reports (not in a graph collection: ``export_meta_graph``, which every
+    ``Saver.save`` calls, would warn that it cannot serialise them).
+    """
+
+    settings: LossScaleSettings
+    records: ObjectRecords
 
 
 def state_for_graph(settings: LossScaleSettings) -> LossScaleState:
@@ -96,16 +108,16 @@ def _create_graph_state(settings: LossScaleSettings) -> LossScaleState:
     return state
 
 
-def scaled_compute_gradients(original, settings: LossScaleSettings, optimizer, loss,
+def scaled_compute_gradients(original, scaling: TF1LossScaling, optimizer, loss,
                              *args, **kwargs):
     """``Optimizer.compute_gradients`` on the scaled loss, returning unscaled gradients."""
     import tensorflow as tf
 
-    if callable(loss) or tf.executing_eagerly() or is_scaled_elsewhere(optimizer):
+    if callable(loss) or tf.executing_eagerly() or optimizer in scaling.records.scaled_elsewhere:
         return original(optimizer, loss, *args, **kwargs)
     positional, kwargs = list(args), dict(kwargs)
     user_grad_loss = _pop_argument(positional, kwargs, "grad_loss", position=5)
-    state = state_for_graph(settings)
+    state = state_for_graph(scaling.settings)
     grad_loss = seed_gradient(loss, state.scale, user_grad_loss)
     grads_and_vars = original(optimizer, loss, *positional, grad_loss=grad_loss, **kwargs)
     inverse = inverse_of(state.scale)
@@ -123,25 +135,26 @@ def _pop_argument(args: list, kwargs: dict, name: str, *, position: int):
     return None
 
 
-def guarded_apply_gradients(original, settings: LossScaleSettings, optimizer,
+def guarded_apply_gradients(original, scaling: TF1LossScaling, optimizer,
                             grads_and_vars, global_step=None, name=None, **kwargs):
     """``Optimizer.apply_gradients`` that skips the step when a gradient is not finite."""
     import tensorflow as tf
 
-    if tf.executing_eagerly() or is_scaled_elsewhere(optimizer) or kwargs:
+    if tf.executing_eagerly() or optimizer in scaling.records.scaled_elsewhere or kwargs:
         return original(optimizer, grads_and_vars, global_step, name, **kwargs)
     grads_and_vars = tuple(grads_and_vars)
-    state = state_for_graph(settings)
+    state = state_for_graph(scaling.settings)
     nonfinite = count_nonfinite([g for g, _ in grads_and_vars])
-    guarded = _GuardedTrainOp(original, optimizer, global_step, name, state, settings)
+    guarded = _GuardedTrainOp(original, optimizer, global_step, name, state, scaling)
     return guarded.build_for_all_replicas(nonfinite, grads_and_vars)
 
 
 class _GuardedTrainOp(GuardedStep):
     """The guarded step as the optimizer's train op: slots made before the branch, a report after."""
 
-    def __init__(self, original, optimizer, global_step, name, state, settings):
-        super().__init__(state, settings)
+    def __init__(self, original, optimizer, global_step, name, state, scaling: TF1LossScaling):
+        super().__init__(state, scaling.settings)
+        self.records = scaling.records
         self.original = original
         self.optimizer = optimizer
         self.global_step = global_step
@@ -164,7 +177,7 @@ class _GuardedTrainOp(GuardedStep):
         step = tf.group(applied, update, name=self.name or self.optimizer.get_name())
         del train_ops[already:]
         train_ops.append(step)
-        _add_report(self.state, step)
+        _add_report(self.records, self.state, step)
         return step
 
 
@@ -175,7 +188,7 @@ def update_state(state: LossScaleState, is_finite, settings: LossScaleSettings):
     return tf.group(*assign_next_state(state, is_finite, settings), name="update_loss_scale")
 
 
-def _add_report(state: LossScaleState, step) -> None:
+def _add_report(records: ObjectRecords, state: LossScaleState, step) -> None:
     import tensorflow as tf
 
     with tf.control_dependencies([step]), tf.compat.v1.name_scope(SCOPE + "/"):
@@ -183,9 +196,4 @@ def _add_report(state: LossScaleState, step) -> None:
                            tf.cast(tf.identity(state.skipped_steps), tf.float32),
                            tf.cast(tf.identity(state.good_steps), tf.float32)], name="report")
     graph = tensor.graph
-    setattr(graph, REPORTS_ATTR, [*reports_of(graph), Report(step, tensor)])
-
-
-def reports_of(graph) -> list[Report]:
-    """The loss-scale reports of the guarded steps built in ``graph``."""
-    return list(getattr(graph, REPORTS_ATTR, ()))
+    records.loss_scale_reports[graph] = (*records.loss_scale_reports.get(graph, ()), Report(step, tensor))

@@ -38,7 +38,6 @@ SCOPE = "amp_loss_scale"
 # The guard's ops (the cond and the state update).
 APPLY_SCOPE = SCOPE + "_apply"
 MAX_SCALE = 2.0 ** 24
-SCALED_ELSEWHERE_ATTR = "_amp_rewrite_loss_scaled_elsewhere"
 
 
 @dataclass(frozen=True)
@@ -48,18 +47,6 @@ class LossScaleState:
     scale: Any
     good_steps: Any
     skipped_steps: Any
-
-
-def mark_scaled_elsewhere(optimizer) -> None:
-    """Marks an optimizer whose loss scaling its wrapper already does.
-
-    Set past the class's ``__setattr__``: Keras objects would track the flag.
-    """
-    object.__setattr__(optimizer, SCALED_ELSEWHERE_ATTR, True)
-
-
-def is_scaled_elsewhere(optimizer) -> bool:
-    return bool(getattr(optimizer, SCALED_ELSEWHERE_ATTR, False))
 
 
 # --- the state -----------------------------------------------------------------

@@ -22,7 +22,6 @@ from amp_rewrite.runtime.core import Runtime
 
 logger = logging.getLogger(__name__)
 
-SHADOW_ATTR = "_amp_rewrite_is_shadow"
 CAST_BACK_SUFFIX = "CastBack-AmpRewrite"
 COPY_SCOPE = "Copy-AmpRewrite"
 VARIABLE_OPS = ("VarHandleOp", "VariableV2", "Variable")
@@ -200,7 +199,7 @@ class ShadowGraph:
         with shadow.as_default():
             tf.compat.v1.import_graph_def(graph_def, name="")
         shadow_session = tf.compat.v1.Session(self.session_target, graph=shadow, config=self.session_config)
-        setattr(shadow_session, SHADOW_ATTR, True)
+        self.runtime.objects.shadow_sessions.add(shadow_session)
         return shadow, shadow_session
 
     def _input_map(self, new_nodes, new_names) -> dict:

@@ -54,7 +54,7 @@ def guard_or_warn(scaling: TF2LossScaling, optimizer, apply, grads, variables) -
 def _guard(scaling: TF2LossScaling, optimizer, apply, grads, variables) -> None:
     """Runs ``apply(grads, variables)`` if every gradient is finite; updates the scale either way."""
     loss_scale = scaling.state()
-    shared.track(optimizer, loss_scale)
+    scaling.track(optimizer, loss_scale)
     scaling.note_guarded_apply()
     flags = _nonfinite_flags(grads)
     names = [_variable_name(v) for v in variables]

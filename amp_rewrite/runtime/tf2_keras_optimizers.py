@@ -18,7 +18,6 @@ from collections.abc import Callable
 from amp_rewrite import tf_internals
 from amp_rewrite.runtime import tf2_loss_scale_state as shared
 from amp_rewrite.runtime.ledger import Ledger, bound
-from amp_rewrite.runtime.loss_scale_core import is_scaled_elsewhere, mark_scaled_elsewhere
 from amp_rewrite.runtime.tf2_guard import guard_or_warn
 from amp_rewrite.runtime.tf2_loss_scale_state import TF2LossScaling
 
@@ -45,7 +44,7 @@ def patch_keras3(module, *, ledger: Ledger, scaling: TF2LossScaling, stop_tracin
         ledger.install(shared.LEDGER_NAME, base, "apply", bound(_guarded_keras3_apply, scaling))
         ledger.install(shared.LEDGER_NAME, base, "scale_loss", bound(_marking_scale_loss, scaling))
         ledger.install(shared.LEDGER_NAME, wrapper, "scale_loss", bound(_marking_scale_loss, scaling))
-        ledger.install(shared.LEDGER_NAME, wrapper, "__init__", _marking_wrapper_init)
+        ledger.install(shared.LEDGER_NAME, wrapper, "__init__", bound(_marking_wrapper_init, scaling))
     logger.debug("patched Keras 3 optimizers")
 
 
@@ -62,7 +61,7 @@ def patch_tf_keras(module, *, ledger: Ledger, scaling: TF2LossScaling, stop_trac
                        bound(_guarded_tf_keras_apply_gradients, scaling))
         for wrapper in (module.LossScaleOptimizer, module.LossScaleOptimizerV3):
             ledger.install(shared.LEDGER_NAME, wrapper, "get_scaled_loss", bound(_marking_scale_loss, scaling))
-            ledger.install(shared.LEDGER_NAME, wrapper, "__init__", _marking_wrapper_init)
+            ledger.install(shared.LEDGER_NAME, wrapper, "__init__", bound(_marking_wrapper_init, scaling))
     logger.debug("patched tf_keras optimizers")
 
 
@@ -88,17 +87,17 @@ def _marking_scale_loss(original, scaling: TF2LossScaling, optimizer, loss, *arg
     return scaled
 
 
-def _marking_wrapper_init(original, wrapper, *args, **kwargs):
+def _marking_wrapper_init(original, scaling: TF2LossScaling, wrapper, *args, **kwargs):
     """A LossScaleOptimizer's inner optimizer is left to the wrapper."""
     inner = args[0] if args else kwargs.get("inner_optimizer", kwargs.get("optimizer"))
     if inner is not None:
-        mark_scaled_elsewhere(inner)
+        scaling.records.scaled_elsewhere.add(inner)
     return original(wrapper, *args, **kwargs)
 
 
-def _is_exempt(optimizer) -> bool:
+def _is_exempt(scaling: TF2LossScaling, optimizer) -> bool:
     """Optimizers Keras' own loss scaling looks after, or that scale with a fixed factor."""
-    if is_scaled_elsewhere(optimizer):
+    if optimizer in scaling.records.scaled_elsewhere:
         return True
     if getattr(optimizer, "loss_scale_factor", None) is not None:
         return True
@@ -109,7 +108,7 @@ def _is_exempt(optimizer) -> bool:
 
 def _guarded_keras3_apply(original, scaling: TF2LossScaling, optimizer, grads, trainable_variables=None):
     """Keras 3 ``BaseOptimizer.apply`` that skips a step whose gradients are not finite."""
-    if _is_exempt(optimizer):
+    if _is_exempt(scaling, optimizer):
         return original(optimizer, grads, trainable_variables)
     grads = list(grads)
     if not grads:
@@ -133,7 +132,7 @@ def _guarded_tf_keras_apply_gradients(original, scaling: TF2LossScaling, optimiz
     """tf_keras ``Optimizer.apply_gradients`` that skips a step whose gradients are not finite."""
     import tensorflow as tf
 
-    if _is_exempt(optimizer):
+    if _is_exempt(scaling, optimizer):
         return original(optimizer, grads_and_vars, *args, **kwargs)
     grads_and_vars = list(grads_and_vars)
     if not grads_and_vars:

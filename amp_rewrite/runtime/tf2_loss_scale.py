@@ -62,6 +62,7 @@ from collections.abc import Callable
 import _amp_rewrite_import_hook as import_hook
 from amp_rewrite.runtime import tf2_keras_optimizers, tf2_tape
 from amp_rewrite.runtime.ledger import Ledger, bound
+from amp_rewrite.runtime.records import ObjectRecords
 from amp_rewrite.runtime.settings import RuntimeSettings
 from amp_rewrite.runtime.tf2_keras_optimizers import KERAS3_MODULE, TF_KERAS_MODULE
 from amp_rewrite.runtime.tf2_loss_scale_state import LEDGER_NAME, TF2LossScaling
@@ -69,7 +70,7 @@ from amp_rewrite.runtime.tf2_loss_scale_state import LEDGER_NAME, TF2LossScaling
 __all__ = ["LEDGER_NAME", "TF2LossScaling", "install"]
 
 
-def install(runtime_settings: RuntimeSettings, ledger: Ledger, *,
+def install(runtime_settings: RuntimeSettings, ledger: Ledger, records: ObjectRecords, *,
             stop_tracing: Callable[[], None] = lambda: None) -> TF2LossScaling:
     """Patches the tape now and Keras' optimizers once their modules are imported; returns what they share.
 
@@ -78,14 +79,14 @@ def install(runtime_settings: RuntimeSettings, ledger: Ledger, *,
     scaled gradients overflowed (the runtime passes its tracing hook's
     :meth:`~amp_rewrite.runtime.tf_function.TracingHook.uninstall`).
 
-    Every change goes into ``ledger``, which undoes it on
+    What the patches learn about optimizers goes into ``records``; every change goes into ``ledger``, which undoes it on
     :func:`amp_rewrite.disable`: the methods are restored, and the returned
     :class:`TF2LossScaling` is marked uninstalled (its variables stay with
     the optimizers that track them; the next installation starts afresh).
     """
     import tensorflow as tf
 
-    scaling = TF2LossScaling(runtime_settings)
+    scaling = TF2LossScaling(runtime_settings, records)
     with ledger.lock:
         ledger.record(LEDGER_NAME, "the loss-scale settings and state", scaling.uninstall)
         tape = tf.GradientTape

@@ -1,6 +1,7 @@
 """What the TF2 loss-scaling patches share while they are installed: one :class:`TF2LossScaling`.
 
-- **The settings** they run with, given when the runtime installs them.
+- **The settings** they run with, and the runtime's records (which
+  optimizers a wrapper scales), given when the runtime installs them.
 - **The state**: one :class:`ProcessState` per installation, the core's three
   variables (:mod:`amp_rewrite.runtime.loss_scale_core`) on a ``tf.Module``
   that every guarded optimizer tracks as its checkpoint dependency
@@ -28,6 +29,7 @@ from typing import Any
 from amp_rewrite import tf_internals
 from amp_rewrite.runtime.ledger import LOCK
 from amp_rewrite.runtime.loss_scale_core import SCOPE, LossScaleState, create_state, in_cross_replica_context
+from amp_rewrite.runtime.records import ObjectRecords, ObjectTable
 from amp_rewrite.runtime.settings import LossScaleSettings, RuntimeSettings
 
 # Every TF2 loss-scaling module logs under the name of the public module, the
@@ -37,7 +39,6 @@ logger = logging.getLogger(LOGGER_NAME)
 
 LEDGER_NAME = "tf2 loss scaling"
 CHECKPOINT_NAME = SCOPE
-TRACKS_STATE_ATTR = "_amp_rewrite_tracks_state"
 
 
 @dataclass(frozen=True)
@@ -72,10 +73,13 @@ class TF2LossScaling:
     variables stay with the optimizers that track them).
     """
 
-    def __init__(self, runtime_settings: RuntimeSettings):
+    def __init__(self, runtime_settings: RuntimeSettings, records: ObjectRecords):
         self.settings = runtime_settings
+        self.records = records
         self.is_installed = True
         self._state: ProcessState | None = None
+        # Each optimizer that tracks the state → the state's module it tracks.
+        self._trackers: ObjectTable[Any] = ObjectTable()
         self._scaled_losses: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self._pending = _Pending()
         self._warned: set[str] = set()
@@ -99,6 +103,13 @@ class TF2LossScaling:
     def is_finding_overflow(self) -> bool:
         """Whether rewritten functions get finiteness probes (``AMP_REWRITE_FIND_OVERFLOW=1``)."""
         return self.settings.is_finding_overflow
+
+    def track(self, optimizer, loss_scale: ProcessState) -> None:
+        """Makes the state a checkpoint dependency of ``optimizer`` (deferred restores apply now), once."""
+        if self._trackers.get(optimizer) is loss_scale.module:
+            return
+        tf_internals.track_trackable(optimizer, loss_scale.module, CHECKPOINT_NAME)
+        self._trackers[optimizer] = loss_scale.module
 
     # --- losses Keras scaled itself, and gradients that are no loss's ---------
 
@@ -223,14 +234,6 @@ class _Pending:
         self.guarded: weakref.WeakSet = weakref.WeakSet()
         self.eager_gradients = 0
         self.eager_applies = 0
-
-
-def track(optimizer, loss_scale: ProcessState) -> None:
-    """Makes the state a checkpoint dependency of ``optimizer`` (deferred restores apply now)."""
-    if getattr(optimizer, TRACKS_STATE_ATTR, None) is loss_scale.module:
-        return
-    tf_internals.track_trackable(optimizer, loss_scale.module, CHECKPOINT_NAME)
-    object.__setattr__(optimizer, TRACKS_STATE_ATTR, loss_scale.module)
 
 
 def _graph_being_built():

@@ -10,7 +10,8 @@ traced ones.
 
 A function is rewritten when the runtime is enabled (``ENABLE_AUTO_MP=1`` or
 :func:`amp_rewrite.enable`), or when it was traced by
-:func:`amp_rewrite.function`, which marks the graph it traces.
+:func:`amp_rewrite.function`, which marks the graph it traces (in the
+marked functions' hook's :attr:`TracingHook.marked`, not on the graph).
 
 Guarantees:
 
@@ -59,10 +60,10 @@ from amp_rewrite.errors import RuntimeRewriteError, first_line
 from amp_rewrite.runtime import tf2_fallback
 from amp_rewrite.runtime.core import Runtime
 from amp_rewrite.runtime.ledger import LOCK
+from amp_rewrite.runtime.records import ObjectTable
 
 logger = logging.getLogger(__name__)
 
-MARK_ATTR = "_amp_rewrite_config"
 TF_DATA_ATTR = "_tf_data_function"
 XLA_ATTR = "_XlaMustCompile"
 XLA_ON_CPU = ("XLA-compiled (jit_compile=True) on a CPU, and XLA's CPU backend has no fast bfloat16 kernels; "
@@ -126,6 +127,8 @@ class TracingHook:
         history: a report of every swap this hook made, oldest first.
         profiles: a :class:`~amp_rewrite.runtime.profile.FunctionProfiles` with ``AMP_REWRITE_PROFILE``.
         fallback: what the loss-scale floor fallback keeps (:class:`FloorFallback`).
+        marked: on the marked functions' hook, each graph :func:`marked` traced → its
+            :class:`~amp_rewrite.Config` (the runtime's hook reads this table too).
     """
 
     def __init__(self, runtime: Runtime | None = None, *, is_strict: bool = False):
@@ -140,6 +143,7 @@ class TracingHook:
 
             self.profiles = FunctionProfiles(runtime.settings.profile_after)
         self.fallback = FloorFallback(self)
+        self.marked: ObjectTable[Config] = ObjectTable()
 
     # --- registration -----------------------------------------------------
 
@@ -191,7 +195,7 @@ class TracingHook:
 
     def on_concrete_function(self, concrete_function) -> None:
         """TensorFlow's callback: a ConcreteFunction was just traced."""
-        config = getattr(concrete_function.graph, MARK_ATTR, None)
+        config = _marked_config(concrete_function.graph)
         is_explicit = config is not None
         if self.runtime is None and (not is_explicit or _runtime_hook() is not None):
             return
@@ -464,24 +468,24 @@ def install(runtime: Runtime) -> TracingHook | None:
         return hook
 
 
-def install_for_marked(*, is_strict: bool) -> bool:
-    """Makes a hook rewrite graphs :func:`marked` traced, whatever the runtime does.
+def install_for_marked(*, is_strict: bool) -> TracingHook | None:
+    """Makes a hook rewrite graphs :func:`marked` traced, whatever the runtime does; returns it.
 
     Args:
         is_strict: raise instead of running a function whose rewrite failed
             as traced (the runtime's own setting wins while it is on).
 
-    Returns False (after a warning) when this TensorFlow lacks an internal the hook needs.
+    Returns None (after a warning) when this TensorFlow lacks an internal the hook needs.
     """
     with LOCK:
         if not _has_tracing_internals(is_strict=is_strict):
-            return False
+            return None
         hook = _marked_hook()
         if hook is None:
             hook = TracingHook(is_strict=is_strict)
             hook.register()
         hook.is_strict = hook.is_strict or is_strict
-        return True
+        return hook
 
 
 def installed_hooks() -> list[TracingHook]:
@@ -509,8 +513,8 @@ def _has_tracing_internals(*, is_strict: bool) -> bool:
     return tf_internals.usable([tf_internals.TRACING], "tf.function traces", is_strict=is_strict)
 
 
-def marked(python_function, config: Config | None):
-    """``python_function``, marking the graph that traces it for a rewrite with ``config``."""
+def marked(python_function, config: Config | None, hook: TracingHook):
+    """``python_function``, marking the graph that traces it, in ``hook``, for a rewrite with ``config``."""
 
     @functools.wraps(python_function)
     def traced(*args, **kwargs):
@@ -518,10 +522,16 @@ def marked(python_function, config: Config | None):
 
         graph = tf.compat.v1.get_default_graph()
         if getattr(graph, "building_function", False):
-            setattr(graph, MARK_ATTR, config if config is not None else default_config())
+            hook.marked[graph] = config if config is not None else default_config()
         return python_function(*args, **kwargs)
 
     return traced
+
+
+def _marked_config(graph) -> Config | None:
+    """The configuration :func:`marked` traced ``graph`` with; None for a graph it did not trace."""
+    hook = _marked_hook()
+    return hook.marked.get(graph) if hook is not None else None
 
 
 def rewritten_functions() -> list[FunctionReport]:

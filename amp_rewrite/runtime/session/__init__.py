@@ -60,8 +60,6 @@ from amp_rewrite.runtime.session.fallback import FallbackState, Mode
 from amp_rewrite.runtime.session.fast_calls import CallKey, FastCall
 from amp_rewrite.runtime.session.keeper import ShadowKeeper
 from amp_rewrite.runtime.session.patches import (
-    RUNNER_ATTR,
-    SESSION_ARGS_ATTR,
     patched_close,
     patched_init,
     patched_make_callable,
@@ -75,7 +73,7 @@ from amp_rewrite.runtime.session.plans import PlanKey, RunPlan
 from amp_rewrite.runtime.session.runner import ShadowRunner
 from amp_rewrite.runtime.shadow_graph import CAST_BACK_SUFFIX as CAST_BACK_SUFFIX  # re-exported
 
-__all__ = ["CAST_BACK_SUFFIX", "RUNNER_ATTR", "SESSION_ARGS_ATTR", "CallKey", "FallbackState", "FastCall", "Mode",
+__all__ = ["CAST_BACK_SUFFIX", "CallKey", "FallbackState", "FastCall", "Mode",
            "PlanKey", "RunPlan", "RuntimeRewriteError", "ShadowKeeper", "ShadowRunner", "patched_close",
            "patched_init", "patched_make_callable", "patched_make_callable_from_options", "patched_partial_run",
            "patched_partial_run_setup", "patched_run", "runner_for"]

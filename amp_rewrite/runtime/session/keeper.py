@@ -45,6 +45,7 @@ class ShadowKeeper:
     def __init__(self, graph, runtime: Runtime, target: str = "", config=None):
         self.graph = graph
         self.settings = runtime.settings
+        self.records = runtime.objects
         self.lock = threading.RLock()
         self.shadow = ShadowGraph(graph, runtime, target, config)
         self.fallback = FallbackState()
@@ -71,6 +72,7 @@ class ShadowKeeper:
                 elif self.graph.version != self.shadow.version:
                     self._grow()
                 plan = make_plan(self.graph, self.shadow.graph, key,
+                                 reports=self.records.loss_scale_reports.get(self.graph, ()),
                                  is_probing=self.settings.is_finding_overflow)
                 self.shadow.initialise_loss_scale_state()
             except Exception as exc:

@@ -1,9 +1,12 @@
 """The ``Session`` patches: each routes a session's calls to its :class:`ShadowRunner`.
 
 :func:`amp_rewrite.runtime.enable` installs these on ``BaseSession``; each
-takes the original method first (and, but for ``__init__`` and ``close``,
-the :class:`~amp_rewrite.runtime.core.Runtime`), then the session and the method's own arguments.
-Shadow sessions, the ones the runtime makes, run unpatched.
+takes the original method first, then the :class:`~amp_rewrite.runtime.core.Runtime`,
+then the session and the method's own arguments. A session's runner and the
+arguments it was made with are kept in the runtime's records
+(:attr:`~amp_rewrite.runtime.records.ObjectRecords.runners`,
+:attr:`~amp_rewrite.runtime.records.ObjectRecords.session_args`). Shadow
+sessions, the ones the runtime makes, run unpatched.
 """
 
 from __future__ import annotations
@@ -13,13 +16,9 @@ from typing import Any, NamedTuple
 
 from amp_rewrite.runtime.core import Runtime
 from amp_rewrite.runtime.session.runner import ShadowRunner
-from amp_rewrite.runtime.shadow_graph import SHADOW_ATTR
 
 # One logger for the whole package: its lines keep the name they have always had.
 logger = logging.getLogger(__package__)
-
-RUNNER_ATTR = "_amp_rewrite_runner"
-SESSION_ARGS_ATTR = "_amp_rewrite_session_args"
 
 
 class SessionArgs(NamedTuple):
@@ -31,18 +30,18 @@ class SessionArgs(NamedTuple):
 
 def runner_for(session, runtime: Runtime) -> ShadowRunner | None:
     """The session's runner, created on first use; None for shadow sessions."""
-    if getattr(session, SHADOW_ATTR, False):
-        return None
-    runner = getattr(session, RUNNER_ATTR, None)
+    records = runtime.objects
+    runner = records.runners.get(session)
     if runner is None:
-        args = getattr(session, SESSION_ARGS_ATTR, SessionArgs())
-        runner = ShadowRunner(session.graph, runtime, args.target, args.config)
-        setattr(session, RUNNER_ATTR, runner)
+        if session in records.shadow_sessions:
+            return None
+        args = records.session_args.get(session, SessionArgs())
+        runner = records.runners[session] = ShadowRunner(session.graph, runtime, args.target, args.config)
     return runner
 
 
-def patched_init(original, session, target="", graph=None, config=None, *args, **kwargs):
-    setattr(session, SESSION_ARGS_ATTR, SessionArgs(target, config))
+def patched_init(original, runtime, session, target="", graph=None, config=None, *args, **kwargs):
+    runtime.objects.session_args[session] = SessionArgs(target, config)
     return original(session, target, graph, config, *args, **kwargs)
 
 
@@ -57,7 +56,7 @@ def patched_run(original, runtime, session, fetches, feed_dict=None, options=Non
 def patched_make_callable(original, runtime, session, fetches, feed_list=None,
                           accept_options=False):
     """A callable that goes through ``run``, so it runs the shadow graph too."""
-    if getattr(session, SHADOW_ATTR, False):
+    if session in runtime.objects.shadow_sessions:
         return original(session, fetches, feed_list, accept_options)
     feed_list = list(feed_list or [])
 
@@ -73,7 +72,7 @@ def patched_make_callable(original, runtime, session, fetches, feed_list=None,
 
 def patched_make_callable_from_options(original, runtime, session, callable_options):
     """The raw-callable API (used by Keras in graph mode), routed through ``run``."""
-    if getattr(session, SHADOW_ATTR, False):
+    if session in runtime.objects.shadow_sessions:
         return original(session, callable_options)
     if callable_options.tensor_connection:
         logger.warning("amp-rewrite: a callable with tensor connections runs the float32 graph")
@@ -103,8 +102,8 @@ def patched_partial_run(original, runtime, session, handle, fetches, feed_dict=N
     return runner.partial_run(original, session, handle, fetches, feed_dict)
 
 
-def patched_close(original, session):
-    runner = getattr(session, RUNNER_ATTR, None)
+def patched_close(original, runtime, session):
+    runner = runtime.objects.runners.get(session)
     if runner is not None:
         runner.close()
     return original(session)

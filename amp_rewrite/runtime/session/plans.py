@@ -9,13 +9,15 @@ those changes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from amp_rewrite import tf_internals
-from amp_rewrite.runtime import loss_scale, overflow_probe
+from amp_rewrite.runtime import overflow_probe
+from amp_rewrite.runtime.loss_scale import Report
 
 
 class PlanKey(NamedTuple):
@@ -67,10 +69,12 @@ class RunPlan:
     has_probe: bool = False
 
 
-def make_plan(graph, shadow, key: PlanKey, *, is_probing: bool = False) -> RunPlan:
+def make_plan(graph, shadow, key: PlanKey, *, reports: Sequence[Report] = (), is_probing: bool = False) -> RunPlan:
     """The :class:`RunPlan` of a ``key`` call to ``graph``, on its ``shadow``.
 
-    With ``is_probing``, a training step (one with loss-scale reports) also
+    ``reports`` are the loss-scale reports of the guarded steps built in
+    ``graph``; the plan fetches those whose step the call runs. With
+    ``is_probing``, a training step (one with loss-scale reports) also
     fetches the overflow probe of the half ops it runs.
     """
     fetches, fetch_dtypes = [], []
@@ -83,7 +87,7 @@ def make_plan(graph, shadow, key: PlanKey, *, is_probing: bool = False) -> RunPl
     for name in key.feeds:
         element = shadow.get_tensor_by_name(name)
         feeds[name] = FeedPlan(element, dtype_change(graph.get_tensor_by_name(name), element))
-    reports = _reports_for(graph, key.fetches)
+    reports = _reports_for(graph, key.fetches, reports)
     fetches += [shadow.get_tensor_by_name(report.tensor.name) for report in reports]
     probe = overflow_probe.session_probe(shadow, _ancestors(fetches)) if is_probing and reports else None
     if probe is not None:
@@ -91,9 +95,8 @@ def make_plan(graph, shadow, key: PlanKey, *, is_probing: bool = False) -> RunPl
     return RunPlan(fetches, fetch_dtypes, feeds, len(reports), has_probe=probe is not None)
 
 
-def _reports_for(graph, fetch_names):
+def _reports_for(graph, fetch_names, reports: Sequence[Report]) -> list[Report]:
     """The loss-scale reports whose guarded update this run executes anyway."""
-    reports = loss_scale.reports_of(graph)
     if not reports:
         return []
     wanted = {report.op.name: report for report in reports}
