@@ -384,6 +384,12 @@ def create_slots(optimizer, var_list) -> None:
     optimizer._create_slots(var_list)  # noqa: SLF001
 
 
+def is_xla_compiled(function_def) -> bool:
+    """Whether a traced function is XLA-compiled (``jit_compile=True``): TensorFlow's ``_XlaMustCompile`` attr."""
+    attr = function_def.attr
+    return "_XlaMustCompile" in attr and attr["_XlaMustCompile"].b
+
+
 def saver_var_list(saver) -> Any:
     """A TF1 Saver's variables (a list, or a dict by checkpoint key); None when it has none recorded."""
     return getattr(saver, "_var_list", None)

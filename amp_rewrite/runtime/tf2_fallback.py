@@ -29,6 +29,10 @@ The watch costs two scalar variable reads per call, and only functions that
 hold a guarded apply, or call one that does, get it, under dynamic loss
 scaling. XLA-compiled functions record no skip cause, so they are not
 watched.
+
+Each tracing hook (:class:`~amp_rewrite.runtime.tf_function.TracingHook`) has
+one :class:`FloorFallback`, which holds its :class:`Callers` and
+:class:`FellBack` and does the falling back for the functions the hook swapped.
 """
 
 from __future__ import annotations
@@ -39,9 +43,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from amp_rewrite import tf_internals
+from amp_rewrite.errors import RuntimeRewriteError, first_line
+from amp_rewrite.runtime.ledger import LOCK
 
 if TYPE_CHECKING:
     from amp_rewrite.runtime.tf2_loss_scale_state import TF2LossScaling
+    from amp_rewrite.runtime.tf_function import SwapRecord, TracingHook
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +58,7 @@ FLOOR_REASON = ("a step was skipped with the loss scale at its floor of 1: the g
                 "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_DENYLIST_ADD or AMP_REWRITE_KEEP_FLOAT32)")
 
 FELL_BACK = "an earlier trace of it fell back, since no loss scale helped"
+NO_MESSAGE = "(no message)"
 
 
 def is_wanted(scaling: TF2LossScaling | None) -> bool:
@@ -220,3 +228,106 @@ def called_name(concrete_function) -> str:
     """The name a call op built from ``concrete_function`` in another graph gives now (its body's)."""
     name = concrete_function.name
     return name.decode() if isinstance(name, bytes) else str(name)
+
+
+class FloorFallback:
+    """A tracing hook's fallback to float32 when no loss scale helps (this module's algorithm).
+
+    Attributes:
+        hook: the hook whose swapped functions fall back.
+        callers: functions calling a rewritten guarded function.
+        fell_back: functions no loss scale helped.
+    """
+
+    def __init__(self, hook: TracingHook):
+        self.hook = hook
+        self.callers = Callers()
+        self.fell_back = FellBack()
+
+    def forget(self) -> None:
+        self.callers.forget()
+        self.fell_back.clear()
+
+    def is_wanted(self) -> bool:
+        return is_wanted(self.hook.loss_scaling)
+
+    def has_guarded_apply(self, graph) -> bool:
+        scaling = self.hook.loss_scaling
+        return scaling is not None and scaling.has_guarded_apply(graph)
+
+    def floor_watch(self, concrete_function):
+        """The ``_call_flat`` that watches a function holding a guarded apply for skips at the scale floor, or None."""
+        if not self.is_wanted():
+            return None
+        return FloorWatch(concrete_function, self.hook.loss_scaling, self.fall_back_hopeless)
+
+    def note_guarded_calls(self, concrete_function) -> bool:
+        """Whether a just-traced function calls the rewritten body of a watched one (kept in ``callers``)."""
+        if not self.is_wanted():
+            return False
+        rewritten = {called_name(cf) for cf, record in self.hook.swapped.items()
+                     if not record.report.is_inference_only and self._holds_guarded_apply(record)
+                     and not tf_internals.is_xla_compiled(cf.function_def)}
+        return self.callers.note(concrete_function, rewritten)
+
+    def fell_back_before(self, concrete_function, name: str) -> bool:
+        """Whether an earlier trace of this function fell back (it stays as traced, with a line saying so)."""
+        graph = concrete_function.graph
+        if not (self.has_guarded_apply(graph) and self.fell_back.holds(name, graph)):
+            return False
+        logger.info("amp-rewrite: tf.function %s runs in float32: %s", name, FELL_BACK)
+        self.fell_back.add_body(called_name(concrete_function))
+        return True
+
+    def _holds_guarded_apply(self, record: SwapRecord) -> bool:
+        return self.has_guarded_apply(tf_internals.graph_in_state(record.traced_state))
+
+    def fall_back_hopeless(self, concrete_function, reason: str) -> None:
+        """No loss scale helps this function: from the next call it runs float32.
+
+        A rewritten function gets its traced body back, and so do the other
+        watched traces of the same name (a ``tf.function`` that creates variables
+        is traced twice, once creating them and once to run) and the rewritten
+        functions it calls. Every function whose graph calls one of those bodies
+        gets a float32 body (:class:`amp_rewrite.runtime.Callers`).
+        """
+        hook = self.hook
+        record = hook.record_of(concrete_function)
+        callees = self.callers.calls_of(concrete_function)
+        if record is None and not callees:
+            return
+        name = record.report.name if record is not None else function_name(concrete_function)
+        if hook.is_strict:
+            raise RuntimeRewriteError(f"tf.function {name}: {reason}")
+        with LOCK:
+            names = {name} | {other.report.name for cf, other in hook.swapped.items()
+                              if called_name(cf) in callees}
+            hopeless = [cf for cf, other in hook.swapped.items()
+                        if other.report.name in names and self._holds_guarded_apply(other)]
+            replacements: dict[str, Any] = {}
+            for cf in dict.fromkeys([concrete_function, *hopeless]):
+                rewritten_name = called_name(cf)
+                if hook.record_of(cf) is not None:
+                    hook.restore(cf)
+                    replacements[rewritten_name] = tf_internals.inference_function(cf)
+                    self.fell_back.add(function_name(cf), cf.graph)
+                    self.fell_back.add_body(called_name(cf))
+            self._fall_back_callers(name, replacements)
+        logger.warning("amp-rewrite: tf.function %s runs in float32 from the next call: %s", name, reason)
+
+    def _fall_back_callers(self, name: str, replacements: dict) -> None:
+        """Gives the functions calling the replaced bodies float32 bodies (a warning if one fails)."""
+        try:
+            changed = self.callers.fall_back(replacements, self.hook.restore)
+        except Exception as exc:
+            reason = first_line(exc, with_type=True, if_empty=NO_MESSAGE)
+            logger.warning("amp-rewrite: tf.function %s: a function calling it keeps its half body: "
+                           "building a float32 one failed: %s", name, reason)
+            return
+        for caller in changed:
+            logger.debug("tf.function %s: runs a float32 body from the next call", caller)
+
+
+def function_name(concrete_function) -> str:
+    """The name of the traced function (its graph's): what reports and log lines call it."""
+    return str(concrete_function.graph.name)

@@ -65,11 +65,9 @@ from amp_rewrite.runtime.records import ObjectTable
 logger = logging.getLogger(__name__)
 
 TF_DATA_ATTR = "_tf_data_function"
-XLA_ATTR = "_XlaMustCompile"
 XLA_ON_CPU = ("XLA-compiled (jit_compile=True) on a CPU, and XLA's CPU backend has no fast bfloat16 kernels; "
               "without jit_compile, bfloat16 runs on oneDNN's kernels, faster than float32 on a CPU with "
               "AVX512_BF16 or AMX-BF16")
-NO_MESSAGE = "(no message)"
 LEDGER_NAME = "tf.function"
 
 
@@ -126,7 +124,8 @@ class TracingHook:
         traced_graphs: rewritten function name → the graph traced for it (node names agree), for the tuner.
         history: a report of every swap this hook made, oldest first.
         profiles: a :class:`~amp_rewrite.runtime.profile.FunctionProfiles` with ``AMP_REWRITE_PROFILE``.
-        fallback: what the loss-scale floor fallback keeps (:class:`FloorFallback`).
+        fallback: what the loss-scale floor fallback keeps
+            (:class:`~amp_rewrite.runtime.tf2_fallback.FloorFallback`).
         marked: on the marked functions' hook, each graph :func:`marked` traced → its
             :class:`~amp_rewrite.Config` (the runtime's hook reads this table too).
     """
@@ -142,7 +141,7 @@ class TracingHook:
             from amp_rewrite.runtime.profile import FunctionProfiles
 
             self.profiles = FunctionProfiles(runtime.settings.profile_after)
-        self.fallback = FloorFallback(self)
+        self.fallback = tf2_fallback.FloorFallback(self)
         self.marked: ObjectTable[Config] = ObjectTable()
 
     # --- registration -----------------------------------------------------
@@ -199,7 +198,7 @@ class TracingHook:
         is_explicit = config is not None
         if self.runtime is None and (not is_explicit or _runtime_hook() is not None):
             return
-        name = _function_name(concrete_function)
+        name = tf2_fallback.function_name(concrete_function)
         if TF_DATA_ATTR in concrete_function.function_def.attr:
             logger.debug("tf.function %s: a tf.data function, left in float32", name)
             return
@@ -218,7 +217,7 @@ class TracingHook:
             try:
                 self._swap_in(concrete_function, config, is_explicit=is_explicit, calls_guarded=calls_guarded)
             except Exception as exc:
-                reason = first_line(exc, with_type=True, if_empty=NO_MESSAGE)
+                reason = first_line(exc, with_type=True, if_empty=tf2_fallback.NO_MESSAGE)
                 if self.is_strict:
                     raise RuntimeRewriteError(f"tf.function {name}: rewrite failed: {reason}") from exc
                 logger.warning("amp-rewrite: tf.function %s runs in float32: rewrite failed: %s", name, reason)
@@ -254,12 +253,12 @@ class TracingHook:
         from amp_rewrite.runtime.concrete import rewrite_concrete
 
         start = time.perf_counter()
-        name = _function_name(concrete_function)
+        name = tf2_fallback.function_name(concrete_function)
         scaling = self.loss_scaling
         if scaling is not None:
             scaling.check_traced(concrete_function.graph, name)
         # XLA-compiled functions record no skip cause, so a skip there says nothing about the floor.
-        is_guarded = not is_xla_compiled(concrete_function.function_def) and (
+        is_guarded = not tf_internals.is_xla_compiled(concrete_function.function_def) and (
             calls_guarded or self.fallback.has_guarded_apply(concrete_function.graph))
         extra: dict[str, Any] = {"is_probing_overflow": True} if scaling is not None and \
             scaling.is_finding_overflow else {}
@@ -339,109 +338,12 @@ class TracingHook:
         with LOCK:
             self.swapped.pop(cf, None)
         name = record.report.name
-        reason = "the rewritten function failed to run: " + first_line(exc, with_type=True, if_empty=NO_MESSAGE)
+        reason = "the rewritten function failed to run: " + first_line(
+            exc, with_type=True, if_empty=tf2_fallback.NO_MESSAGE)
         if self.is_strict:
             raise RuntimeRewriteError(f"tf.function {name}: {reason}") from exc
         logger.warning("amp-rewrite: tf.function %s runs in float32: %s", name, reason)
         return outputs
-
-
-class FloorFallback:
-    """A hook's fallback to float32 when no loss scale helps (:mod:`amp_rewrite.runtime.tf2_fallback`).
-
-    Attributes:
-        hook: the hook whose swapped functions fall back.
-        callers: functions calling a rewritten guarded function.
-        fell_back: functions no loss scale helped.
-    """
-
-    def __init__(self, hook: TracingHook):
-        self.hook = hook
-        self.callers = tf2_fallback.Callers()
-        self.fell_back = tf2_fallback.FellBack()
-
-    def forget(self) -> None:
-        self.callers.forget()
-        self.fell_back.clear()
-
-    def is_wanted(self) -> bool:
-        return tf2_fallback.is_wanted(self.hook.loss_scaling)
-
-    def has_guarded_apply(self, graph) -> bool:
-        scaling = self.hook.loss_scaling
-        return scaling is not None and scaling.has_guarded_apply(graph)
-
-    def floor_watch(self, concrete_function):
-        """The ``_call_flat`` that watches a function holding a guarded apply for skips at the scale floor, or None."""
-        if not self.is_wanted():
-            return None
-        return tf2_fallback.FloorWatch(concrete_function, self.hook.loss_scaling, self.fall_back_hopeless)
-
-    def note_guarded_calls(self, concrete_function) -> bool:
-        """Whether a just-traced function calls the rewritten body of a watched one (kept in ``callers``)."""
-        if not self.is_wanted():
-            return False
-        rewritten = {tf2_fallback.called_name(cf) for cf, record in self.hook.swapped.items()
-                     if not record.report.is_inference_only and self._holds_guarded_apply(record)
-                     and not is_xla_compiled(cf.function_def)}
-        return self.callers.note(concrete_function, rewritten)
-
-    def fell_back_before(self, concrete_function, name: str) -> bool:
-        """Whether an earlier trace of this function fell back (it stays as traced, with a line saying so)."""
-        graph = concrete_function.graph
-        if not (self.has_guarded_apply(graph) and self.fell_back.holds(name, graph)):
-            return False
-        logger.info("amp-rewrite: tf.function %s runs in float32: %s", name, tf2_fallback.FELL_BACK)
-        self.fell_back.add_body(tf2_fallback.called_name(concrete_function))
-        return True
-
-    def _holds_guarded_apply(self, record: SwapRecord) -> bool:
-        return self.has_guarded_apply(tf_internals.graph_in_state(record.traced_state))
-
-    def fall_back_hopeless(self, concrete_function, reason: str) -> None:
-        """No loss scale helps this function: from the next call it runs float32.
-
-        A rewritten function gets its traced body back, and so do the other
-        watched traces of the same name (a ``tf.function`` that creates variables
-        is traced twice, once creating them and once to run) and the rewritten
-        functions it calls. Every function whose graph calls one of those bodies
-        gets a float32 body (:class:`amp_rewrite.runtime.tf2_fallback.Callers`).
-        """
-        hook = self.hook
-        record = hook.record_of(concrete_function)
-        callees = self.callers.calls_of(concrete_function)
-        if record is None and not callees:
-            return
-        name = record.report.name if record is not None else _function_name(concrete_function)
-        if hook.is_strict:
-            raise RuntimeRewriteError(f"tf.function {name}: {reason}")
-        with LOCK:
-            names = {name} | {other.report.name for cf, other in hook.swapped.items()
-                              if tf2_fallback.called_name(cf) in callees}
-            hopeless = [cf for cf, other in hook.swapped.items()
-                        if other.report.name in names and self._holds_guarded_apply(other)]
-            replacements: dict[str, Any] = {}
-            for cf in dict.fromkeys([concrete_function, *hopeless]):
-                rewritten_name = tf2_fallback.called_name(cf)
-                if hook.record_of(cf) is not None:
-                    hook.restore(cf)
-                    replacements[rewritten_name] = tf_internals.inference_function(cf)
-                    self.fell_back.add(_function_name(cf), cf.graph)
-                    self.fell_back.add_body(tf2_fallback.called_name(cf))
-            self._fall_back_callers(name, replacements)
-        logger.warning("amp-rewrite: tf.function %s runs in float32 from the next call: %s", name, reason)
-
-    def _fall_back_callers(self, name: str, replacements: dict) -> None:
-        """Gives the functions calling the replaced bodies float32 bodies (a warning if one fails)."""
-        try:
-            changed = self.callers.fall_back(replacements, self.hook.restore)
-        except Exception as exc:
-            reason = first_line(exc, with_type=True, if_empty=NO_MESSAGE)
-            logger.warning("amp-rewrite: tf.function %s: a function calling it keeps its half body: "
-                           "building a float32 one failed: %s", name, reason)
-            return
-        for caller in changed:
-            logger.debug("tf.function %s: runs a float32 body from the next call", caller)
 
 
 # --- installing, and the process's hooks ---------------------------------------
@@ -580,8 +482,6 @@ def _summary(result) -> str:
     return result.summary(with_flops=False)
 
 
-def _function_name(concrete_function) -> str:
-    return str(concrete_function.graph.name)
 
 
 def xla_keeps_float32(function_def, *, setting: str | None, device_type: str | None) -> str | None:
@@ -591,13 +491,9 @@ def xla_keeps_float32(function_def, *, setting: str | None, device_type: str | N
     ``auto``) and the function runs on a CPU: a requested target is what
     the user asked for, and on a GPU XLA has fast half kernels.
     """
-    if not is_xla_compiled(function_def):
+    if not tf_internals.is_xla_compiled(function_def):
         return None
     return XLA_ON_CPU if setting == "auto" and device_type == "CPU" else None
 
-
-def is_xla_compiled(function_def) -> bool:
-    """Whether a traced function is XLA-compiled (``jit_compile=True``)."""
-    return XLA_ATTR in function_def.attr and function_def.attr[XLA_ATTR].b
 
 
