@@ -42,7 +42,10 @@ def test_session_step_after_n_is_profiled_once_and_the_watcher_leaves(amp_runtim
     assert tables(err)[0].startswith("amp-rewrite: profile of session step 4: ")  # init, then three steps of y
     rows = {line.split()[-1]: line.split() for line in err.splitlines() if line.startswith("  ") and "%" in line}
     assert rows["mm1"][2:4] == ["float16", "MatMul"]
-    assert rows["x-0-CastToFp16-AmpRewrite"][3] == "Cast"
+    # The table lists the step's 8 costliest ops, an order timing noise decides; the header counts
+    # every Cast the step ran: x and w1's read to float16, relu1 back to float32 for y.
+    assert "; Casts: 3 ops, " in tables(err)[0]
+    assert all(row[3] == "Cast" for name, row in rows.items() if name.endswith("-AmpRewrite"))
     assert "costliest float32 ops: " in err
     assert "run" not in vars(runner)  # later steps run the runner's own method
     assert all(np.array_equal(v, values[0]) for v in values)
