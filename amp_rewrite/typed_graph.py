@@ -22,9 +22,8 @@ the known side).
 
 This module holds :class:`TypedGraph` (ports, inputs, vertices, edges, their
 dtypes and one traversal, :meth:`TypedGraph.reach`), :class:`DataEdges`
-(the data edges both ways, in flat int arrays), :func:`output_count` (a
-node's outputs without building the view) and :func:`unique_name` (with
-:class:`NamesInUse`).
+(the data edges both ways, in flat int arrays) and :func:`output_count` (a
+node's outputs without building the view).
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ import itertools
 import logging
 import operator
 from array import array
-from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import NamedTuple
 
 from amp_rewrite.errors import GraphError
@@ -380,30 +379,6 @@ def output_count(node, registry: OpRegistry) -> int | None:
         return len(plan.expand(node))
     except GraphError:
         return None
-
-
-class NamesInUse:
-    """A body's node names (its index's keys, not copied) and the names added to it since."""
-
-    def __init__(self, existing: Container[str]):
-        self._existing = existing
-        self._added: set[str] = set()
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._existing or name in self._added
-
-    def add(self, name: str) -> None:
-        self._added.add(name)
-
-
-def unique_name(name: str, taken: set[str] | NamesInUse) -> str:
-    """``name``, or ``name_1``, ``name_2``, ... if taken; the result is added to ``taken``."""
-    candidate, k = name, 1
-    while candidate in taken:
-        candidate = f"{name}_{k}"
-        k += 1
-    taken.add(candidate)
-    return candidate
 
 
 # -- construction: ports and data inputs, the node-level graph under the vertices --
