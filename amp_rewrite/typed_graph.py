@@ -20,31 +20,30 @@ ops) get no vertices: they stay as they are, and a Cast is put on any edge
 between them and a retyped neighbour (the dtype of such an edge is read off
 the known side).
 
-This module holds :class:`TypedGraph` (ports, inputs, vertices, edges, their
-dtypes and one traversal, :meth:`TypedGraph.reach`). It is built from
+This module holds :class:`TypedGraph` (ports, inputs, vertices, edges and one
+traversal, :meth:`TypedGraph.reach`). It is built from
 :mod:`amp_rewrite.op_ports` (the TypeAttr of each node's ports) and
 :mod:`amp_rewrite.data_edges` (the data edges both ways, in flat int arrays,
-and each vertex's neighbours over them).
+and each vertex's neighbours over them); the dtype each vertex holds is read
+and written by its base, :class:`~amp_rewrite.vertex_dtypes.VertexDtypes`.
 """
 
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import NamedTuple
 
 from amp_rewrite.data_edges import build_fans, check_acyclic, read_inputs
-from amp_rewrite.errors import GraphError
 from amp_rewrite.instances import Instances, link_calls
 from amp_rewrite.op_ports import TypeAttr, expand_ports
 from amp_rewrite.op_registry import OpRegistry
+from amp_rewrite.vertex_dtypes import VertexDtypes
 
 logger = logging.getLogger(__name__)
 
 
-class TypedGraph:
+class TypedGraph(VertexDtypes):
     """The typed view of ``graph_def`` and of every function instance it reaches.
 
     Node indices are global, as :class:`~amp_rewrite.instances.Instances`
@@ -81,7 +80,7 @@ class TypedGraph:
                  opaque_functions: Mapping[str, str] | None = None):
         self.graph_def = graph_def
         self.registry = registry if registry is not None else OpRegistry(graph_def.library)
-        self._facts: dict[str, _OpFacts] = {}
+        self._facts = {}
         instances = Instances(graph_def, self.registry, opaque_functions=opaque_functions)
         self.library, self.nodes, self.names = instances.library, instances.nodes, instances.names
         self.ops, self.body_of = instances.ops, instances.body_of
@@ -105,7 +104,7 @@ class TypedGraph:
             self.fanin[v], self.fanout[v] = tuple(self.fanin[v]), tuple(self.fanout[v])
         self._grown = None  # edges added later (the pipeline's) stay in lists
 
-    # -- construction: vertices (ports, data edges and fans come from the functions below) --
+    # -- construction: vertices (ports come from op_ports, data edges and fans from data_edges) --
 
     def _build_vertices(self) -> None:
         """Numbers the vertices node by node, and records the vertex of each input and output port.
@@ -231,64 +230,6 @@ class TypedGraph:
         arg, base = max(((a, s) for a, s in starts.items() if s <= port), key=lambda item: item[1])
         return f"{name}:{arg}:{port - base}"
 
-    def dtype(self, vid: int) -> int:
-        """The DataType the vertex currently holds (the OpDef default if the attr is unset)."""
-        node_idx, attr = self.vertex_node[vid], self.vertex_attr[vid]
-        name = attr.name
-        if not name:
-            return attr.fixed
-        node_attrs = self.nodes[node_idx].attr
-        if name in node_attrs:
-            value = node_attrs[name]
-            return value.type if attr.index < 0 else value.list.type[attr.index]
-        return _default_type(self.op_defs[node_idx], name)
-
-    def dtypes(self) -> list[int]:
-        """The DataType every vertex holds now, by vertex id (what :meth:`dtype` gives, in one pass)."""
-        result: list[int] = []
-        append = result.append
-        nodes = self.nodes
-        for node_idx, attr in zip(self.vertex_node, self.vertex_attr):
-            name = attr.name
-            if not name:
-                append(attr.fixed)
-                continue
-            node_attrs = nodes[node_idx].attr
-            if name in node_attrs:
-                value = node_attrs[name]
-                append(value.type if attr.index < 0 else value.list.type[attr.index])
-            else:
-                append(_default_type(self.op_defs[node_idx], name))
-        return result
-
-    def set_dtype(self, vid: int, dtype: int) -> None:
-        """Retypes the vertex's attr on its NodeDef."""
-        node_idx, attr = self.vertex_node[vid], self.vertex_attr[vid]
-        if not attr.name:
-            raise GraphError(f"cannot retype fixed type {attr} of node {self.nodes[node_idx].name}")
-        value = self.nodes[node_idx].attr[attr.name]
-        if attr.index < 0:
-            value.type = dtype
-        else:
-            value.list.type[attr.index] = dtype
-
-    def allowed_types(self, vid: int) -> frozenset[int] | None:
-        """The dtypes the OpDef admits for the vertex; None means any."""
-        node_idx, attr = self.vertex_node[vid], self.vertex_attr[vid]
-        if not attr.name:
-            return frozenset((attr.fixed,))
-        return self.op_facts(node_idx).allowed.get(attr.name)
-
-    def op_facts(self, node: int) -> _OpFacts:
-        """Type attrs and admitted dtypes of the node's op (cached per op)."""
-        op = self.ops[node]
-        facts = self._facts.get(op)
-        if facts is None:
-            is_function = self.registry.is_library_function(op)
-            facts = _facts_of(self.op_defs[node]) if is_function else _registry_facts(op)
-            self._facts[op] = facts
-        return facts
-
     def describe(self, vid: int) -> str:
         node_idx, attr = self.vertex_node[vid], self.vertex_attr[vid]
         node = self.nodes[node_idx]
@@ -346,34 +287,4 @@ class TypedGraph:
                         if parents is not None:
                             parents.setdefault(w, v)
         return list(seen)
-
-
-def _default_type(op_def, attr_name: str) -> int:
-    for attr_def in op_def.attr:
-        if attr_def.name == attr_name and attr_def.HasField("default_value"):
-            return attr_def.default_value.type
-    return 0
-
-
-class _OpFacts(NamedTuple):
-    """What the view asks of an OpDef again and again, computed once per op."""
-
-    singles: tuple[str, ...]  # names of ``type`` attrs
-    lists: tuple[str, ...]  # names of ``list(type)`` attrs
-    allowed: dict  # attr name -> frozenset of admitted dtypes, or None for any
-
-
-def _facts_of(op_def) -> _OpFacts:
-    return _OpFacts(
-        singles=tuple(a.name for a in op_def.attr if a.type == "type"),
-        lists=tuple(a.name for a in op_def.attr if a.type == "list(type)"),
-        allowed={a.name: (frozenset(a.allowed_values.list.type) or None) for a in op_def.attr},
-    )
-
-
-@functools.cache
-def _registry_facts(op: str) -> _OpFacts:
-    """Facts of a registered op; TensorFlow's registry does not change within a process."""
-    return _facts_of(OpRegistry.registry_op_def(op))
-
 
