@@ -11,9 +11,12 @@ An edge joins the vertex of a producer's output port to the vertex of the
 consumer's input port. Control edges carry no data and are left out.
 
 The view spans the main graph and one instance of a function per call
-(:mod:`amp_rewrite.instances` makes them, and joins each call's ports to
-its instance's virtual args and results), so paint crosses calls and loops
-like any other edge.
+(:mod:`amp_rewrite.instances` makes them; :func:`link_calls` joins each
+call's ports to its instances' virtual args and results), so paint crosses
+calls and loops like any other edge. The vertices that must hold one dtype
+across a boundary form *boundary groups*: a call's ``Tin[i]`` and the
+callee's arg ``i``; a While's ``T[i]`` with its body's arg and result ``i``
+and its cond's arg ``i``.
 
 Ops that neither TensorFlow nor the graph's function library knows (custom
 ops) get no vertices: they stay as they are, and a Cast is put on any edge
@@ -21,7 +24,7 @@ between them and a retyped neighbour (the dtype of such an edge is read off
 the known side).
 
 This module holds :class:`TypedGraph` (ports, inputs, vertices, edges and one
-traversal, :meth:`TypedGraph.reach`). It is built from
+traversal, :meth:`TypedGraph.reach`) and :func:`link_calls`. It is built from
 :mod:`amp_rewrite.op_ports` (the TypeAttr of each node's ports) and
 :mod:`amp_rewrite.data_edges` (the data edges both ways, in flat int arrays,
 and each vertex's neighbours over them); the dtype each vertex holds is read
@@ -35,12 +38,15 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from amp_rewrite.data_edges import build_fans, check_acyclic, read_inputs
-from amp_rewrite.instances import Instances, link_calls
+from amp_rewrite.instances import WHILE_OPS, Instances
 from amp_rewrite.op_ports import TypeAttr, expand_ports
 from amp_rewrite.op_registry import OpRegistry
 from amp_rewrite.vertex_dtypes import VertexDtypes
 
 logger = logging.getLogger(__name__)
+
+# Calls whose first input selects the branch rather than feeding an argument.
+_BRANCH_OPS = frozenset({"If", "StatelessIf", "Case", "StatelessCase"})
 
 
 class TypedGraph(VertexDtypes):
@@ -288,3 +294,60 @@ class TypedGraph(VertexDtypes):
                             parents.setdefault(w, v)
         return list(seen)
 
+
+# -- construction: calls joined to their instances --
+
+
+def link_calls(view: TypedGraph) -> tuple[list[list[int]], list[list[int]]]:
+    """Joins each call's ports to its instances' virtual args and results in ``view``.
+
+    Paint then flows across a call like any other edge: into an argument, out
+    of a result, and around a While loop from its body's results back to its
+    arguments and its cond's.
+
+    Returns:
+        The boundary groups (vertex ids that must hold one dtype), and the
+        subset of them that are While loop variables.
+    """
+    groups: list[list[int]] = []
+    loop_groups: list[list[int]] = []
+    for body in view.bodies:
+        for call, by_attr in body.children.items():
+            node = view.nodes[call]
+            if node.op in WHILE_OPS:
+                for group in _link_while(view, call, by_attr["cond"][0], by_attr["body"][0]):
+                    groups.append(group)
+                    loop_groups.append(group)
+                continue
+            offset = 1 if node.op in _BRANCH_OPS else 0
+            instances = [b for attr in sorted(by_attr) for b in by_attr[attr]]
+            n_in = len(view.in_attrs[call] or []) - offset
+            n_out = len(view.out_attrs[call] or [])
+            for k in range(n_in):
+                port = view.input_vertex(call, k + offset)
+                args = [view.output_vertex(view.bodies[b].args[k], 0) for b in instances]
+                for arg in args:
+                    view.add_edge(port, arg)
+                groups.append([port, *args])
+            for k in range(n_out):
+                port = view.output_vertex(call, k)
+                rets = [view.input_vertex(view.bodies[b].rets[k], 0) for b in instances]
+                for ret in rets:
+                    view.add_edge(ret, port)
+                groups.append([port, *rets])
+    return groups, loop_groups
+
+
+def _link_while(view: TypedGraph, call: int, cond: int, body_id: int) -> list[list[int]]:
+    """Links one While call to its body and cond; returns one group per loop variable."""
+    loop, test = view.bodies[body_id], view.bodies[cond]
+    groups = []
+    for k in range(len(view.in_attrs[call])):
+        port = view.input_vertex(call, k)
+        arg = view.output_vertex(loop.args[k], 0)
+        ret = view.input_vertex(loop.rets[k], 0)
+        test_arg = view.output_vertex(test.args[k], 0)
+        for u, v in ((port, arg), (port, test_arg), (ret, arg), (ret, test_arg), (ret, port)):
+            view.add_edge(u, v)
+        groups.append([port, arg, ret, test_arg])
+    return groups
