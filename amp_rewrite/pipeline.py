@@ -71,7 +71,8 @@ from amp_rewrite.graph_facts import DT_BFLOAT16, DT_FLOAT, DT_HALF, node_name, s
 from amp_rewrite.keep_patterns import match_patterns
 from amp_rewrite.op_lists import OpLists, load_lists
 from amp_rewrite.op_registry import OpRegistry, default_device_type, graph_pb2
-from amp_rewrite.painting import PaintContext, Painting, Rule
+from amp_rewrite.paint_context import PaintContext
+from amp_rewrite.painting import Painting, Rule
 from amp_rewrite.typed_graph import TypedGraph
 
 logger = logging.getLogger(__name__)
