@@ -22,9 +22,6 @@ from amp_rewrite.typed_graph import TypedGraph
 # The clear colour as a plain name: the per-node loop compares against it, and
 # an Enum member's lookup through its class costs several times a comparison.
 _CLEAR = Colour.CLEAR
-# Ops the tensor-list rule cannot see past: a list handle that reaches one of
-# these may be read or written somewhere this graph does not show.
-_OPAQUE_HANDLE_OPS = frozenset({"OptionalFromValue", "OptionalGetValue", "Placeholder"})
 # Ops whose half conversion UNSAFE_FORCE_ALL must not force: the loss op
 # has no usable half kernel, and constants are folded instead.
 _NEVER_FORCED = frozenset({"Const", "SoftmaxCrossEntropyWithLogits"})
@@ -120,18 +117,6 @@ class PaintContext:
     def is_preserved(self, i: int) -> bool:
         """Whether node ``i`` must keep every attr (fetched, fed or asked to be preserved)."""
         return self.graph.body_of[i] == 0 and self.graph.nodes[i].name in self.preserved
-
-    def opaque_handle(self, i: int) -> bool:
-        """Whether a value reaching node ``i`` may be used somewhere the view does not show."""
-        graph = self.graph
-        op = graph.ops[i]
-        if self.is_preserved(i):
-            return True  # fetched: the caller may read the list
-        if op in ("_Arg", "_Retval"):
-            return i not in graph.virtual
-        if op in _OPAQUE_HANDLE_OPS or i in graph.opaque_calls:
-            return True
-        return graph.registry.is_library_function(op) and i not in self.boundary
 
     def processable(self, vid: int) -> bool:
         """Whether the vertex's node may be changed at all (not preserved, on our device type)."""

@@ -10,8 +10,9 @@ order as data: :func:`amp_rewrite.pipeline.paint` loops over it. Every rule is a
 :meth:`TypedGraph.reach`, so no result depends on the order nodes appear in
 the GraphDef.
 
-:func:`find_tensor_list_clusters` runs before the rules. It is no rule: it
-paints nothing and returns the edges that the caller adds to the view.
+:func:`~amp_rewrite.tensor_lists.find_tensor_list_clusters` runs before the
+rules. It is no rule: it paints nothing and returns the clusters a
+:class:`Painting` holds and the edges that the caller adds to the view.
 
 Legend for the examples in the docstrings: ``allow``/``infer``/``clear``/``deny``
 name the list an op is on; ``ALLOW``/``DENY`` the colour painted.
@@ -23,39 +24,15 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from amp_rewrite.graph_facts import DT_FLOAT, DT_RESOURCE, DT_VARIANT
 from amp_rewrite.op_lists import Colour
 from amp_rewrite.paint_context import PaintContext
-from amp_rewrite.typed_graph import TypedGraph
+from amp_rewrite.tensor_lists import TensorListCluster
 
 logger = logging.getLogger(__name__)
 
 # The list colours as plain names: per-vertex loops compare against them, and an
 # Enum member's lookup through its class costs several times a comparison.
 _ALLOW, _INFER, _DENY, _CLEAR = Colour.ALLOW, Colour.INFER, Colour.DENY, Colour.CLEAR
-
-_TENSOR_LIST_READERS = frozenset({
-    "TensorListConcat", "TensorListConcatV2", "TensorListGather",
-    "TensorListGetItem", "TensorListPopBack", "TensorListStack",
-})
-_TENSOR_LIST_WRITERS = frozenset({
-    "TensorListFromTensor", "TensorListPushBack", "TensorListPushBackBatch",
-    "TensorListScatter", "TensorListScatterV2", "TensorListScatterIntoExistingList",
-    "TensorListSetItem", "TensorListSplit",
-})
-
-
-@dataclass(frozen=True)
-class TensorListCluster:
-    """The element-type vertices of the data-structure ops that share one handle.
-
-    ``escapes``: the handle reaches something the rewrite cannot see through,
-    or one of the ops may not be changed, so the element type stays float32.
-    """
-
-    vertices: tuple[int, ...]
-    escapes: bool
-
 
 @dataclass
 class Painting:
@@ -112,118 +89,6 @@ class Painting:
             self.allow.discard(vid)
             self._rules[vid], self._causes[vid] = rule, cause
             self.unmarked += 1
-
-
-
-# -- before the rules: data structures sharing a handle -------------------
-
-
-def find_tensor_list_clusters(ctx: PaintContext) -> tuple[list[TensorListCluster], list[tuple[int, int]]]:
-    """Groups the data-structure ops that share a handle, so they can share one element type.
-
-    Three families hold tensors behind a handle: TensorLists (a variant
-    handle), and the TensorArrayV3 and StackV2 ops TF1 loops and their
-    gradients use (a resource handle; ``TensorArrayGradV3`` makes a gradient
-    array of the same element type, so it joins its source's cluster). A
-    cluster escapes when its handle reaches something the rule cannot see
-    through (a placeholder, a fetch, an opaque call, ``_Arg``/``_Retval`` of
-    the graph itself, or any other op that takes a resource handle), or when
-    one of its ops may not be changed.
-
-    Returns:
-        The clusters, and an element-type edge (writer, reader) for every
-        writer → reader pair of a cluster that the view does not join yet.
-        Nothing is changed here: :func:`amp_rewrite.pipeline.paint` adds the
-        edges to the view before the rules run, so paint flows through the
-        structure.
-    """
-    graph = ctx.graph
-    candidates = {i: _element_vertex(ctx, i) for i, op in enumerate(graph.ops)
-                  if op in _ELEMENT_ATTR or "TensorList" in op}
-    element = {i: v for i, v in candidates.items() if v is not None}
-    clustered: set[int] = set()
-    clusters: list[TensorListCluster] = []
-    edges: dict[tuple[int, int], None] = {}  # a dict keeps the order found and drops repeats
-    for node_idx in sorted(element):
-        if node_idx in clustered or ctx.skip_reason[node_idx] is not None:
-            continue
-        handles = _handle_vertices(graph, node_idx)
-        escapes: list[int] = []
-
-        def follows(v: int) -> bool:
-            i = graph.vertex_node[v]
-            if graph.dtype(v) == DT_VARIANT or _carries_handles(ctx, i):
-                return True
-            escapes.append(v)  # noqa: B023 -- called by graph.reach within this iteration only
-            return False
-
-        reached = graph.reach(handles, forward=True, backward=True, enter=follows)
-        members = sorted({graph.vertex_node[v] for v in reached} & element.keys())
-        opaque = escapes or any(ctx.opaque_handle(graph.vertex_node[v]) for v in reached)
-        unprocessable = any(ctx.skip_reason[m] is not None for m in members)
-        clustered.update(members)
-        clusters.append(TensorListCluster(tuple(element[m] for m in members), escapes=bool(opaque or unprocessable)))
-        edges.update(dict.fromkeys(_writer_reader_edges(ctx, members, element)))
-    return clusters, list(edges)
-
-
-# Element-type attr of the resource-handle data structures.
-_ELEMENT_ATTR = {
-    "StackV2": "elem_type", "StackPushV2": "T", "StackPopV2": "elem_type",
-    "TensorArrayV3": "dtype", "TensorArrayWriteV3": "T", "TensorArrayReadV3": "dtype",
-    "TensorArrayGatherV3": "dtype", "TensorArrayScatterV3": "T", "TensorArrayConcatV3": "dtype",
-    "TensorArraySplitV3": "T",
-}
-_STRUCTURE_WRITERS = _TENSOR_LIST_WRITERS | {
-    "StackPushV2", "TensorArrayWriteV3", "TensorArrayScatterV3", "TensorArraySplitV3"}
-_STRUCTURE_READERS = _TENSOR_LIST_READERS | {
-    "StackPopV2", "TensorArrayReadV3", "TensorArrayGatherV3", "TensorArrayConcatV3"}
-# Ops a resource handle of a data structure may pass through without escaping.
-_HANDLE_CARRIERS = frozenset({
-    "Enter", "RefEnter", "Exit", "RefExit", "Merge", "RefMerge", "Switch", "RefSwitch",
-    "NextIteration", "RefNextIteration", "Identity", "IdentityN", "TensorArrayGradV3",
-    "TensorArraySizeV3", "TensorArrayCloseV3", "StackCloseV2",
-})
-
-
-def _element_vertex(ctx: PaintContext, node_idx: int) -> int | None:
-    """The float32 element-type vertex of a data-structure op, or None."""
-    graph = ctx.graph
-    op = graph.ops[node_idx]
-    if op in _ELEMENT_ATTR:
-        v = graph.vertex_of(node_idx, _ELEMENT_ATTR[op])
-        return v if v is not None and graph.dtype(v) == DT_FLOAT else None
-    if "TensorList" not in op:
-        return None
-    for v in graph.node_vertices[node_idx]:
-        attr = graph.vertex_attr[v]
-        if attr.name and attr.index < 0 and graph.dtype(v) == DT_FLOAT:
-            return v
-    return None
-
-
-def _handle_vertices(graph: TypedGraph, node_idx: int) -> list[int]:
-    return [v for v in graph.node_vertices[node_idx] if graph.vertex_attr[v].fixed in (DT_VARIANT, DT_RESOURCE)]
-
-
-def _carries_handles(ctx: PaintContext, node_idx: int) -> bool:
-    op = ctx.graph.ops[node_idx]
-    return op in _ELEMENT_ATTR or op in _HANDLE_CARRIERS or node_idx in ctx.boundary
-
-
-def _writer_reader_edges(ctx: PaintContext, members: list[int], element: dict[int, int]):
-    """The (writer, reader) element-vertex pairs of a cluster that the view does not join yet."""
-    graph = ctx.graph
-    for reader in members:
-        if graph.ops[reader] not in _STRUCTURE_READERS:
-            continue
-        handles = _handle_vertices(graph, reader)
-        for v in graph.reach(handles, forward=False, backward=True, enter=ctx.processable):
-            writer = graph.vertex_node[v]
-            if graph.ops[writer] in _STRUCTURE_WRITERS and writer in element:
-                src, dst = element[writer], element[reader]
-                if dst not in graph.fanout[src]:
-                    yield src, dst
 
 
 # -- the rules, in the order they run (ROOT_RULES, then SPREAD_RULES) ------
