@@ -20,8 +20,10 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from amp_rewrite.graph_facts import DT_BFLOAT16, DT_FLOAT, DT_HALF
-from amp_rewrite.painting import PaintContext, Painting
-from amp_rewrite.typed_graph import NamesInUse, TypedGraph, unique_name
+from amp_rewrite.names import NamesInUse, unique_name
+from amp_rewrite.paint_context import PaintContext
+from amp_rewrite.painting import Painting
+from amp_rewrite.typed_graph import TypedGraph
 
 logger = logging.getLogger(__name__)
 

@@ -312,8 +312,8 @@ def _load_and_rewrite(args):
 
 def _check_fetch_ports(graph_def, fetches) -> None:
     """A fetch ``name:port`` must name an output the node has (when its op is known)."""
+    from amp_rewrite.op_ports import output_count
     from amp_rewrite.op_registry import OpRegistry
-    from amp_rewrite.typed_graph import output_count
 
     with_port = [f for f in fetches if ":" in f]
     if not with_port:

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 
 from amp_rewrite.graph_facts import called_functions
 from amp_rewrite.instances import WHILE_OPS
-from amp_rewrite.typed_graph import TypedGraph, unique_name
+from amp_rewrite.names import unique_name
+from amp_rewrite.typed_graph import TypedGraph
 
 logger = logging.getLogger(__name__)
 

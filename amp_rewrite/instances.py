@@ -14,14 +14,10 @@ This module holds:
 - :class:`Body`: the main graph or one instance;
 - :class:`Instances`: the nodes of the main graph and of every instance it
   reaches, numbered globally, with the calls that could not be instantiated;
-- :func:`function_source`: the node and port a FunctionDef input string names;
-- :func:`link_calls`: the edges that join each call's ports to its instances'
-  virtual args and results in the typed view, and the *boundary groups*,
-  the vertices that must hold one dtype across a boundary (a call's
-  ``Tin[i]`` and the callee's arg ``i``; a While's ``T[i]`` with its body's
-  arg and result ``i`` and its cond's arg ``i``).
+- :func:`function_source`: the node and port a FunctionDef input string names.
 
-The typed view (:mod:`amp_rewrite.typed_graph`) is built over these nodes.
+The typed view (:mod:`amp_rewrite.typed_graph`) is built over these nodes,
+and joins each call's ports to its instances' virtual args and results.
 """
 
 from __future__ import annotations
@@ -35,7 +31,6 @@ from amp_rewrite.errors import GraphError
 
 if TYPE_CHECKING:
     from amp_rewrite.op_registry import OpRegistry
-    from amp_rewrite.typed_graph import TypedGraph
 
 # Call-like ops, with the attrs naming the functions they run.
 CALL_FUNCTION_ATTRS = {
@@ -49,8 +44,6 @@ CALL_FUNCTION_ATTRS = {
     "StatelessCase": ("branches",),
 }
 WHILE_OPS = frozenset({"While", "StatelessWhile"})
-# Calls whose first input selects the branch rather than feeding an argument.
-_BRANCH_OPS = frozenset({"If", "StatelessIf", "Case", "StatelessCase"})
 # Bounds on instantiation: deeper or more calls are treated as opaque.
 MAX_CALL_DEPTH = 32
 MAX_INSTANCES = 4096
@@ -258,58 +251,3 @@ def function_source(body: Body, ref: str, node, out_args: list) -> tuple[int, in
     if len(parts) != 3 or not parts[2].isdigit() or (starts is not None and parts[1] not in starts):
         raise GraphError(f"{body.where(node)}: malformed function input {ref!r}")
     return src, (starts[parts[1]] if starts is not None else 0) + int(parts[2])
-
-
-def link_calls(view: TypedGraph) -> tuple[list[list[int]], list[list[int]]]:
-    """Joins each call's ports to its instances' virtual args and results in ``view``.
-
-    Paint then flows across a call like any other edge: into an argument, out
-    of a result, and around a While loop from its body's results back to its
-    arguments and its cond's.
-
-    Returns:
-        The boundary groups (vertex ids that must hold one dtype), and the
-        subset of them that are While loop variables.
-    """
-    groups: list[list[int]] = []
-    loop_groups: list[list[int]] = []
-    for body in view.bodies:
-        for call, by_attr in body.children.items():
-            node = view.nodes[call]
-            if node.op in WHILE_OPS:
-                for group in _link_while(view, call, by_attr["cond"][0], by_attr["body"][0]):
-                    groups.append(group)
-                    loop_groups.append(group)
-                continue
-            offset = 1 if node.op in _BRANCH_OPS else 0
-            instances = [b for attr in sorted(by_attr) for b in by_attr[attr]]
-            n_in = len(view.in_attrs[call] or []) - offset
-            n_out = len(view.out_attrs[call] or [])
-            for k in range(n_in):
-                port = view.input_vertex(call, k + offset)
-                args = [view.output_vertex(view.bodies[b].args[k], 0) for b in instances]
-                for arg in args:
-                    view.add_edge(port, arg)
-                groups.append([port, *args])
-            for k in range(n_out):
-                port = view.output_vertex(call, k)
-                rets = [view.input_vertex(view.bodies[b].rets[k], 0) for b in instances]
-                for ret in rets:
-                    view.add_edge(ret, port)
-                groups.append([port, *rets])
-    return groups, loop_groups
-
-
-def _link_while(view: TypedGraph, call: int, cond: int, body_id: int) -> list[list[int]]:
-    """Links one While call to its body and cond; returns one group per loop variable."""
-    loop, test = view.bodies[body_id], view.bodies[cond]
-    groups = []
-    for k in range(len(view.in_attrs[call])):
-        port = view.input_vertex(call, k)
-        arg = view.output_vertex(loop.args[k], 0)
-        ret = view.input_vertex(loop.rets[k], 0)
-        test_arg = view.output_vertex(test.args[k], 0)
-        for u, v in ((port, arg), (port, test_arg), (ret, arg), (ret, test_arg), (ret, port)):
-            view.add_edge(u, v)
-        groups.append([port, arg, ret, test_arg])
-    return groups

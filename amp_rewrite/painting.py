@@ -2,16 +2,17 @@
 
 Colour is state kept in two sets of vertex ids (``allow`` and ``deny``) on a
 :class:`Painting`, never attributes written on nodes. Each rule is one
-function ``rule(ctx, painting)`` that reads a :class:`PaintContext` and grows
-or shrinks those sets, and nothing else. The rules are defined below in the
-order they run, and :data:`RULES` (:data:`ROOT_RULES`, then
-:data:`SPREAD_RULES`) is that order as data: :func:`amp_rewrite.pipeline.paint`
-loops over it. Every rule is a reachability question answered by
+function ``rule(ctx, painting)`` that reads a
+:class:`~amp_rewrite.paint_context.PaintContext` and grows or shrinks those
+sets, and nothing else. The rules are defined below in the order they run,
+and :data:`RULES` (:data:`ROOT_RULES`, then :data:`SPREAD_RULES`) is that
+order as data: :func:`amp_rewrite.pipeline.paint` loops over it. Every rule is a reachability question answered by
 :meth:`TypedGraph.reach`, so no result depends on the order nodes appear in
 the GraphDef.
 
-:func:`find_tensor_list_clusters` runs before the rules. It is no rule: it
-paints nothing and returns the edges that the caller adds to the view.
+:func:`~amp_rewrite.tensor_lists.find_tensor_list_clusters` runs before the
+rules. It is no rule: it paints nothing and returns the clusters a
+:class:`Painting` holds and the edges that the caller adds to the view.
 
 Legend for the examples in the docstrings: ``allow``/``infer``/``clear``/``deny``
 name the list an op is on; ``ALLOW``/``DENY`` the colour painted.
@@ -22,48 +23,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property
-from typing import Any
 
-from amp_rewrite.graph_facts import DT_FLOAT, DT_RESOURCE, DT_VARIANT
-from amp_rewrite.op_lists import Colour, OpLists
-from amp_rewrite.op_registry import OpRegistry, device_type_of
-from amp_rewrite.typed_graph import TypedGraph
+from amp_rewrite.op_lists import Colour
+from amp_rewrite.paint_context import PaintContext
+from amp_rewrite.tensor_lists import TensorListCluster
 
 logger = logging.getLogger(__name__)
 
 # The list colours as plain names: per-vertex loops compare against them, and an
 # Enum member's lookup through its class costs several times a comparison.
 _ALLOW, _INFER, _DENY, _CLEAR = Colour.ALLOW, Colour.INFER, Colour.DENY, Colour.CLEAR
-
-# Ops the tensor-list rule cannot see past: a list handle that reaches one of
-# these may be read or written somewhere this graph does not show.
-_OPAQUE_HANDLE_OPS = frozenset({"OptionalFromValue", "OptionalGetValue", "Placeholder"})
-_TENSOR_LIST_READERS = frozenset({
-    "TensorListConcat", "TensorListConcatV2", "TensorListGather",
-    "TensorListGetItem", "TensorListPopBack", "TensorListStack",
-})
-_TENSOR_LIST_WRITERS = frozenset({
-    "TensorListFromTensor", "TensorListPushBack", "TensorListPushBackBatch",
-    "TensorListScatter", "TensorListScatterV2", "TensorListScatterIntoExistingList",
-    "TensorListSetItem", "TensorListSplit",
-})
-# Ops whose half conversion UNSAFE_FORCE_ALL must not force: the loss op
-# has no usable half kernel, and constants are folded instead.
-_NEVER_FORCED = frozenset({"Const", "SoftmaxCrossEntropyWithLogits"})
-
-
-@dataclass(frozen=True)
-class TensorListCluster:
-    """The element-type vertices of the data-structure ops that share one handle.
-
-    ``escapes``: the handle reaches something the rewrite cannot see through,
-    or one of the ops may not be changed, so the element type stays float32.
-    """
-
-    vertices: tuple[int, ...]
-    escapes: bool
-
 
 @dataclass
 class Painting:
@@ -120,310 +89,6 @@ class Painting:
             self.allow.discard(vid)
             self._rules[vid], self._causes[vid] = rule, cause
             self.unmarked += 1
-
-
-class PaintContext:
-    """Read-only facts the rules consult: lists, target, and per-vertex predicates.
-
-    Args:
-        graph: the typed graph.
-        lists: the effective op lists.
-        target_dtype: DataType enum of the half type.
-        device_type: the device type the graph runs on.
-        preserved: names of nodes never to change.
-        force_all: the UNSAFE_FORCE_ALL level.
-        keep_float32: main-graph node name → reason, for nodes to leave float32.
-        kept_by_pattern: node index (any body) → reason, for the nodes a
-            keep-float32 pattern matched; left alone like preserved nodes.
-        tuner: measures heavy ops (:class:`amp_rewrite.tuner.Tuner`), or None when tuning is off.
-    """
-
-    def __init__(self, graph: TypedGraph, lists: OpLists, *, target_dtype: int,
-                 device_type: str, preserved: frozenset[str], force_all: bool = False,
-                 keep_float32: dict[str, str] | None = None, release: frozenset[str] = frozenset(),
-                 fixed_signatures: frozenset[str] = frozenset(), kept_by_pattern: dict[int, str] | None = None,
-                 tuner: Any = None):
-        self.graph = graph
-        self.kept_by_pattern = kept_by_pattern or {}
-        self.tuner = tuner
-        self.fixed_signatures = fixed_signatures
-        self.keep_float32 = keep_float32 or {}
-        self.released = {graph.index[n] for n in release if n in graph.index}
-        self.lists = lists
-        self.target_dtype = target_dtype
-        self.device_type = device_type
-        self.preserved = preserved
-        self.force_all = force_all
-        self._supports: list[bool | None] = [None] * len(graph.vertex_node)
-        self.boundary = set(graph.virtual).union(*(b.children for b in graph.bodies))
-        colour_of = lists.colour_of
-        colours: dict[str, Any] = {}  # by op: most of a graph's nodes share a few ops
-        node_list: list[Colour | None] = []
-        self.node_list = node_list
-        for i, op in enumerate(graph.ops):
-            colour = colours.get(op, colours)
-            if colour is colours:
-                colour = colours[op] = colour_of(op)
-            node_list.append(_CLEAR if i in self.boundary else colour)
-        self.skip_reason: list[str | None] = self._skip_reasons()
-        # The rules never retype, so the dtypes read once hold while painting.
-        self.dtypes = graph.dtypes()
-        self.vertex_list = [self.node_list[node] for node in graph.vertex_node]
-        self._kernel_checks: dict[tuple, bool] = {}
-
-    def _skip_reasons(self) -> list[str | None]:
-        graph = self.graph
-        reasons: list[str | None] = []
-        append = reasons.append
-        special = set(self.preserved).union(self.keep_float32)
-        opaque = graph.opaque_calls
-        fixed = {i for i in graph.virtual
-                 if graph.bodies[graph.body_of[i]].function in self.fixed_signatures} if self.fixed_signatures else ()
-        index = graph.bodies[0].index
-        special_nodes = {index[name] for name in special if name in index}  # main-graph nodes, by index
-        special_nodes.update(self.kept_by_pattern)  # any body's nodes, by index
-        for i, node in enumerate(graph.nodes):
-            if i in special_nodes or i in opaque or i in fixed:
-                append(self._skip_reason(i))
-                continue
-            device = node.device
-            dev = device_type_of(device) if device else None
-            append(None if dev is None or dev == self.device_type else f"placed on {dev}")
-        return reasons
-
-    def _skip_reason(self, i: int) -> str | None:
-        graph = self.graph
-        node = graph.nodes[i]
-        if graph.body_of[i] == 0 and node.name in self.preserved:
-            return "fetched or preserved: keeps its dtype"
-        if graph.body_of[i] == 0 and node.name in self.keep_float32:
-            return self.keep_float32[node.name]
-        if i in self.kept_by_pattern:
-            return self.kept_by_pattern[i]
-        if i in graph.opaque_calls:
-            return f"call not rewritten: {graph.opaque_calls[i]}"
-        if i in graph.virtual and graph.bodies[graph.body_of[i]].function in self.fixed_signatures:
-            return "argument or result of a restored function: keeps its dtype"
-        dev = device_type_of(node.device)
-        if dev is not None and dev != self.device_type:
-            return f"placed on {dev}"
-        return None
-
-    def is_preserved(self, i: int) -> bool:
-        """Whether node ``i`` must keep every attr (fetched, fed or asked to be preserved)."""
-        return self.graph.body_of[i] == 0 and self.graph.nodes[i].name in self.preserved
-
-    def opaque_handle(self, i: int) -> bool:
-        """Whether a value reaching node ``i`` may be used somewhere the view does not show."""
-        graph = self.graph
-        op = graph.ops[i]
-        if self.is_preserved(i):
-            return True  # fetched: the caller may read the list
-        if op in ("_Arg", "_Retval"):
-            return i not in graph.virtual
-        if op in _OPAQUE_HANDLE_OPS or i in graph.opaque_calls:
-            return True
-        return graph.registry.is_library_function(op) and i not in self.boundary
-
-    def processable(self, vid: int) -> bool:
-        """Whether the vertex's node may be changed at all (not preserved, on our device type)."""
-        return self.skip_reason[self.graph.vertex_node[vid]] is None
-
-    def is_float32(self, vid: int) -> bool:
-        return self.dtypes[vid] == DT_FLOAT
-
-    def on_list(self, vid: int, colour: Colour) -> bool:
-        """Whether the vertex's op is on the ``colour`` list."""
-        return self.vertex_list[vid] == colour
-
-    def supports_target(self, vid: int) -> bool:
-        """Whether the OpDef admits the target type for this attr and a kernel exists for it."""
-        cached = self._supports[vid]
-        if cached is None:
-            cached = self._supports[vid] = self._check_support(vid)
-        return cached
-
-    def _check_support(self, vid: int) -> bool:
-        graph = self.graph
-        node_idx, attr = graph.vertex_node[vid], graph.vertex_attr[vid]
-        if not attr.name:
-            return False
-        allowed = graph.allowed_types(vid)
-        if allowed is not None and self.target_dtype not in allowed:
-            return False
-        if node_idx in self.boundary:
-            return True  # args, results and calls pass any type through
-        node = graph.nodes[node_idx]
-        siblings = graph.node_vertices[node_idx]
-        # Nodes of one op, device and dtypes share the answer (most of a graph's nodes).
-        key = (graph.ops[node_idx], node.device, vid - siblings[0], tuple([self.dtypes[o] for o in siblings]))
-        found = self._kernel_checks.get(key)
-        if found is None:
-            found = self._kernel_checks[key] = self._kernel_exists(vid, node_idx)
-        return found
-
-    def _kernel_exists(self, vid: int, node_idx: int) -> bool:
-        graph = self.graph
-        node = graph.nodes[node_idx]
-        device_type = device_type_of(node.device) or self.device_type
-        attrs: dict[str, Any] = {}
-        for other in graph.node_vertices[node_idx]:
-            other_attr = graph.vertex_attr[other]
-            dtype = self.target_dtype if other == vid else self.dtypes[other]
-            if other_attr.index < 0:
-                attrs[other_attr.name] = dtype
-            else:
-                current = attrs.get(other_attr.name, ())
-                attrs[other_attr.name] = current + (dtype,)
-        found = OpRegistry.has_kernel(node.op, device_type, attrs)
-        return True if found is None else found
-
-    def can_convert(self, vid: int) -> bool:
-        """Processable, float32 now, and the target type is supported."""
-        if self.dtypes[vid] != DT_FLOAT or self.skip_reason[self.graph.vertex_node[vid]] is not None:
-            return False
-        cached = self._supports[vid]
-        return cached if cached is not None else self.supports_target(vid)
-
-    def can_force(self, vid: int) -> bool:
-        """Whether UNSAFE_FORCE_ALL may convert this vertex."""
-        node_idx = self.graph.vertex_node[vid]
-        op_def = self.graph.op_defs[node_idx]
-        if self.graph.ops[node_idx] in _NEVER_FORCED or op_def.is_stateful:
-            return False
-        return not any(arg.is_ref for arg in list(op_def.input_arg) + list(op_def.output_arg))
-
-    @cached_property
-    def reads_ref_variable(self) -> set[int]:
-        """Nodes that implicitly read a ref (non-resource) variable: Identity(VariableV2), Enter of such."""
-        graph = self.graph
-        result: set[int] = set()
-
-        ops = graph.ops
-
-        def reads(i: int, depth: int = 0) -> bool:
-            if ops[i] not in ("Identity", "Enter") or not graph.inputs(i) or depth > 64:
-                return False
-            src = graph.inputs(i)[0][0]
-            if ops[i] == "Identity":
-                return ops[src] in ("Variable", "VariableV2")
-            return reads(src, depth + 1)
-
-        for i, op in enumerate(ops):
-            if op in ("Identity", "Enter") and reads(i):
-                result.add(i)
-        return result
-
-
-# -- before the rules: data structures sharing a handle -------------------
-
-
-def find_tensor_list_clusters(ctx: PaintContext) -> tuple[list[TensorListCluster], list[tuple[int, int]]]:
-    """Groups the data-structure ops that share a handle, so they can share one element type.
-
-    Three families hold tensors behind a handle: TensorLists (a variant
-    handle), and the TensorArrayV3 and StackV2 ops TF1 loops and their
-    gradients use (a resource handle; ``TensorArrayGradV3`` makes a gradient
-    array of the same element type, so it joins its source's cluster). A
-    cluster escapes when its handle reaches something the rule cannot see
-    through (a placeholder, a fetch, an opaque call, ``_Arg``/``_Retval`` of
-    the graph itself, or any other op that takes a resource handle), or when
-    one of its ops may not be changed.
-
-    Returns:
-        The clusters, and an element-type edge (writer, reader) for every
-        writer → reader pair of a cluster that the view does not join yet.
-        Nothing is changed here: :func:`amp_rewrite.pipeline.paint` adds the
-        edges to the view before the rules run, so paint flows through the
-        structure.
-    """
-    graph = ctx.graph
-    candidates = {i: _element_vertex(ctx, i) for i, op in enumerate(graph.ops)
-                  if op in _ELEMENT_ATTR or "TensorList" in op}
-    element = {i: v for i, v in candidates.items() if v is not None}
-    clustered: set[int] = set()
-    clusters: list[TensorListCluster] = []
-    edges: dict[tuple[int, int], None] = {}  # a dict keeps the order found and drops repeats
-    for node_idx in sorted(element):
-        if node_idx in clustered or ctx.skip_reason[node_idx] is not None:
-            continue
-        handles = _handle_vertices(graph, node_idx)
-        escapes: list[int] = []
-
-        def follows(v: int) -> bool:
-            i = graph.vertex_node[v]
-            if graph.dtype(v) == DT_VARIANT or _carries_handles(ctx, i):
-                return True
-            escapes.append(v)  # noqa: B023 -- called by graph.reach within this iteration only
-            return False
-
-        reached = graph.reach(handles, forward=True, backward=True, enter=follows)
-        members = sorted({graph.vertex_node[v] for v in reached} & element.keys())
-        opaque = escapes or any(ctx.opaque_handle(graph.vertex_node[v]) for v in reached)
-        unprocessable = any(ctx.skip_reason[m] is not None for m in members)
-        clustered.update(members)
-        clusters.append(TensorListCluster(tuple(element[m] for m in members), escapes=bool(opaque or unprocessable)))
-        edges.update(dict.fromkeys(_writer_reader_edges(ctx, members, element)))
-    return clusters, list(edges)
-
-
-# Element-type attr of the resource-handle data structures.
-_ELEMENT_ATTR = {
-    "StackV2": "elem_type", "StackPushV2": "T", "StackPopV2": "elem_type",
-    "TensorArrayV3": "dtype", "TensorArrayWriteV3": "T", "TensorArrayReadV3": "dtype",
-    "TensorArrayGatherV3": "dtype", "TensorArrayScatterV3": "T", "TensorArrayConcatV3": "dtype",
-    "TensorArraySplitV3": "T",
-}
-_STRUCTURE_WRITERS = _TENSOR_LIST_WRITERS | {
-    "StackPushV2", "TensorArrayWriteV3", "TensorArrayScatterV3", "TensorArraySplitV3"}
-_STRUCTURE_READERS = _TENSOR_LIST_READERS | {
-    "StackPopV2", "TensorArrayReadV3", "TensorArrayGatherV3", "TensorArrayConcatV3"}
-# Ops a resource handle of a data structure may pass through without escaping.
-_HANDLE_CARRIERS = frozenset({
-    "Enter", "RefEnter", "Exit", "RefExit", "Merge", "RefMerge", "Switch", "RefSwitch",
-    "NextIteration", "RefNextIteration", "Identity", "IdentityN", "TensorArrayGradV3",
-    "TensorArraySizeV3", "TensorArrayCloseV3", "StackCloseV2",
-})
-
-
-def _element_vertex(ctx: PaintContext, node_idx: int) -> int | None:
-    """The float32 element-type vertex of a data-structure op, or None."""
-    graph = ctx.graph
-    op = graph.ops[node_idx]
-    if op in _ELEMENT_ATTR:
-        v = graph.vertex_of(node_idx, _ELEMENT_ATTR[op])
-        return v if v is not None and graph.dtype(v) == DT_FLOAT else None
-    if "TensorList" not in op:
-        return None
-    for v in graph.node_vertices[node_idx]:
-        attr = graph.vertex_attr[v]
-        if attr.name and attr.index < 0 and graph.dtype(v) == DT_FLOAT:
-            return v
-    return None
-
-
-def _handle_vertices(graph: TypedGraph, node_idx: int) -> list[int]:
-    return [v for v in graph.node_vertices[node_idx] if graph.vertex_attr[v].fixed in (DT_VARIANT, DT_RESOURCE)]
-
-
-def _carries_handles(ctx: PaintContext, node_idx: int) -> bool:
-    op = ctx.graph.ops[node_idx]
-    return op in _ELEMENT_ATTR or op in _HANDLE_CARRIERS or node_idx in ctx.boundary
-
-
-def _writer_reader_edges(ctx: PaintContext, members: list[int], element: dict[int, int]):
-    """The (writer, reader) element-vertex pairs of a cluster that the view does not join yet."""
-    graph = ctx.graph
-    for reader in members:
-        if graph.ops[reader] not in _STRUCTURE_READERS:
-            continue
-        handles = _handle_vertices(graph, reader)
-        for v in graph.reach(handles, forward=False, backward=True, enter=ctx.processable):
-            writer = graph.vertex_node[v]
-            if graph.ops[writer] in _STRUCTURE_WRITERS and writer in element:
-                src, dst = element[writer], element[reader]
-                if dst not in graph.fanout[src]:
-                    yield src, dst
 
 
 # -- the rules, in the order they run (ROOT_RULES, then SPREAD_RULES) ------

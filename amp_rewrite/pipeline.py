@@ -61,6 +61,7 @@ from functools import cached_property
 from typing import Any
 
 from amp_rewrite import painting as rules
+from amp_rewrite import tensor_lists
 from amp_rewrite.casts import Applied, apply_painting, promote_batch_norms, restore_unconverted_batch_norms
 from amp_rewrite.checks import ensure
 from amp_rewrite.config import Config
@@ -71,7 +72,8 @@ from amp_rewrite.graph_facts import DT_BFLOAT16, DT_FLOAT, DT_HALF, node_name, s
 from amp_rewrite.keep_patterns import match_patterns
 from amp_rewrite.op_lists import OpLists, load_lists
 from amp_rewrite.op_registry import OpRegistry, default_device_type, graph_pb2
-from amp_rewrite.painting import PaintContext, Painting, Rule
+from amp_rewrite.paint_context import PaintContext
+from amp_rewrite.painting import Painting, Rule
 from amp_rewrite.typed_graph import TypedGraph
 
 logger = logging.getLogger(__name__)
@@ -85,7 +87,7 @@ def paint(ctx: PaintContext) -> Painting:
     Raises:
         PaintingRuleError: a rule failed unexpectedly; the error names it.
     """
-    clusters, edges = rules.find_tensor_list_clusters(ctx)
+    clusters, edges = tensor_lists.find_tensor_list_clusters(ctx)
     for writer, reader in edges:
         ctx.graph.add_edge(writer, reader)
     logger.debug("find_tensor_list_clusters: %d clusters, %d writer → reader edges added to the view",

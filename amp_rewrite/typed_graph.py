@@ -11,54 +11,45 @@ An edge joins the vertex of a producer's output port to the vertex of the
 consumer's input port. Control edges carry no data and are left out.
 
 The view spans the main graph and one instance of a function per call
-(:mod:`amp_rewrite.instances` makes them, and joins each call's ports to
-its instance's virtual args and results), so paint crosses calls and loops
-like any other edge.
+(:mod:`amp_rewrite.instances` makes them; :func:`link_calls` joins each
+call's ports to its instances' virtual args and results), so paint crosses
+calls and loops like any other edge. The vertices that must hold one dtype
+across a boundary form *boundary groups*: a call's ``Tin[i]`` and the
+callee's arg ``i``; a While's ``T[i]`` with its body's arg and result ``i``
+and its cond's arg ``i``.
 
 Ops that neither TensorFlow nor the graph's function library knows (custom
 ops) get no vertices: they stay as they are, and a Cast is put on any edge
 between them and a retyped neighbour (the dtype of such an edge is read off
 the known side).
 
-This module holds :class:`TypedGraph` (ports, inputs, vertices, edges, their
-dtypes and one traversal, :meth:`TypedGraph.reach`), :class:`DataEdges`
-(the data edges both ways, in flat int arrays), :func:`output_count` (a
-node's outputs without building the view) and :func:`unique_name` (with
-:class:`NamesInUse`).
+This module holds :class:`TypedGraph` (ports, inputs, vertices, edges and one
+traversal, :meth:`TypedGraph.reach`) and :func:`link_calls`. It is built from
+:mod:`amp_rewrite.op_ports` (the TypeAttr of each node's ports) and
+:mod:`amp_rewrite.data_edges` (the data edges both ways, in flat int arrays,
+and each vertex's neighbours over them); the dtype each vertex holds is read
+and written by its base, :class:`~amp_rewrite.vertex_dtypes.VertexDtypes`.
 """
 
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
-import operator
-from array import array
-from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from amp_rewrite.errors import GraphError
-from amp_rewrite.graph_facts import DTYPE_NAMES
-from amp_rewrite.instances import Body, Instances, function_source, link_calls
+from amp_rewrite.data_edges import build_fans, check_acyclic, read_inputs
+from amp_rewrite.instances import WHILE_OPS, Instances
+from amp_rewrite.op_ports import TypeAttr, expand_ports
 from amp_rewrite.op_registry import OpRegistry
+from amp_rewrite.vertex_dtypes import VertexDtypes
 
 logger = logging.getLogger(__name__)
 
-
-class TypeAttr(NamedTuple):
-    """Identifies one type within a node: an attr, an entry of a list attr, or a fixed type."""
-
-    name: str
-    index: int = -1  # type: ignore[assignment]  # shadows tuple.index, which nothing here calls
-    fixed: int = 0
-
-    def __str__(self) -> str:
-        if not self.name:
-            return DTYPE_NAMES.get(self.fixed, f"dtype{self.fixed}")
-        return self.name if self.index < 0 else f"{self.name}[{self.index}]"
+# Calls whose first input selects the branch rather than feeding an argument.
+_BRANCH_OPS = frozenset({"If", "StatelessIf", "Case", "StatelessCase"})
 
 
-class TypedGraph:
+class TypedGraph(VertexDtypes):
     """The typed view of ``graph_def`` and of every function instance it reaches.
 
     Node indices are global, as :class:`~amp_rewrite.instances.Instances`
@@ -76,7 +67,7 @@ class TypedGraph:
         unknown_ops: the ops of the nodes with no OpDef, sorted.
         in_attrs, out_attrs: per node, the TypeAttr of each input / output port (None for unknown ops).
         out_args: per node, the first output port of each named output arg (how function bodies name outputs).
-        edges: every data edge (:class:`DataEdges`).
+        edges: every data edge (:class:`~amp_rewrite.data_edges.DataEdges`).
         control_consumers: per node, whether some node has a control edge from it.
         vertex_node, vertex_attr: per vertex id, its node and its TypeAttr (two lists, no object per vertex).
         node_vertices: per node, the vertex ids of its type attrs (consecutive).
@@ -95,7 +86,7 @@ class TypedGraph:
                  opaque_functions: Mapping[str, str] | None = None):
         self.graph_def = graph_def
         self.registry = registry if registry is not None else OpRegistry(graph_def.library)
-        self._facts: dict[str, _OpFacts] = {}
+        self._facts = {}
         instances = Instances(graph_def, self.registry, opaque_functions=opaque_functions)
         self.library, self.nodes, self.names = instances.library, instances.nodes, instances.names
         self.ops, self.body_of = instances.ops, instances.body_of
@@ -106,20 +97,20 @@ class TypedGraph:
         for op in self.unknown_ops:
             logger.warning("op %s is not registered in TensorFlow nor in the graph's function library; "
                            "its nodes stay as they are", op)
-        self.in_attrs, self.out_attrs, self.out_args = _expand_ports(self.nodes, self.ops, self.op_defs, self.registry)
-        self.edges, self.control_consumers = _read_inputs(
+        self.in_attrs, self.out_attrs, self.out_args = expand_ports(self.nodes, self.ops, self.op_defs, self.registry)
+        self.edges, self.control_consumers = read_inputs(
             self.bodies, self.nodes, self.in_attrs, self.out_attrs, self.out_args)
-        _check_acyclic(self.nodes, self.ops, self.edges, self.bodies, self.body_of)
+        check_acyclic(self.nodes, self.ops, self.edges, self.bodies, self.body_of)
         self._build_vertices()
-        self.fanin, self.fanout = _build_fans(len(self.vertex_node), self.in_vids, self.out_vids, self.node_vertices,
-                                              self.edges)
+        self.fanin, self.fanout = build_fans(len(self.vertex_node), self.in_vids, self.out_vids, self.node_vertices,
+                                             self.edges)
         self._grown: set[int] | None = set()  # vertices whose neighbours are a list again (add_edge)
         self.groups, self.loop_groups = link_calls(self)
         for v in self._grown:  # the vertices the calls joined to their instances: tuples again
             self.fanin[v], self.fanout[v] = tuple(self.fanin[v]), tuple(self.fanout[v])
         self._grown = None  # edges added later (the pipeline's) stay in lists
 
-    # -- construction: vertices (ports, data edges and fans come from the functions below) --
+    # -- construction: vertices (ports come from op_ports, data edges and fans from data_edges) --
 
     def _build_vertices(self) -> None:
         """Numbers the vertices node by node, and records the vertex of each input and output port.
@@ -245,64 +236,6 @@ class TypedGraph:
         arg, base = max(((a, s) for a, s in starts.items() if s <= port), key=lambda item: item[1])
         return f"{name}:{arg}:{port - base}"
 
-    def dtype(self, vid: int) -> int:
-        """The DataType the vertex currently holds (the OpDef default if the attr is unset)."""
-        node_idx, attr = self.vertex_node[vid], self.vertex_attr[vid]
-        name = attr.name
-        if not name:
-            return attr.fixed
-        node_attrs = self.nodes[node_idx].attr
-        if name in node_attrs:
-            value = node_attrs[name]
-            return value.type if attr.index < 0 else value.list.type[attr.index]
-        return _default_type(self.op_defs[node_idx], name)
-
-    def dtypes(self) -> list[int]:
-        """The DataType every vertex holds now, by vertex id (what :meth:`dtype` gives, in one pass)."""
-        result: list[int] = []
-        append = result.append
-        nodes = self.nodes
-        for node_idx, attr in zip(self.vertex_node, self.vertex_attr):
-            name = attr.name
-            if not name:
-                append(attr.fixed)
-                continue
-            node_attrs = nodes[node_idx].attr
-            if name in node_attrs:
-                value = node_attrs[name]
-                append(value.type if attr.index < 0 else value.list.type[attr.index])
-            else:
-                append(_default_type(self.op_defs[node_idx], name))
-        return result
-
-    def set_dtype(self, vid: int, dtype: int) -> None:
-        """Retypes the vertex's attr on its NodeDef."""
-        node_idx, attr = self.vertex_node[vid], self.vertex_attr[vid]
-        if not attr.name:
-            raise GraphError(f"cannot retype fixed type {attr} of node {self.nodes[node_idx].name}")
-        value = self.nodes[node_idx].attr[attr.name]
-        if attr.index < 0:
-            value.type = dtype
-        else:
-            value.list.type[attr.index] = dtype
-
-    def allowed_types(self, vid: int) -> frozenset[int] | None:
-        """The dtypes the OpDef admits for the vertex; None means any."""
-        node_idx, attr = self.vertex_node[vid], self.vertex_attr[vid]
-        if not attr.name:
-            return frozenset((attr.fixed,))
-        return self.op_facts(node_idx).allowed.get(attr.name)
-
-    def op_facts(self, node: int) -> _OpFacts:
-        """Type attrs and admitted dtypes of the node's op (cached per op)."""
-        op = self.ops[node]
-        facts = self._facts.get(op)
-        if facts is None:
-            is_function = self.registry.is_library_function(op)
-            facts = _facts_of(self.op_defs[node]) if is_function else _registry_facts(op)
-            self._facts[op] = facts
-        return facts
-
     def describe(self, vid: int) -> str:
         node_idx, attr = self.vertex_node[vid], self.vertex_attr[vid]
         node = self.nodes[node_idx]
@@ -362,418 +295,59 @@ class TypedGraph:
         return list(seen)
 
 
-def output_count(node, registry: OpRegistry) -> int | None:
-    """How many outputs ``node`` has, read off its OpDef and attrs without building the view.
+# -- construction: calls joined to their instances --
 
-    The count is the one the view gives the node. None when neither TensorFlow
-    nor ``registry``'s library knows the op, or when an attr the count needs
-    is missing (building the view names that error).
+
+def link_calls(view: TypedGraph) -> tuple[list[list[int]], list[list[int]]]:
+    """Joins each call's ports to its instances' virtual args and results in ``view``.
+
+    Paint then flows across a call like any other edge: into an argument, out
+    of a result, and around a While loop from its body's results back to its
+    arguments and its cond's.
+
+    Returns:
+        The boundary groups (vertex ids that must hold one dtype), and the
+        subset of them that are While loop variables.
     """
-    op_def = registry.op_def(node.op)
-    if op_def is None:
-        return None
-    if registry.is_library_function(node.op):
-        plan = _ArgPlan(op_def, op_def.output_arg)
-    else:
-        plan = _registry_plan(node.op)[1]
-    try:
-        return len(plan.expand(node))
-    except GraphError:
-        return None
-
-
-class NamesInUse:
-    """A body's node names (its index's keys, not copied) and the names added to it since."""
-
-    def __init__(self, existing: Container[str]):
-        self._existing = existing
-        self._added: set[str] = set()
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._existing or name in self._added
-
-    def add(self, name: str) -> None:
-        self._added.add(name)
-
-
-def unique_name(name: str, taken: set[str] | NamesInUse) -> str:
-    """``name``, or ``name_1``, ``name_2``, ... if taken; the result is added to ``taken``."""
-    candidate, k = name, 1
-    while candidate in taken:
-        candidate = f"{name}_{k}"
-        k += 1
-    taken.add(candidate)
-    return candidate
-
-
-# -- construction: ports and data inputs, the node-level graph under the vertices --
-
-
-def _expand_ports(nodes: list, ops: list[str], op_defs: list, registry: OpRegistry) -> tuple[list, list, list]:
-    """Per node, the TypeAttr of each input and output port, and each output arg's first port.
-
-    Each is None for a node of an unknown op. Nodes of one op share a plan.
-    """
-    in_attrs: list[list[TypeAttr] | None] = []
-    out_attrs: list[list[TypeAttr] | None] = []
-    out_args: list[dict[str, int] | None] = []
-    plans: dict[str, tuple] = {}
-    for node, op, op_def in zip(nodes, ops, op_defs):
-        if op_def is None:
-            in_attrs.append(None)
-            out_attrs.append(None)
-            out_args.append(None)
-            continue
-        plan = plans.get(op)
-        if plan is None:
-            if registry.is_library_function(op):
-                plan = (_ArgPlan(op_def, op_def.input_arg), _ArgPlan(op_def, op_def.output_arg))
-            else:
-                plan = _registry_plan(op)
-            # Ports that no attr value changes are the same list for every node of the op.
-            fixed = plan[0].fixed is not None and plan[1].fixed is not None
-            plan += ((plan[0].fixed, plan[1].fixed, plan[1].fixed_starts,
-                      sorted(set(plan[0].required) | set(plan[1].required))) if fixed else None,)
-            plans[op] = plan
-        fixed = plan[2]
-        if fixed is not None:
-            if fixed[3]:
-                attr = node.attr
-                for name in fixed[3]:
-                    if name not in attr:
-                        plan[0].expand(node)
-                        plan[1].expand(node)  # one of them names the missing attr
-            in_attrs.append(fixed[0])
-            out_attrs.append(fixed[1])
-            out_args.append(fixed[2])
-            continue
-        in_attrs.append(plan[0].expand(node))
-        outs, starts = plan[1].expand_with_starts(node)
-        out_attrs.append(outs)
-        out_args.append(starts)
-    return in_attrs, out_attrs, out_args
-
-
-class DataEdges:
-    """Every data edge of the view, by consumer and by producer, in flat int arrays.
-
-    A node's data inputs are entries ``in_start[d]`` to ``in_start[d + 1]`` of
-    ``in_src`` / ``in_port`` / ``in_dst`` (the node itself); the edges out of it are entries ``out_start[s]``
-    to ``out_start[s + 1]`` of ``out_port`` / ``out_dst`` / ``out_ordinal``,
-    sorted by port, then by consumer and input. Arrays hold no Python object
-    per edge: a large graph has hundreds of thousands of edges.
-    """
-
-    def __init__(self, in_start: array, in_src: array, in_port: array, in_dst: array):
-        self.in_start, self.in_src, self.in_port, self.in_dst = in_start, in_src, in_port, in_dst
-        nodes, count = len(in_start) - 1, len(in_src)
-        # A counting sort of the edges by source node: stable, so each node's edges stay in consumer order.
-        starts = array("q", bytes(8 * (nodes + 1)))
-        for src in in_src:
-            starts[src + 1] += 1
-        for i in range(nodes):
-            starts[i + 1] += starts[i]
-        self.out_start = array("q", starts)
-        out_port, out_dst, out_ordinal = (array("i", bytes(4 * count)) for _ in range(3))
-        read_on_later_ports = set()
-        for edge, (src, port, dst) in enumerate(zip(in_src, in_port, in_dst)):
-            at = starts[src]
-            starts[src] = at + 1
-            out_port[at], out_dst[at], out_ordinal[at] = port, dst, edge - in_start[dst]
-            if port:
-                read_on_later_ports.add(src)
-        for src in read_on_later_ports:  # a node read on several ports: its edges by port, stably
-            a, b = self.out_start[src], self.out_start[src + 1]
-            by_port = sorted(zip(out_port[a:b], out_dst[a:b], out_ordinal[a:b]), key=operator.itemgetter(0))
-            out_port[a:b], out_dst[a:b], out_ordinal[a:b] = (array("i", column) for column in zip(*by_port))
-        self.out_port, self.out_dst, self.out_ordinal = out_port, out_dst, out_ordinal
-
-    def inputs(self, node: int) -> list[tuple[int, int]]:
-        a, b = self.in_start[node], self.in_start[node + 1]
-        return list(zip(self.in_src[a:b], self.in_port[a:b]))
-
-    def out_edges(self, node: int) -> list[tuple[int, int, int]]:
-        """(port, consumer node, data-input ordinal) of each data edge out of ``node``."""
-        a, b = self.out_start[node], self.out_start[node + 1]
-        return list(zip(self.out_port[a:b], self.out_dst[a:b], self.out_ordinal[a:b]))
-
-    def consumers(self, node: int, port: int) -> list[tuple[int, int]]:
-        a, b = self.out_start[node], self.out_start[node + 1]
-        out_port = self.out_port
-        return [(self.out_dst[k], self.out_ordinal[k]) for k in range(a, b) if out_port[k] == port]
-
-    def by_source_port(self) -> Iterator[tuple[int, int, list[tuple[int, int]]]]:
-        """(node, port, its consumers) for every output port with a data edge out of it, sorted."""
-        out_start, out_port, out_dst, out_ordinal = self.out_start, self.out_port, self.out_dst, self.out_ordinal
-        for src in range(len(out_start) - 1):
-            a, b = out_start[src], out_start[src + 1]
-            if a < b and out_port[a] == out_port[b - 1]:  # most nodes: one output read
-                yield src, out_port[a], list(zip(out_dst[a:b], out_ordinal[a:b]))
+    groups: list[list[int]] = []
+    loop_groups: list[list[int]] = []
+    for body in view.bodies:
+        for call, by_attr in body.children.items():
+            node = view.nodes[call]
+            if node.op in WHILE_OPS:
+                for group in _link_while(view, call, by_attr["cond"][0], by_attr["body"][0]):
+                    groups.append(group)
+                    loop_groups.append(group)
                 continue
-            while a < b:
-                port, end = out_port[a], a + 1
-                while end < b and out_port[end] == port:
-                    end += 1
-                yield src, port, list(zip(out_dst[a:end], out_ordinal[a:end]))
-                a = end
+            offset = 1 if node.op in _BRANCH_OPS else 0
+            instances = [b for attr in sorted(by_attr) for b in by_attr[attr]]
+            n_in = len(view.in_attrs[call] or []) - offset
+            n_out = len(view.out_attrs[call] or [])
+            for k in range(n_in):
+                port = view.input_vertex(call, k + offset)
+                args = [view.output_vertex(view.bodies[b].args[k], 0) for b in instances]
+                for arg in args:
+                    view.add_edge(port, arg)
+                groups.append([port, *args])
+            for k in range(n_out):
+                port = view.output_vertex(call, k)
+                rets = [view.input_vertex(view.bodies[b].rets[k], 0) for b in instances]
+                for ret in rets:
+                    view.add_edge(ret, port)
+                groups.append([port, *rets])
+    return groups, loop_groups
 
 
-def _read_inputs(bodies: list[Body], nodes: list, in_attrs: list, out_attrs: list,
-                 out_args: list) -> tuple[DataEdges, list]:
-    """Every node's data inputs as (source node, port), and whether each node is a control source.
-
-    Raises:
-        GraphError: naming the node, for an input that names no node or no
-            output of its source, a data input after a control input, or a
-            wrong number of data inputs.
-    """
-    in_start, in_src, in_port, in_dst = array("q", [0]), array("i"), array("i"), array("i")
-    control_consumers = [False] * len(nodes)
-    for body in bodies:  # each body's nodes are contiguous, in body order, as its index lists them
-        _read_body_inputs(body, body.index.values(), nodes, in_attrs, out_attrs, out_args,
-                          in_start, in_src, in_port, in_dst, control_consumers)
-    return DataEdges(in_start, in_src, in_port, in_dst), control_consumers
-
-
-def _read_body_inputs(body: Body, indices: Iterable[int], nodes: list, in_attrs: list, out_attrs: list, out_args: list,
-                      in_start: array, in_src: array, in_port: array, in_dst: array,
-                      control_consumers: list) -> None:
-    """:func:`_read_inputs` for one body's nodes; appends to the arrays and ``control_consumers``."""
-    find = body.index.get
-    is_main = body.is_main
-    add_src, add_port, add_dst = in_src.append, in_port.append, in_dst.append
-    for dst in indices:  # the int objects the body's index holds, in node order
-        node = nodes[dst]
-        count = 0
-        seen_control = False
-        for ref in node.input[:]:  # one list: iterating the field itself costs more per string
-            if ref[:1] == "^":
-                src = find(ref[1:])
-                if src is None:
-                    _missing_input(body, node, ref)
-                seen_control = True
-                control_consumers[src] = True
-                continue
-            if is_main:
-                if ":" not in ref:
-                    src = find(ref)
-                    port = 0
-                else:
-                    colon = ref.rfind(":")
-                    if colon > 0 and ref[colon + 1:].isdigit():
-                        src, port = find(ref[:colon]), int(ref[colon + 1:])
-                    else:
-                        src, port = find(ref), 0
-                if src is None:
-                    _missing_input(body, node, ref)
-            else:
-                src, port = function_source(body, ref, node, out_args)
-            if seen_control:
-                raise GraphError(f"{body.where(node)}: data input {ref!r} follows a control input")
-            outs = out_attrs[src]
-            if outs is not None and port >= len(outs):
-                raise GraphError(
-                    f"{body.where(node)}: input {ref!r} asks for output {port} "
-                    f"of {nodes[src].op} node {nodes[src].name}, which has {len(outs)}"
-                )
-            add_src(src)
-            add_port(port)
-            add_dst(dst)
-            count += 1
-        expected = in_attrs[dst]
-        if expected is not None and len(expected) != count:
-            raise GraphError(f"{body.where(node)}: expected {len(expected)} data inputs, got {count}")
-        in_start.append(len(in_src))
-
-
-def _build_fans(vertex_count: int, in_vids: list, out_vids: list, node_vertices: list,
-                edges: DataEdges) -> tuple[list[Sequence[int]], list[Sequence[int]]]:
-    """Fan-in and fan-out: each producer port's vertex joined to the vertex of each input it feeds.
-
-    Each vertex's neighbours are gathered in one go, from its node's
-    inputs (fan-in) or its node's outgoing edges (fan-out), and stored as
-    one tuple, in the order of the edges: by consumer node, then input.
-    """
-    fanin: list[Sequence[int]] = [()] * vertex_count
-    fanout: list[Sequence[int]] = [()] * vertex_count
-    in_start, in_src, in_port = edges.in_start, edges.in_src, edges.in_port
-    for dst, vids in enumerate(in_vids):
-        if not vids:
-            continue
-        start = in_start[dst]
-        if len(vids) == 1:  # most nodes: one input
-            if (src_vids := out_vids[in_src[start]]) is not None:
-                fanin[vids[0]] = (src_vids[in_port[start]],)
-            continue
-        if len(node_vertices[dst]) == 1:  # all inputs on the node's one vertex
-            fanin[vids[0]] = tuple([src_vids[in_port[e]] for e in range(start, start + len(vids))
-                                    if (src_vids := out_vids[in_src[e]]) is not None])
-            continue
-        if len(vids) == len(set(vids)):  # each input on its own vertex
-            for k, v in enumerate(vids):
-                if (src_vids := out_vids[in_src[start + k]]) is not None:
-                    fanin[v] = (src_vids[in_port[start + k]],)
-            continue
-        producers = [(v, src_vids[in_port[start + k]]) for k, v in enumerate(vids)
-                     if (src_vids := out_vids[in_src[start + k]]) is not None]
-        _store_grouped(fanin, producers)
-    out_start, out_port, out_dst, out_ordinal = edges.out_start, edges.out_port, edges.out_dst, edges.out_ordinal
-    for src, vids in enumerate(out_vids):
-        a, b = out_start[src], out_start[src + 1]
-        if vids is None or a == b:
-            continue
-        if b - a == 1:  # most nodes: one consumer
-            if (dst_vids := in_vids[out_dst[a]]) is not None:
-                fanout[vids[out_port[a]]] = (dst_vids[out_ordinal[a]],)
-            continue
-        if out_port[a] == out_port[b - 1]:  # one output is read (edges are sorted by port)
-            fanout[vids[out_port[a]]] = tuple([dst_vids[k] for dst, k in zip(out_dst[a:b], out_ordinal[a:b])
-                                               if (dst_vids := in_vids[dst]) is not None])
-            continue
-        out_edges = sorted(zip(out_dst[a:b], out_ordinal[a:b], out_port[a:b]))  # in consumer and input order
-        readers = [(vids[port], dst_vids[k]) for dst, k, port in out_edges
-                   if (dst_vids := in_vids[dst]) is not None]
-        _store_grouped(fanout, readers)
-    return fanin, fanout
-
-
-def _store_grouped(adjacency: list, pairs: list[tuple[int, int]]) -> None:
-    """Stores each vertex's neighbours from (vertex, neighbour) pairs of one node, as tuples in pair order."""
-    grouped: dict[int, list[int]] = {}
-    for v, w in pairs:
-        grouped.setdefault(v, []).append(w)
-    for v, found in grouped.items():
-        adjacency[v] = tuple(found)
-
-
-def _check_acyclic(nodes: list, ops: list[str], edges: DataEdges, bodies: list[Body], body_of: list[int]) -> None:
-    """Refuses a data cycle that is not a v1 loop (whose only back edges end in a Merge).
-
-    When some edge points backwards in node order, Kahn's algorithm finds
-    whether a cycle exists in linear time; only then does networkx name one.
-    """
-    back_edge_sources = ("NextIteration", "RefNextIteration")
-    back = {i for i, op in enumerate(ops) if op in back_edge_sources}
-    in_src, in_dst, out_start, out_dst = edges.in_src, edges.in_dst, edges.out_start, edges.out_dst
-    # Most GraphDefs list every node after its inputs: then no edge can close a cycle.
-    if all(map(operator.lt, in_src, in_dst)) or all(src < dst or src in back for src, dst in zip(in_src, in_dst)):
-        return
-    indegree = [0] * len(nodes)
-    for src, dst in zip(in_src, in_dst):
-        if src not in back:
-            indegree[dst] += 1
-    ready = [i for i, d in enumerate(indegree) if d == 0]
-    done = 0
-    while ready:
-        i = ready.pop()
-        done += 1
-        if i in back:
-            continue  # its edges were not counted
-        for j in out_dst[out_start[i]:out_start[i + 1]]:
-            indegree[j] -= 1
-            if indegree[j] == 0:
-                ready.append(j)
-    if done == len(nodes):
-        return
-    import networkx as nx
-
-    cyclic = nx.DiGraph((i, j) for i in range(len(nodes)) if indegree[i] > 0 and i not in back
-                        for j in out_dst[out_start[i]:out_start[i + 1]] if indegree[j] > 0)
-    cycle = [u for u, _ in nx.find_cycle(cyclic)]
-    body = bodies[body_of[cycle[0]]]
-    path = " -> ".join(f"{nodes[u].name} ({nodes[u].op})" for u in cycle + cycle[:1])
-    raise GraphError(f"data cycle that is not a while loop{body.suffix}: {path}")
-
-
-def _missing_input(body: Body, node, ref: str):
-    raise GraphError(f"{body.where(node)}: input {ref!r} names a node that does not exist")
-
-
-def _default_type(op_def, attr_name: str) -> int:
-    for attr_def in op_def.attr:
-        if attr_def.name == attr_name and attr_def.HasField("default_value"):
-            return attr_def.default_value.type
-    return 0
-
-
-class _ArgPlan:
-    """How one op's input or output args expand to typed ports, prepared once per op."""
-
-    def __init__(self, op_def, args):
-        self.op_def = op_def
-        self.entries: list[tuple] = []
-        for arg in args:
-            if arg.type_list_attr:
-                self.entries.append((arg.name, arg.type_list_attr, None, True))
-                continue
-            attr = TypeAttr(arg.type_attr) if arg.type_attr else TypeAttr("", -1, arg.type)
-            self.entries.append((arg.name, arg.number_attr, attr, False))
-        defaults = {a.name for a in op_def.attr if a.HasField("default_value")}
-        self.required = sorted({attr.name for _, _, attr, _ in self.entries
-                                if attr is not None and attr.name and attr.name not in defaults})
-        self.fixed: list[TypeAttr] | None = None
-        if all(count == "" and not is_list for _, count, _, is_list in self.entries):
-            self.fixed = [attr for _, _, attr, _ in self.entries]
-            self.fixed_starts = {name: k for k, (name, _, _, _) in enumerate(self.entries)}
-
-    def expand(self, node) -> list[TypeAttr]:
-        """The TypeAttr of each port of ``node`` (shared lists: do not mutate)."""
-        return self.expand_with_starts(node)[0]
-
-    def expand_with_starts(self, node) -> tuple[list[TypeAttr], dict[str, int]]:
-        """The TypeAttr of each port, and the first port of each named arg."""
-        for name in self.required:
-            if name not in node.attr:
-                raise GraphError(f"node {node.name} (op {node.op}): type attr {name} is missing")
-        if self.fixed is not None:
-            return self.fixed, self.fixed_starts
-        result: list[TypeAttr] = []
-        starts: dict[str, int] = {}
-        for arg_name, count_attr, attr, is_list in self.entries:
-            starts[arg_name] = len(result)
-            if is_list:
-                n = _attr_value(node, self.op_def, count_attr).list.type
-                result.extend(TypeAttr(count_attr, k) for k in range(len(n)))
-            elif count_attr:
-                result.extend([attr] * _attr_value(node, self.op_def, count_attr).i)
-            else:
-                result.append(attr)
-        return result, starts
-
-
-class _OpFacts(NamedTuple):
-    """What the view asks of an OpDef again and again, computed once per op."""
-
-    singles: tuple[str, ...]  # names of ``type`` attrs
-    lists: tuple[str, ...]  # names of ``list(type)`` attrs
-    allowed: dict  # attr name -> frozenset of admitted dtypes, or None for any
-
-
-def _facts_of(op_def) -> _OpFacts:
-    return _OpFacts(
-        singles=tuple(a.name for a in op_def.attr if a.type == "type"),
-        lists=tuple(a.name for a in op_def.attr if a.type == "list(type)"),
-        allowed={a.name: (frozenset(a.allowed_values.list.type) or None) for a in op_def.attr},
-    )
-
-
-@functools.cache
-def _registry_facts(op: str) -> _OpFacts:
-    """Facts of a registered op; TensorFlow's registry does not change within a process."""
-    return _facts_of(OpRegistry.registry_op_def(op))
-
-
-@functools.cache
-def _registry_plan(op: str) -> tuple[_ArgPlan, _ArgPlan]:
-    """Port plans of a registered op; TensorFlow's registry does not change within a process."""
-    op_def = OpRegistry.registry_op_def(op)
-    return _ArgPlan(op_def, op_def.input_arg), _ArgPlan(op_def, op_def.output_arg)
-
-
-def _attr_value(node, op_def, name: str):
-    if name in node.attr:
-        return node.attr[name]
-    for attr_def in op_def.attr:
-        if attr_def.name == name and attr_def.HasField("default_value"):
-            return attr_def.default_value
-    raise GraphError(f"node {node.name} (op {node.op}): attr {name} is missing")
+def _link_while(view: TypedGraph, call: int, cond: int, body_id: int) -> list[list[int]]:
+    """Links one While call to its body and cond; returns one group per loop variable."""
+    loop, test = view.bodies[body_id], view.bodies[cond]
+    groups = []
+    for k in range(len(view.in_attrs[call])):
+        port = view.input_vertex(call, k)
+        arg = view.output_vertex(loop.args[k], 0)
+        ret = view.input_vertex(loop.rets[k], 0)
+        test_arg = view.output_vertex(test.args[k], 0)
+        for u, v in ((port, arg), (port, test_arg), (ret, arg), (ret, test_arg), (ret, port)):
+            view.add_edge(u, v)
+        groups.append([port, arg, ret, test_arg])
+    return groups

@@ -292,7 +292,7 @@ def test_verbose_levels_log_each_rule_then_each_decision_as_explain_words_it(gra
 def test_an_unexpected_failure_in_a_painting_rule_is_one_line_naming_the_rule(graph_file, tmp_path, monkeypatch,
                                                                                capsys):
     from amp_rewrite import cli as command
-    from amp_rewrite.painting import PaintContext
+    from amp_rewrite.paint_context import PaintContext
 
     def broken(self, vid):
         raise ValueError("boom")

@@ -526,11 +526,11 @@ def test_rules_are_defined_in_the_order_they_run_and_every_rule_is_scheduled():
 
 
 def test_finding_data_structures_changes_nothing_and_the_pipeline_adds_their_edges(monkeypatch):
-    from amp_rewrite import painting
+    from amp_rewrite import tensor_lists
 
     g = tensor_list_between_matmuls()
     seen = {}
-    find = painting.find_tensor_list_clusters
+    find = tensor_lists.find_tensor_list_clusters
 
     def edges_of(graph):
         return [list(out) for out in graph.fanout], [list(into) for into in graph.fanin]
@@ -541,7 +541,7 @@ def test_finding_data_structures_changes_nothing_and_the_pipeline_adds_their_edg
         seen.update(graph=ctx.graph, found=found, before=before, after=edges_of(ctx.graph))
         return found
 
-    monkeypatch.setattr(painting, "find_tensor_list_clusters", watched)
+    monkeypatch.setattr(tensor_lists, "find_tensor_list_clusters", watched)
     amp(g.as_graph_def(), ["fetch"])
     graph = seen["graph"]
     assert seen["after"] == seen["before"]  # finding is read-only

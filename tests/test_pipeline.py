@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 from helpers import CPU, amp, assert_same_outputs_within_half, half_nodes, rng, tf1
 
-from amp_rewrite import Config, GraphError, painting, pipeline, rewrite
+from amp_rewrite import Config, GraphError, paint_context, painting, pipeline, rewrite
 from amp_rewrite.errors import PaintingRuleError
 
 
@@ -186,7 +186,7 @@ def test_an_unexpected_failure_inside_a_rule_names_the_rule(monkeypatch):
     def broken(self, vid):
         raise ValueError("boom")
 
-    monkeypatch.setattr(painting.PaintContext, "can_convert", broken)
+    monkeypatch.setattr(paint_context.PaintContext, "can_convert", broken)
     expected = (r"^painting rule paint_allow_ops failed \(after find_tensor_list_clusters, "
                 r"deny_escaping_tensor_lists\): ValueError: boom$")
     with pytest.raises(PaintingRuleError, match=expected) as info:
@@ -216,7 +216,7 @@ def test_our_own_errors_inside_a_rule_keep_their_text(monkeypatch):
     def refuses(self, vid):
         raise GraphError(message)
 
-    monkeypatch.setattr(painting.PaintContext, "can_convert", refuses)
+    monkeypatch.setattr(paint_context.PaintContext, "can_convert", refuses)
     with pytest.raises(GraphError) as info:
         amp(mixed_graph(), ["logits", "loss"])
     assert str(info.value) == message

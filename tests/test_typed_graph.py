@@ -5,7 +5,8 @@ import tensorflow as tf
 from helpers import tf1
 
 from amp_rewrite import GraphError
-from amp_rewrite.typed_graph import TypeAttr, TypedGraph
+from amp_rewrite.op_ports import TypeAttr
+from amp_rewrite.typed_graph import TypedGraph
 
 
 def build(fn):
@@ -76,8 +77,8 @@ def test_malformed_graphs_name_node_and_op(mutate, message):
 
 
 def test_output_count_reads_the_op_def_without_the_view():
+    from amp_rewrite.op_ports import output_count
     from amp_rewrite.op_registry import OpRegistry
-    from amp_rewrite.typed_graph import output_count
 
     @tf.function
     def pair(a):
