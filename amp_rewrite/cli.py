@@ -9,19 +9,14 @@ their targets and renamed into place together.
 
 from __future__ import annotations
 
-import faulthandler
 import json
 import logging
 import os
-import signal
 import sys
-import tempfile
 from contextlib import contextmanager
-from types import SimpleNamespace
 
 import numpy as np
 
-import _amp_rewrite_import_hook as import_hook
 from amp_rewrite.cli_args import (
     build_doctor_parser,
     build_explain_parser,
@@ -30,11 +25,18 @@ from amp_rewrite.cli_args import (
     config_from_args,
     split_names,
 )
+from amp_rewrite.cli_process import (
+    EXIT_BAD_INPUT,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_TERMINATED,
+    EXIT_USAGE,
+    Terminated,
+    set_up_output,
+    sigterm_raises_terminated,
+)
 from amp_rewrite.errors import AmpRewriteError, GraphError, UsageError, first_line
 from amp_rewrite.graph_facts import parse_input, sinks
-
-EXIT_OK, EXIT_BAD_INPUT, EXIT_USAGE = 0, 1, 2
-EXIT_INTERRUPTED, EXIT_TERMINATED = 128 + 2, 128 + 15
 
 
 def run_strip(args) -> int:
@@ -318,28 +320,28 @@ def _benchmark_line(args, result, bound) -> str:
     return measurement_line(measured, target=result.config.target, bound=bound)
 
 
-class Terminated(BaseException):
-    """SIGTERM, raised like KeyboardInterrupt so that staged outputs are removed on the way out."""
-
-
-def _on_sigterm(signum, frame):
-    raise Terminated()
+_SUBCOMMANDS = {
+    "explain": (build_explain_parser, run_explain),
+    "doctor": (build_doctor_parser, run_doctor),
+    "strip": (build_strip_parser, run_strip),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``amp-rewrite [explain|doctor|strip] ARGS``: the exit code (a bad flag exits 2 from argparse)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    command = argv[0] if argv and argv[0] in ("explain", "doctor", "strip") else ""
-    parser = {"explain": build_explain_parser, "doctor": build_doctor_parser,
-              "strip": build_strip_parser}.get(command, build_parser)()
-    args = parser.parse_args(argv[1:] if command else argv)
-    level = logging.WARNING - 10 * min(args.verbose, 2)
-    logging.basicConfig(level=level, format="amp-rewrite: %(levelname)s: %(message)s")
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    if not args.verbose:
-        quiet_tensorflow_import()
-    previous_sigterm = _install_sigterm()
+    command = argv[0] if argv and argv[0] in _SUBCOMMANDS else ""
+    build, run_command = _SUBCOMMANDS.get(command, (build_parser, run))
+    args = build().parse_args(argv[1:] if command else argv)
+    set_up_output(args.verbose)
+    with sigterm_raises_terminated():
+        return _exit_code(run_command, args)
+
+
+def _exit_code(run_command, args) -> int:
+    """Runs the command; a failure becomes one ``amp-rewrite:`` line on stderr and its exit code."""
     try:
-        return {"explain": run_explain, "doctor": run_doctor, "strip": run_strip}.get(command, run)(args)
+        return run_command(args)
     except UsageError as exc:
         print(f"amp-rewrite: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -366,75 +368,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"amp-rewrite: error: {args.input}: cannot rewrite: {first_line(exc, with_type=True)} "
               f"(unexpected; run with -v for details)", file=sys.stderr)
         return EXIT_BAD_INPUT
-    finally:
-        if previous_sigterm is not None:
-            signal.signal(signal.SIGTERM, previous_sigterm)
-
-
-def _install_sigterm():
-    """Turns SIGTERM into :class:`Terminated` while the command runs (main thread only)."""
-    try:
-        return signal.signal(signal.SIGTERM, _on_sigterm)
-    except ValueError:  # not the main thread: leave signals alone
-        return None
-
-
-def quiet_tensorflow_import() -> None:
-    """Makes the first import of TensorFlow, whenever it comes, keep its load-time banner from the user.
-
-    While it loads, TensorFlow's C++ code writes lines such as ``WARNING: All
-    log messages before absl::InitializeLog() is called are written to
-    STDERR`` or ``I0000 ... cpu_feature_guard.cc ...`` straight to file
-    descriptor 2, on some CPUs whatever ``TF_CPP_MIN_LOG_LEVEL`` says. While
-    the ``tensorflow`` package executes, descriptor 2 points at a temporary
-    file, which is dropped when the import succeeds and passed on when it
-    fails. Python's own ``sys.stderr`` (warnings, our messages) still reaches
-    the user, and so does a fatal signal's traceback. The import happens only
-    if a step needs TensorFlow, so an error found before that stays quick.
-    """
-    import_hook.around_import(_banner_kept_from_user, owner=import_hook.CLI)
-
-
-@contextmanager
-def _banner_kept_from_user():
-    """Descriptor 2 captured while TensorFlow loads; what was captured is passed on if the import fails."""
-    with _descriptor_2_captured() as captured:
-        try:
-            yield
-        except BaseException:
-            captured.replay = True
-            raise
-
-
-@contextmanager
-def _descriptor_2_captured():
-    """Points file descriptor 2 at a temporary file; Python's ``sys.stderr`` keeps the real one."""
-    captured = SimpleNamespace(replay=False)  # set replay to pass what was captured on
-    try:
-        sys.stderr.flush()
-        real = os.dup(2)
-    except (OSError, AttributeError, ValueError):  # no usable stderr: nothing to protect
-        yield captured
-        return
-    python_stderr = sys.stderr
-    watching = not faulthandler.is_enabled()
-    with tempfile.TemporaryFile() as sink:
-        os.dup2(sink.fileno(), 2)
-        replacement = open(real, "w", encoding=getattr(python_stderr, "encoding", None) or "utf-8",
-                           errors="backslashreplace", buffering=1, closefd=False)
-        sys.stderr = replacement
-        if watching:
-            faulthandler.enable(file=real)
-        try:
-            yield captured
-        finally:
-            if watching:
-                faulthandler.disable()
-            replacement.close()
-            sys.stderr = python_stderr
-            os.dup2(real, 2)
-            os.close(real)
-            if captured.replay:
-                sink.seek(0)
-                python_stderr.write(sink.read().decode(errors="backslashreplace"))
-                python_stderr.flush()
