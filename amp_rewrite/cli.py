@@ -25,6 +25,7 @@ from amp_rewrite.cli_args import (
     config_from_args,
     split_names,
 )
+from amp_rewrite.cli_paths import check_output_is_not_input, check_rewrite_paths
 from amp_rewrite.cli_process import (
     EXIT_BAD_INPUT,
     EXIT_INTERRUPTED,
@@ -44,8 +45,7 @@ def run_strip(args) -> int:
     from amp_rewrite import graph_io
     from amp_rewrite.strip import strip, strip_saved_model
 
-    if _same_path(args.input, args.output) and not args.in_place:
-        raise UsageError(f"{args.output}: output is the input file; pass --in-place to overwrite it")
+    check_output_is_not_input(args)
     if graph_io.is_saved_model_dir(args.input):
         graph_io.saved_model_target(args.output, replace=args.in_place)
         saved = graph_io.load_saved_model(args.input)
@@ -163,7 +163,7 @@ def run(args) -> int:
     """Rewrites IN to OUT; writes the report; prints the summary line."""
     from amp_rewrite import graph_io
 
-    _check_paths(args)
+    check_rewrite_paths(args)
     if graph_io.is_saved_model_dir(args.input):
         return run_saved_model(args)
     graph_io.output_file_target(args.output)
@@ -171,40 +171,6 @@ def run(args) -> int:
     _finish(args, result, lambda outputs: outputs.add_file(
         args.output, graph_io.graph_def_bytes(result.graph_def, graph_io.format_of(args.output, args.output_format))))
     return EXIT_OK
-
-
-def _same_path(a: str, b: str) -> bool:
-    if os.path.realpath(a) == os.path.realpath(b):
-        return True
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
-
-
-def _inside(path: str, directory: str) -> bool:
-    path, directory = os.path.realpath(path), os.path.realpath(directory)
-    return os.path.isdir(directory) and os.path.commonpath([path, directory]) == directory
-
-
-def _check_paths(args) -> None:
-    """Refuses, before any work, an OUT or report that would overwrite IN, OUT, or a non-file."""
-    from amp_rewrite import graph_io
-
-    if _same_path(args.input, args.output) and not args.in_place:
-        raise UsageError(f"{args.output}: output is the input file; pass --in-place to overwrite it")
-    if args.report:
-        if not args.report.endswith((".json", ".html")):
-            raise UsageError(f"{args.report}: --report must end in .json or .html")
-        for name, other in (("input", args.input), ("output", args.output)):
-            if _same_path(args.report, other) or _inside(args.report, other):
-                raise UsageError(f"{args.report}: --report would overwrite the {name}; choose another path")
-        graph_io.output_file_target(args.report)
-    dump_dir = args.dump_dir
-    if dump_dir and os.path.exists(dump_dir) and not os.path.isdir(dump_dir):
-        raise UsageError(f"{dump_dir}: --dump-dir is not a directory")
-    if dump_dir and (_same_path(dump_dir, args.input) or _inside(dump_dir, args.input)):
-        raise UsageError(f"{dump_dir}: --dump-dir would write into the input; choose another directory")
 
 
 def run_saved_model(args) -> int:
