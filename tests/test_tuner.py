@@ -302,7 +302,7 @@ def test_the_benchmark_graph_runs_both_variants_with_casts_around_the_half_one()
 
 
 def test_the_cli_turns_tuning_on_only_with_the_flag(monkeypatch):
-    from amp_rewrite.cli import build_parser, config_from_args
+    from amp_rewrite.cli_args import build_parser, config_from_args
 
     monkeypatch.setenv("AMP_REWRITE_TUNE", "1")  # the runtime's switch: not the CLI's
     plain = config_from_args(build_parser().parse_args(["in.pb", "out.pb"]))
