@@ -154,6 +154,74 @@ def keep_float32_where_half_is_slower(ctx: PaintContext, painting: Painting) -> 
                 painting.note(vid, f"{rule[0] if rule else 'allow-list op'}, {decision.reason}")
 
 
+# Ops through which a variable's old value reaches its new one in an update
+# (``v.assign(v * decay + x)``, ``total.assign(total + batch_sum)``). Cast and
+# Identity pass the value on; the others do the update's arithmetic.
+_UPDATE_ARITHMETIC = frozenset({"Add", "AddN", "AddV2", "DivNoNan", "Maximum", "Minimum", "Mul",
+                                "MulNoNan", "Neg", "RealDiv", "Select", "SelectV2", "Sqrt", "Square", "Sub"})
+_UPDATE_PASS = frozenset({"Cast", "Identity"})
+_VARIABLE_WRITES = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp"})
+# How many ops an update's arithmetic may chain between the read and the write.
+_UPDATE_DEPTH = 6
+
+
+def keep_variable_updates_float32(ctx: PaintContext, painting: Painting) -> None:
+    """Paints DENY the arithmetic that computes a variable's new value from its old one.
+
+    ``total.assign(total + sum(allow(x)))`` is ``ReadVariableOp -> infer
+    (AddV2) -> AssignVariableOp`` on one variable; the AddV2 is painted DENY,
+    so the running total (a Keras metric's, a batch norm's moving average,
+    an optimizer's moments) keeps float32's 24 bits instead of half's 8 or
+    11, with which it would stop growing once each step adds less than a
+    half-precision ulp of it. The value added may still be half: a Cast
+    joins it. Only chains of elementwise ops (:data:`_UPDATE_ARITHMETIC`) up
+    to :data:`_UPDATE_DEPTH` long, from a ``ReadVariableOp`` of the same
+    resource tensor to the written value, count; a variable's old value that
+    reaches its update through the model (a bias's gradient) does not.
+    """
+    if ctx.force_all:
+        return
+    graph = ctx.graph
+    ops = graph.ops
+    reads: dict[tuple[int, int], set[int]] = {}
+    writes: list[int] = []
+    for node, op in enumerate(ops):
+        if op == "ReadVariableOp":
+            reads.setdefault(graph.inputs(node)[0], set()).add(node)
+        elif op in _VARIABLE_WRITES:
+            writes.append(node)
+    if not reads:
+        return
+    for write in writes:
+        inputs = graph.inputs(write)
+        old_values = reads.get(inputs[0])
+        if old_values:
+            for node in _update_chain(graph, inputs[1][0], old_values):
+                for vid in (*(graph.in_vids[node] or ()), *(graph.out_vids[node] or ())):
+                    if vid not in painting.deny and ctx.can_convert(vid):
+                        painting.mark_deny(vid, "computes a variable's new value from its old one")
+
+
+def _update_chain(graph, value: int, old_values: set[int]) -> set[int]:
+    """The update-arithmetic nodes on paths from one of ``old_values`` (reads) back from ``value``."""
+    ops, on_path = graph.ops, set[int]()
+
+    def reaches_old(node: int, depth: int, path: list[int]) -> None:
+        if node in old_values:
+            on_path.update(n for n in path if ops[n] not in _UPDATE_PASS)
+            return
+        op = ops[node]
+        if depth == _UPDATE_DEPTH or (op not in _UPDATE_ARITHMETIC and op not in _UPDATE_PASS):
+            return
+        path.append(node)
+        for source, _ in graph.inputs(node):
+            reaches_old(source, depth + 1, path)
+        path.pop()
+
+    reaches_old(value, 0, [])
+    return on_path
+
+
 def paint_deny_forward(ctx: PaintContext, painting: Painting) -> None:
     """Paints DENY each deny op and the clear/infer ops on its paths to a deny or infer op.
 
@@ -378,6 +446,7 @@ ROOT_RULES: tuple[Rule, ...] = (
     deny_escaping_tensor_lists,
     paint_allow_ops,
     keep_float32_where_half_is_slower,
+    keep_variable_updates_float32,
 )
 #: The rules that spread the roots' colours and then make them agree where
 #: values must hold one dtype, in the order they run.

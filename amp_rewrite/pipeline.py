@@ -14,24 +14,27 @@ to that tuple):
 3. ``keep_float32_where_half_is_slower``: with tuning on
    (:mod:`amp_rewrite.tuner`), a heavy allow or infer op measured no faster
    in half on this device stays float32.
+4. ``keep_variable_updates_float32``: the elementwise arithmetic that
+   computes a resource variable's new value from its old one (a metric's
+   running total, a moving average) stays float32.
    With no vertex painted now, there is nothing to do: :func:`paint` stops.
-4. ``paint_deny_forward``: each deny-list op, and the clear/infer ops on its
+5. ``paint_deny_forward``: each deny-list op, and the clear/infer ops on its
    paths to another deny or infer op, stay float32.
-5. ``match_tensor_list_clusters``: the ops of a data structure get one
+6. ``match_tensor_list_clusters``: the ops of a data structure get one
    element type.
-6. ``paint_between_allow``: clear and infer ops on a path between two allow
+7. ``paint_between_allow``: clear and infer ops on a path between two allow
    ops join them.
-7. ``paint_infer_after_allow``: an infer op fed by a half op (and no deny op)
+8. ``paint_infer_after_allow``: an infer op fed by a half op (and no deny op)
    joins it, repeated to a fixed point.
-8. ``paint_clear_around_allow``: clear ops connected to a half op through
+9. ``paint_clear_around_allow``: clear ops connected to a half op through
    clear ops join it.
-9. ``match_tensor_list_clusters``: again, for the ops step 8 painted.
-10. ``choose_loop_variable_types``: each While loop variable takes the dtype
+10. ``match_tensor_list_clusters``: again, for the ops step 9 painted.
+11. ``choose_loop_variable_types``: each While loop variable takes the dtype
     that needs fewer Casts per iteration.
-11. ``match_call_boundaries``: a call's ports and its callee's arguments and
+12. ``match_call_boundaries``: a call's ports and its callee's arguments and
     results agree.
-12. ``match_loop_edges``: a NextIteration and its Merges agree.
-13. ``retarget_existing_casts``: an existing Cast feeding only half ops casts
+13. ``match_loop_edges``: a NextIteration and its Merges agree.
+14. ``retarget_existing_casts``: an existing Cast feeding only half ops casts
     to half.
 
 Then the batch norms whose ``T`` was not painted turn back into V1;
