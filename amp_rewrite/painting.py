@@ -182,44 +182,66 @@ def keep_variable_updates_float32(ctx: PaintContext, painting: Painting) -> None
     if ctx.force_all:
         return
     graph = ctx.graph
-    ops = graph.ops
-    reads: dict[tuple[int, int], set[int]] = {}
-    writes: list[int] = []
-    for node, op in enumerate(ops):
+    in_start, in_src, in_port = graph.edges.in_start, graph.edges.in_src, graph.edges.in_port
+    writes, read_nodes = [], []
+    for node, op in enumerate(graph.ops):
         if op == "ReadVariableOp":
-            reads.setdefault(graph.inputs(node)[0], set()).add(node)
+            read_nodes.append(node)
         elif op in _VARIABLE_WRITES:
             writes.append(node)
-    if not reads:
+    if not writes or not read_nodes:
         return
+    # A variable is its resource tensor: the (node, port) both ops take as input 0.
+    written = {(in_src[in_start[w]], in_port[in_start[w]]) for w in writes}
+    reads: dict[tuple[int, int], list[int]] = {}
+    for node in read_nodes:
+        resource = (in_src[in_start[node]], in_port[in_start[node]])
+        if resource in written:
+            reads.setdefault(resource, []).append(node)
     for write in writes:
-        inputs = graph.inputs(write)
-        old_values = reads.get(inputs[0])
+        first = in_start[write]
+        old_values = reads.get((in_src[first], in_port[first]))
         if old_values:
-            for node in _update_chain(graph, inputs[1][0], old_values):
+            for node in _update_chain(graph, in_src[first + 1], old_values):
                 for vid in (*(graph.in_vids[node] or ()), *(graph.out_vids[node] or ())):
                     if vid not in painting.deny and ctx.can_convert(vid):
                         painting.mark_deny(vid, "computes a variable's new value from its old one")
 
 
-def _update_chain(graph, value: int, old_values: set[int]) -> set[int]:
-    """The update-arithmetic nodes on paths from one of ``old_values`` (reads) back from ``value``."""
-    ops, on_path = graph.ops, set[int]()
+def _update_chain(graph, value: int, old_values: list[int]) -> set[int]:
+    """The update-arithmetic nodes within :data:`_UPDATE_DEPTH` ops of ``value`` that lead back to a read.
 
-    def reaches_old(node: int, depth: int, path: list[int]) -> None:
-        if node in old_values:
-            on_path.update(n for n in path if ops[n] not in _UPDATE_PASS)
-            return
-        op = ops[node]
-        if depth == _UPDATE_DEPTH or (op not in _UPDATE_ARITHMETIC and op not in _UPDATE_PASS):
-            return
-        path.append(node)
-        for source, _ in graph.inputs(node):
-            reaches_old(source, depth + 1, path)
-        path.pop()
-
-    reaches_old(value, 0, [])
-    return on_path
+    A breadth-first walk back from ``value`` through update arithmetic, each
+    node entered once (so a wide ``AddN`` costs its fan-in, not a path per
+    combination), then the nodes of that walk from which one of
+    ``old_values`` is reached, found to a fixed point.
+    """
+    ops, olds = graph.ops, set(old_values)
+    depth = {value: 0}
+    sources: dict[int, list[int]] = {}  # each entered arithmetic node → its data inputs' nodes
+    frontier = [value]
+    while frontier:
+        deeper = []
+        for node in frontier:
+            op = ops[node]
+            if node in olds or depth[node] == _UPDATE_DEPTH or (
+                    op not in _UPDATE_ARITHMETIC and op not in _UPDATE_PASS):
+                continue
+            sources[node] = [source for source, _ in graph.inputs(node)]
+            for source in sources[node]:
+                if source not in depth:
+                    depth[source] = depth[node] + 1
+                    deeper.append(source)
+        frontier = deeper
+    leads_back = set()
+    grew = True
+    while grew:
+        grew = False
+        for node, inputs in sources.items():
+            if node not in leads_back and any(s in olds or s in leads_back for s in inputs):
+                leads_back.add(node)
+                grew = True
+    return {node for node in leads_back if ops[node] not in _UPDATE_PASS}
 
 
 def paint_deny_forward(ctx: PaintContext, painting: Painting) -> None:
