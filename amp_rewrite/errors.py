@@ -43,6 +43,10 @@ class RuntimeRewriteError(AmpRewriteError):
     """
 
 
+# What the runtime's lines say of an exception whose message is empty.
+NO_MESSAGE = "(no message)"
+
+
 def first_line(exc: BaseException, *, with_type: bool = False, if_empty: str | None = None,
                skipping: tuple[str, ...] = ()) -> str:
     """The first line of an exception's message (its type name when it has none).

@@ -101,16 +101,9 @@ def test_a_variable_read_by_the_model_is_no_update_chain():
     assert {"allow1", "allow2", "biased", "relu1"} <= half_nodes(out)
 
 
-@pytest.fixture
-def bfloat16_runtime():
-    runtime.disable()
-    runtime.enable(settings=RuntimeSettings(target="bfloat16"))
-    yield
-    runtime.disable()
-
-
-def test_a_keras_mean_metric_under_the_runtime_equals_the_loss(bfloat16_runtime):
+def test_a_keras_mean_metric_under_the_runtime_equals_the_loss(amp_runtime):
     """``fit``'s MeanSquaredError metric is a running total and count: it tracks the loss it equals."""
+    amp_runtime(RuntimeSettings(target="bfloat16"))
     keras.utils.set_random_seed(0)
     data = np.random.default_rng(0)
     x = data.random((4000, 32)).astype(np.float32)

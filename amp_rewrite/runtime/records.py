@@ -2,9 +2,8 @@
 
 The runtime needs a few facts per object it meets: a session's runner and
 the arguments it was made with, which sessions are its own shadows, the
-loss-scale reports built in a graph, the configuration a traced function
-was rewritten with, which optimizers a wrapper scales, a Saver's fallback
-without the loss-scale state. Each is an :class:`ObjectTable` in the
+loss-scale reports built in a graph, which optimizers a wrapper scales, a
+Saver's fallback without the loss-scale state. Each is an :class:`ObjectTable` in the
 :class:`ObjectRecords` of the one :class:`~amp_rewrite.runtime.core.Runtime`,
 keyed by the object's identity:
 
@@ -99,8 +98,6 @@ class ObjectRecords:
             (members); they run unpatched.
         loss_scale_reports: a ``tf.Graph`` → the
             :class:`~amp_rewrite.runtime.loss_scale.Report` of each guarded step built in it.
-        function_configs: a traced function's graph → the
-            :class:`~amp_rewrite.Config` its body was rewritten with.
         scaled_elsewhere: the optimizers a loss-scale wrapper (TensorFlow's or
             Keras') already scales (members).
         restore_savers: a ``Saver`` → a Saver over the same variables minus
@@ -111,7 +108,6 @@ class ObjectRecords:
     runners: ObjectTable[Any] = field(default_factory=ObjectTable)
     shadow_sessions: ObjectTable[bool] = field(default_factory=ObjectTable)
     loss_scale_reports: ObjectTable[tuple] = field(default_factory=ObjectTable)
-    function_configs: ObjectTable[Any] = field(default_factory=ObjectTable)
     scaled_elsewhere: ObjectTable[bool] = field(default_factory=ObjectTable)
     restore_savers: ObjectTable[Any] = field(default_factory=ObjectTable)
 

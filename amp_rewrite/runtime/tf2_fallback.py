@@ -43,7 +43,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from amp_rewrite import tf_internals
-from amp_rewrite.errors import RuntimeRewriteError, first_line
+from amp_rewrite.errors import NO_MESSAGE, RuntimeRewriteError, first_line
 from amp_rewrite.runtime.ledger import LOCK
 
 if TYPE_CHECKING:
@@ -58,7 +58,6 @@ FLOOR_REASON = ("a step was skipped with the loss scale at its floor of 1: the g
                 "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_DENYLIST_ADD or AMP_REWRITE_KEEP_FLOAT32)")
 
 FELL_BACK = "an earlier trace of it fell back, since no loss scale helped"
-NO_MESSAGE = "(no message)"
 
 
 def is_wanted(scaling: TF2LossScaling | None) -> bool:
@@ -289,7 +288,7 @@ class FloorFallback:
         watched traces of the same name (a ``tf.function`` that creates variables
         is traced twice, once creating them and once to run) and the rewritten
         functions it calls. Every function whose graph calls one of those bodies
-        gets a float32 body (:class:`amp_rewrite.runtime.Callers`).
+        gets a float32 body (:class:`Callers`).
         """
         hook = self.hook
         record = hook.record_of(concrete_function)

@@ -56,7 +56,7 @@ from typing import Any
 
 from amp_rewrite import tf_internals
 from amp_rewrite.config import Config
-from amp_rewrite.errors import RuntimeRewriteError, first_line
+from amp_rewrite.errors import NO_MESSAGE, RuntimeRewriteError, first_line
 from amp_rewrite.runtime import tf2_fallback
 from amp_rewrite.runtime.core import Runtime
 from amp_rewrite.runtime.ledger import LOCK
@@ -217,7 +217,7 @@ class TracingHook:
             try:
                 self._swap_in(concrete_function, config, is_explicit=is_explicit, calls_guarded=calls_guarded)
             except Exception as exc:
-                reason = first_line(exc, with_type=True, if_empty=tf2_fallback.NO_MESSAGE)
+                reason = first_line(exc, with_type=True, if_empty=NO_MESSAGE)
                 if self.is_strict:
                     raise RuntimeRewriteError(f"tf.function {name}: rewrite failed: {reason}") from exc
                 logger.warning("amp-rewrite: tf.function %s runs in float32: rewrite failed: %s", name, reason)
@@ -338,8 +338,7 @@ class TracingHook:
         with LOCK:
             self.swapped.pop(cf, None)
         name = record.report.name
-        reason = "the rewritten function failed to run: " + first_line(
-            exc, with_type=True, if_empty=tf2_fallback.NO_MESSAGE)
+        reason = "the rewritten function failed to run: " + first_line(exc, with_type=True, if_empty=NO_MESSAGE)
         if self.is_strict:
             raise RuntimeRewriteError(f"tf.function {name}: {reason}") from exc
         logger.warning("amp-rewrite: tf.function %s runs in float32: %s", name, reason)
