@@ -54,7 +54,12 @@ EOF
     )
     pins+=("${floor_pins[@]}")
 fi
-pip install -q ".[cpu,test]" "${pins[@]}"
+# Installed from a copy of the checkout: pip builds in the tree it installs from, and CI runs
+# two of these side by side on one checkout.
+source_copy="$(mktemp -d)"
+tools/copy_checkout.sh "$source_copy"
+pip install -q "$source_copy[cpu,test]" "${pins[@]}"
+rm -rf "$source_copy"
 pip install -q --no-deps "tf-keras==$version.*" "tf-slim==1.1.0"
 python - <<'EOF'
 import google.protobuf
