@@ -14,7 +14,7 @@ import functools
 
 from amp_rewrite.config import Config
 from amp_rewrite.errors import AmpRewriteError, GraphError, InputFileError, ListError, RuntimeRewriteError, UsageError
-from amp_rewrite.op_lists import OpLists, load_lists
+from amp_rewrite.paint.op_lists import OpLists, load_lists
 from amp_rewrite.pipeline import RewriteResult, rewrite
 
 # Loaded on first use: they pull in NumPy and TensorFlow's SavedModel protos.

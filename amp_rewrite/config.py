@@ -16,8 +16,8 @@ from amp_rewrite.environment import (
     any_true,
 )
 from amp_rewrite.errors import UsageError
-from amp_rewrite.keep_patterns import compile_patterns
-from amp_rewrite.op_lists import TARGETS, ListEdit, env_edits
+from amp_rewrite.paint.keep_patterns import compile_patterns
+from amp_rewrite.paint.op_lists import TARGETS, ListEdit, env_edits
 
 LEVELS = ("DEFAULT", "TENSOR_CORES_ONLY", "TREAT_INFER_AS_DENY", "UNSAFE_FORCE_ALL")
 DUMP_ENVS = (DUMP_DIR_ENV, TF_LOG_PATH_ENV)
@@ -51,21 +51,21 @@ class Config:
             their bodies are rewritten, with Casts inside.
         keep_float32_patterns: regular expressions; a node whose name (``function::node``
             inside a function) contains a match stays float32, like a preserved
-            node (see :mod:`amp_rewrite.keep_patterns`).
+            node (see :mod:`amp_rewrite.paint.keep_patterns`).
         is_tuning: time each heavy op in float32 and in the target on this
             machine and keep it float32 where half is not faster
-            (:mod:`amp_rewrite.tuner`). Off by default: the output then
+            (:mod:`amp_rewrite.tune.tuner`). Off by default: the output then
             depends only on the graph and the lists.
         tune_budget_seconds: the time one graph may spend measuring.
         tune_cache_dir: where timings are kept; None for
-            :func:`amp_rewrite.tune_cache.default_cache_dir`.
+            :func:`amp_rewrite.tune.cache.default_cache_dir`.
         tune_batch: the size an unknown first dimension of the graph's inputs
             is timed at; 0 leaves such ops to the lists.
         opaque_functions: (function name, reason) pairs: library functions
             left as they are; every call of one is opaque (the runtime's
             XLA-compiled functions on a CPU).
         is_checking: check the output's structural postconditions
-            (:mod:`amp_rewrite.checks`) and raise on the first one broken;
+            (:mod:`amp_rewrite.paint.checks`) and raise on the first one broken;
             ``AMP_REWRITE_CHECK=1`` or ``AMP_REWRITE_STRICT=1`` set it.
     """
 

@@ -1,7 +1,7 @@
 """TF2 entry points: ``amp_rewrite.function`` and ``amp_rewrite.rewrite_concrete_function``.
 
 Both work without ``ENABLE_AUTO_MP``. They rely on the runtime's machinery
-(:mod:`amp_rewrite.runtime.tf_function`, :mod:`amp_rewrite.runtime.concrete`)
+(:mod:`amp_rewrite.runtime.tf2.tracing`, :mod:`amp_rewrite.runtime.tf2.concrete`)
 but patch nothing in TensorFlow beyond adding one tracing callback, which
 leaves every other ``tf.function`` alone.
 """
@@ -43,7 +43,7 @@ def function(func=None, *, target: str | None = None, config: Config | None = No
         return functools.partial(function, target=target, config=config, **tf_function_kwargs)
     import tensorflow as tf
 
-    from amp_rewrite.runtime import tf_function
+    from amp_rewrite.runtime.tf2 import tracing as tf_function
 
     if target is not None:
         config = replace(config if config is not None else tf_function.default_config(), target=target)
@@ -71,8 +71,8 @@ def rewrite_concrete_function(concrete_function, *, target: str | None = None,
         AmpRewriteError: the function's graph cannot be rewritten.
         Errors TensorFlow raises while loading the rewritten functions.
     """
-    from amp_rewrite.runtime import tf_function
-    from amp_rewrite.runtime.concrete import rewrite_concrete
+    from amp_rewrite.runtime.tf2 import tracing as tf_function
+    from amp_rewrite.runtime.tf2.concrete import rewrite_concrete
 
     config = config if config is not None else tf_function.default_config()
     if target is not None:

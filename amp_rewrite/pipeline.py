@@ -4,7 +4,7 @@
 ``T`` can be half, and builds the typed view. :func:`paint` then finds the
 data structures whose ops share a handle, adds the writer → reader edges
 between their element types to the view, and runs the rules of
-:data:`amp_rewrite.painting.RULES` in this order (a test holds this account
+:data:`amp_rewrite.paint.rules.RULES` in this order (a test holds this account
 to that tuple):
 
 1. ``deny_escaping_tensor_lists``: a data structure whose handle escapes the
@@ -12,7 +12,7 @@ to that tuple):
 2. ``paint_allow_ops``: every float32 vertex of an allow-list op that has a
    half kernel is painted.
 3. ``keep_float32_where_half_is_slower``: with tuning on
-   (:mod:`amp_rewrite.tuner`), a heavy allow or infer op measured no faster
+   (:mod:`amp_rewrite.tune.tuner`), a heavy allow or infer op measured no faster
    in half on this device stays float32.
 4. ``keep_variable_updates_float32``: the elementwise arithmetic that
    computes a resource variable's new value from its old one (a metric's
@@ -38,18 +38,18 @@ to that tuple):
     to half.
 
 Then the batch norms whose ``T`` was not painted turn back into V1;
-:func:`amp_rewrite.casts.apply_painting` retypes the painted attrs, folds
-Consts and inserts the Casts; :func:`amp_rewrite.functions.finalize_functions`
+:func:`amp_rewrite.paint.casts.apply_painting` retypes the painted attrs, folds
+Consts and inserts the Casts; :func:`amp_rewrite.graph.functions.finalize_functions`
 writes the function instances into the library; :func:`name_changes` names
 what changed, for the report. When ``config.is_checking`` is set
 (``AMP_REWRITE_CHECK=1`` or ``AMP_REWRITE_STRICT=1`` for the CLI and the
-runtime), :func:`amp_rewrite.checks.ensure` then checks the output's
+runtime), :func:`amp_rewrite.paint.checks.ensure` then checks the output's
 structural postconditions. Fetched nodes, feeds, variables and their
 reads are never changed; the caller's GraphDef is never mutated.
 
 Logging: one INFO line per rewrite. At DEBUG, what each rule changed
 (``+allow``, ``+deny``, ``unmarked`` vertices) and then every node's outcome,
-in the sentence :mod:`amp_rewrite.explain` gives for it.
+in the sentence :mod:`amp_rewrite.paint.explain` gives for it.
 """
 
 from __future__ import annotations
@@ -63,21 +63,20 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
-from amp_rewrite import painting as rules
-from amp_rewrite import tensor_lists
-from amp_rewrite.casts import Applied, apply_painting, promote_batch_norms, restore_unconverted_batch_norms
-from amp_rewrite.checks import ensure
 from amp_rewrite.config import Config
 from amp_rewrite.errors import AmpRewriteError, GraphError, PaintingRuleError
-from amp_rewrite.explain import node_outcomes
-from amp_rewrite.functions import LibraryResult, finalize_functions
-from amp_rewrite.graph_facts import DT_BFLOAT16, DT_FLOAT, DT_HALF, node_name, sinks
-from amp_rewrite.keep_patterns import match_patterns
-from amp_rewrite.op_lists import OpLists, load_lists
-from amp_rewrite.op_registry import OpRegistry, default_device_type, graph_pb2
-from amp_rewrite.paint_context import PaintContext
-from amp_rewrite.painting import Painting, Rule
-from amp_rewrite.typed_graph import TypedGraph
+from amp_rewrite.graph.facts import DT_BFLOAT16, DT_FLOAT, DT_HALF, node_name, sinks
+from amp_rewrite.graph.functions import LibraryResult, finalize_functions
+from amp_rewrite.graph.op_registry import OpRegistry, default_device_type, graph_pb2
+from amp_rewrite.graph.typed_graph import TypedGraph
+from amp_rewrite.paint import rules, tensor_lists
+from amp_rewrite.paint.casts import Applied, apply_painting, promote_batch_norms, restore_unconverted_batch_norms
+from amp_rewrite.paint.checks import ensure
+from amp_rewrite.paint.context import PaintContext
+from amp_rewrite.paint.explain import node_outcomes
+from amp_rewrite.paint.keep_patterns import match_patterns
+from amp_rewrite.paint.op_lists import OpLists, load_lists
+from amp_rewrite.paint.rules import Painting, Rule
 
 logger = logging.getLogger(__name__)
 
@@ -170,7 +169,7 @@ class RewriteResult:
     @cached_property
     def half_flop_share(self) -> float | None:
         """Share of MatMul/Conv FLOPs computed in the target type; None when no shapes are known."""
-        from amp_rewrite.flops import half_flop_share
+        from amp_rewrite.graph.flops import half_flop_share
 
         with _collector_paused():
             return half_flop_share(self.graph_def)
@@ -233,7 +232,7 @@ def rewrite(graph_def, *, fetches=None, target: str | None = None,
             still made when ``config.dump_dir`` or the self-checks need the
             original.)
 
-        tuner: the :class:`amp_rewrite.tuner.Tuner` to consult instead of the
+        tuner: the :class:`amp_rewrite.tune.tuner.Tuner` to consult instead of the
             one ``config.is_tuning`` builds (which measures on this machine);
             with either, heavy ops measured no faster in half stay float32.
 
@@ -294,7 +293,7 @@ def _rewrite(graph_def, *, fetches, target, config, in_place, tuner) -> RewriteR
     for pattern in unmatched:
         logger.debug("keep-float32 pattern %r matches no node", pattern)
     if tuner is None and config.is_tuning:
-        from amp_rewrite.tuner import tuner_for
+        from amp_rewrite.tune.tuner import tuner_for
 
         tuner = tuner_for(config)
     ctx = PaintContext(graph, lists, target_dtype=TARGET_DTYPES[config.target], tuner=tuner,
@@ -323,7 +322,7 @@ def _rewrite(graph_def, *, fetches, target, config, in_place, tuner) -> RewriteR
         left_alone = {graph.nodes[i].name for i in graph.bodies[0].index.values() if ctx.skip_reason[i] is not None}
         ensure(graph_def, work, casts=names.casts, fetches=config.fetches, left_alone=left_alone)
     if config.dump_dir:
-        from amp_rewrite.graph_io import dump_rewrite
+        from amp_rewrite.graph.io import dump_rewrite
 
         paths = dump_rewrite(config.dump_dir, graph_def, work, lists)
         logger.info("dumped the graph before and after the rewrite to %s", paths[0].parent)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from amp_rewrite.config import Config
-from amp_rewrite.graph_facts import node_name, sinks
+from amp_rewrite.graph.facts import node_name, sinks
 from amp_rewrite.pipeline import RewriteResult, rewrite
 
 ENTRY_PREFIX = "_amp_rewrite_entry"

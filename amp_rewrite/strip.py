@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from amp_rewrite.errors import GraphError, UsageError, first_line
-from amp_rewrite.graph_facts import DT_BFLOAT16, DT_FLOAT, DT_HALF, DTYPE_NAMES, HALF_MAX, parse_input, sinks
-from amp_rewrite.op_registry import OpRegistry, graph_pb2
+from amp_rewrite.graph.facts import DT_BFLOAT16, DT_FLOAT, DT_HALF, DTYPE_NAMES, HALF_MAX, parse_input, sinks
+from amp_rewrite.graph.op_registry import OpRegistry, graph_pb2
 
 STRIP_TARGETS = {"float32": DT_FLOAT, "float16": DT_HALF, "bfloat16": DT_BFLOAT16}
 _SOURCES = {DT_FLOAT: frozenset({DT_HALF, DT_BFLOAT16}), DT_HALF: frozenset({DT_BFLOAT16}),

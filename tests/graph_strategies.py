@@ -22,7 +22,7 @@ nodes to preserve.
 Properties (:func:`check_rewrite`): the rewrite succeeds and leaves its input
 alone; it gives the same bytes twice and the same conversions for the nodes
 in reverse order; rewriting its output changes nothing; the structural
-postconditions of :mod:`amp_rewrite.checks` hold (every edge joins one dtype,
+postconditions of :mod:`amp_rewrite.paint.checks` hold (every edge joins one dtype,
 every Cast it adds changes the type, no new half → float32 → half Cast pair
 appears, fetched outputs keep their dtype); the report names every node, and so
 does the HTML page drawn from it; allow-list ops convert unless fetched, preserved or pinned, those never change, and
@@ -93,7 +93,7 @@ import tensorflow as tf
 from hypothesis import strategies as st
 
 from amp_rewrite import Config, rewrite
-from amp_rewrite.checks import half_round_trips, violations  # noqa: F401 - half_round_trips is used by tests
+from amp_rewrite.paint.checks import half_round_trips, violations  # noqa: F401 - half_round_trips is used by tests
 
 logger = logging.getLogger(__name__)
 
@@ -1259,7 +1259,7 @@ def check_rewrite(built: Built) -> Verdict:
     Properties: the rewrite succeeds without touching its input; it is
     deterministic (byte-identical output twice) and independent of node
     order; rewriting its output changes nothing; the postconditions of
-    :func:`amp_rewrite.checks.violations` hold; the report
+    :func:`amp_rewrite.paint.checks.violations` hold; the report
     names every node, and each node's reason states the dtype it has; the
     output imports and runs, fetched tensors keep their dtype, and they agree
     with float32 within the half tolerance model.
@@ -1288,7 +1288,7 @@ def check_rewrite(built: Built) -> Verdict:
 
 
 def _reasons_agree(result):
-    from amp_rewrite.explain import disagreements
+    from amp_rewrite.paint.explain import disagreements
 
     found = disagreements(result)
     return "reasons agree with dtypes", (f"{len(found)} reasons state another dtype: {found[:3]}" if found else None)
@@ -1377,7 +1377,7 @@ def _report_complete(built: Built, result):
 def _html_report_renders(result):
     import json
 
-    from amp_rewrite.html_report import render_html
+    from amp_rewrite.report.html import render_html
 
     page = render_html(result, title="fuzz")
     start = page.index('id="graph-data">') + len('id="graph-data">')

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
@@ -14,6 +15,9 @@ import tensorflow as tf
 from amp_rewrite import Config, rewrite
 
 tf1 = tf.compat.v1
+# The suite's folder and the checkout it sits in (tools/, the example graph), wherever that is.
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
 F32, F16, BF16 = tf.float32.as_datatype_enum, tf.float16.as_datatype_enum, tf.bfloat16.as_datatype_enum
 HALF_TYPES = (F16, BF16)
 
@@ -144,7 +148,7 @@ GRAPPLER_INFERS_AFTER_ALLOW = tuple(int(part) for part in tf.__version__.split("
 @contextlib.contextmanager
 def like_this_grappler():
     """Our painting as this TensorFlow's Grappler paints: before 2.20, without the infer-after-allow step."""
-    from amp_rewrite import painting
+    from amp_rewrite.paint import rules as painting
 
     saved = painting.SPREAD_RULES
     if not GRAPPLER_INFERS_AFTER_ALLOW:

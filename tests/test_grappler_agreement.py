@@ -22,10 +22,10 @@ from helpers import (
     v1_control_flow,
 )
 
-from amp_rewrite.explain import disagreements
-from amp_rewrite.oracle import grappler_rewrite
+from amp_rewrite.paint.explain import disagreements
+from amp_rewrite.report.grappler import grappler_rewrite
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 import models  # noqa: E402
 
 

@@ -25,8 +25,9 @@ from google.protobuf import text_format
 from helpers import F16, F32, tf1
 from tensorflow.core.framework import function_pb2, graph_pb2
 
-from amp_rewrite import cli, graph_io
+from amp_rewrite import cli
 from amp_rewrite.errors import GraphError, UsageError
+from amp_rewrite.graph import io as graph_io
 from amp_rewrite.runtime.settings import RuntimeSettings
 
 ENV_PREFIXES = ("TF_AUTO_MIXED", "AMP_", "ENABLE_AUTO_MP")
@@ -811,7 +812,7 @@ def test_dump_dir_inside_the_input_saved_model(capsys, tmp_path):
 
 
 def test_optional_func_attr_left_unset_is_no_call():
-    from amp_rewrite.flops import import_blocker, missing_function
+    from amp_rewrite.graph.flops import import_blocker, missing_function
 
     graph_def = small_graph()
     node(graph_def, "relu").attr["unused_f"].func.name = ""
@@ -819,7 +820,7 @@ def test_optional_func_attr_left_unset_is_no_call():
 
 
 def test_mutual_recursion_is_found_without_tensorflow():
-    from amp_rewrite.flops import import_blocker
+    from amp_rewrite.graph.flops import import_blocker
 
     graph_def = recursive_graph()
     first = graph_def.library.function[0]

@@ -8,8 +8,10 @@ import pytest
 import tensorflow as tf
 from helpers import CPU, amp, assert_same_outputs_within_half, half_nodes, rng, tf1
 
-from amp_rewrite import Config, GraphError, paint_context, painting, pipeline, rewrite
+from amp_rewrite import Config, GraphError, pipeline, rewrite
 from amp_rewrite.errors import PaintingRuleError
+from amp_rewrite.paint import context as paint_context
+from amp_rewrite.paint import rules as painting
 
 
 def mixed_graph():

@@ -14,7 +14,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
 from amp_rewrite import Config, rewrite
-from amp_rewrite.explain import disagreements
+from amp_rewrite.paint.explain import disagreements
 
 
 def cli(*args, cwd):
@@ -163,7 +163,7 @@ def test_report_describes_the_nodes_inside_functions(mobilenet_saved_model, rewr
 
 @pytest.mark.slow
 def test_html_report_of_a_saved_model_counts_what_the_summary_says(mobilenet_saved_model, tmp_path):
-    from amp_rewrite.html_report import CATEGORIES
+    from amp_rewrite.report.html import CATEGORIES
 
     out, page = tmp_path / "out", tmp_path / "report.html"
     proc = cli(mobilenet_saved_model, out, "--report", page, cwd=tmp_path)
@@ -177,7 +177,7 @@ def test_html_report_of_a_saved_model_counts_what_the_summary_says(mobilenet_sav
 
 @pytest.mark.slow
 def test_every_reason_agrees_with_the_rewritten_saved_model(mobilenet_saved_model):
-    from amp_rewrite import graph_io
+    from amp_rewrite.graph import io as graph_io
     from amp_rewrite.saved_model import rewrite_saved_model
 
     _, result = rewrite_saved_model(graph_io.load_saved_model(mobilenet_saved_model), config=Config(device_type="CPU"))

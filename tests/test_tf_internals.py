@@ -17,8 +17,8 @@ from helpers import mlp_session_graph, rng, runner_of, tf1
 
 from amp_rewrite import runtime, tf_internals
 from amp_rewrite.errors import RuntimeRewriteError
-from amp_rewrite.runtime import tf_function
 from amp_rewrite.runtime.settings import RuntimeSettings
+from amp_rewrite.runtime.tf2 import tracing as tf_function
 
 X = rng().normal(size=(4, 8)).astype(np.float32)
 ABSENT = "tensorflow.python.client.session:NoSuchInternal"

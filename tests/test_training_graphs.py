@@ -8,9 +8,9 @@ import pytest
 import tensorflow as tf
 from helpers import F16, F32, amp, half_nodes, tf1
 
-from amp_rewrite.explain import disagreements
+from amp_rewrite.paint.explain import disagreements
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 import models  # noqa: E402
 
 VARIABLE_OPS = ("VarHandleOp", "VariableV2", "Variable")

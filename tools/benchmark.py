@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import models  # noqa: E402
 
 from amp_rewrite import Config, rewrite  # noqa: E402
-from amp_rewrite.flops import half_flop_share  # noqa: E402
-from amp_rewrite.oracle import grappler_rewrite  # noqa: E402
+from amp_rewrite.graph.flops import half_flop_share  # noqa: E402
+from amp_rewrite.report.grappler import grappler_rewrite  # noqa: E402
 
 BENCHMARK_MODELS = {
     "resnet50_tf1_training (tf-slim)": models.tf1_resnet50_training,

@@ -4,7 +4,7 @@ For each model, three sessions live in one process:
 - ``float32``: the graph as built;
 - ``ours``: ``amp_rewrite.rewrite(..., target="bfloat16")`` of it;
 - ``grappler``: the graph Grappler's ``auto_mixed_precision_onednn_bfloat16``
-  pass makes of it (run alone, as :mod:`amp_rewrite.oracle` does).
+  pass makes of it (run alone, as :mod:`amp_rewrite.report.grappler` does).
 All three run in sessions with TensorFlow's default Grappler pipeline
 (remapper fusions, constant folding, ...). After warm-up steps the three are stepped in turn,
 round after round, so they share the machine's load; the table gives the
@@ -41,7 +41,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from amp_rewrite import Config, rewrite  # noqa: E402
-from amp_rewrite.oracle import grappler_rewrite  # noqa: E402
+from amp_rewrite.report.grappler import grappler_rewrite  # noqa: E402
 
 MODELS = {
     "resnet50_tf1_training (tf-slim)": lambda: models.tf1_resnet50_training(batch=2),

@@ -23,10 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import models  # noqa: E402
 
 from amp_rewrite import Config, rewrite  # noqa: E402
-from amp_rewrite.instances import WHILE_OPS  # noqa: E402
-from amp_rewrite.oracle import grappler_rewrite  # noqa: E402
+from amp_rewrite.graph.instances import WHILE_OPS  # noqa: E402
+from amp_rewrite.graph.typed_graph import TypedGraph  # noqa: E402
 from amp_rewrite.pipeline import v1_loop_nodes  # noqa: E402
-from amp_rewrite.typed_graph import TypedGraph  # noqa: E402
+from amp_rewrite.report.grappler import grappler_rewrite  # noqa: E402
 
 LOOP_MODELS = {"tf_function_while_rnn": models.tf_function_while_rnn, "tf1_lstm_training": models.tf1_lstm_training}
 

@@ -99,7 +99,7 @@ def measure(path: str, grappler: bool, profile: bool, flops: bool, copy: bool) -
 
     import amp_rewrite
     from amp_rewrite import Config, rewrite
-    from amp_rewrite.oracle import grappler_rewrite
+    from amp_rewrite.report.grappler import grappler_rewrite
 
     print(f"amp_rewrite from {Path(amp_rewrite.__file__).parent}", file=sys.stderr)
 

@@ -1,7 +1,7 @@
 """The doctor's bound beside the measured speed-up, on the benchmark models of ``models.py``.
 
 For each model: rewrite it for this machine's device type, run
-:func:`amp_rewrite.doctor.diagnose` and :func:`amp_rewrite.measure.measure_speedup`
+:func:`amp_rewrite.report.doctor.diagnose` and :func:`amp_rewrite.report.measure.measure_speedup`
 (float32 and rewritten steps in turn, medians), and print one row: the half
 FLOP share, the Casts' bytes, the bound, both step times and the measured
 speed-up, with the CPU flags that decide half speed.
@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import models  # noqa: E402
 
 from amp_rewrite import Config, rewrite  # noqa: E402
-from amp_rewrite.doctor import diagnose  # noqa: E402
-from amp_rewrite.measure import HALF_CPU_FEATURES, cpu_features, measure_speedup  # noqa: E402
+from amp_rewrite.report.doctor import diagnose  # noqa: E402
+from amp_rewrite.report.measure import HALF_CPU_FEATURES, cpu_features, measure_speedup  # noqa: E402
 
 DEFAULT = ("small_mlp_inference", "keras_mobilenetv2_frozen", "tf1_cnn_training", "tf1_transformer_block_training")
 

@@ -95,7 +95,7 @@ _REPORTED: set[int] = set()
 
 def rewritten_functions():
     """The tf.functions the runtime rewrote since the last call (none when it is off)."""
-    tf_function = sys.modules.get("amp_rewrite.runtime.tf_function")
+    tf_function = sys.modules.get("amp_rewrite.runtime.tf2.tracing")
     if tf_function is None:
         return []
     found = []

@@ -31,7 +31,7 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import amp_rewrite  # noqa: E402
-from amp_rewrite.runtime import tf_function  # noqa: E402
+from amp_rewrite.runtime.tf2 import tracing as tf_function  # noqa: E402
 
 
 def keras_step(model, shape):

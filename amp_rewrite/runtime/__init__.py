@@ -9,17 +9,17 @@
   (:mod:`amp_rewrite.runtime.target`): one INFO line says why;
 - ``Session`` (every ``BaseSession``: plain, interactive, and those that
   ``MonitoredTrainingSession`` creates) to run the rewritten graph
-  (:mod:`amp_rewrite.runtime.session` runs the steps and falls back;
-  :mod:`amp_rewrite.runtime.shadow_graph` builds and grows that graph);
+  (:mod:`amp_rewrite.runtime.tf1.session` runs the steps and falls back;
+  :mod:`amp_rewrite.runtime.tf1.shadow_graph` builds and grows that graph);
 - ``tf.compat.v1.train.Optimizer.compute_gradients``/``apply_gradients`` for
-  dynamic loss scaling (:mod:`amp_rewrite.runtime.loss_scale`), for float16
+  dynamic loss scaling (:mod:`amp_rewrite.runtime.tf1.loss_scale`), for float16
   only unless ``AMP_LOSS_SCALE`` (or non-default loss-scale settings) asks;
-- ``Saver.restore`` so float32 checkpoints restore (:mod:`amp_rewrite.runtime.checkpoint`);
+- ``Saver.restore`` so float32 checkpoints restore (:mod:`amp_rewrite.runtime.tf1.checkpoint`);
 - ``MixedPrecisionLossScaleOptimizer`` so an optimizer it wraps is not scaled twice;
 - ``tf.function`` tracing, so each new ConcreteFunction runs its rewritten body
-  (:mod:`amp_rewrite.runtime.tf_function`);
+  (:mod:`amp_rewrite.runtime.tf2.tracing`);
 - ``GradientTape.gradient`` and Keras optimizers' apply, for dynamic loss
-  scaling of TF2 loops and ``fit`` (:mod:`amp_rewrite.runtime.tf2_loss_scale`).
+  scaling of TF2 loops and ``fit`` (:mod:`amp_rewrite.runtime.tf2.loss_scale`).
 
 Each change is entered in the ledger of the one :class:`~amp_rewrite.runtime.core.Runtime`
 value :func:`enable` makes (:mod:`amp_rewrite.runtime.ledger`) as it is made;
@@ -47,7 +47,7 @@ from amp_rewrite.runtime.settings import RuntimeSettings, scales_loss
 from amp_rewrite.runtime.target import TargetChoice, choose_target
 
 if TYPE_CHECKING:
-    from amp_rewrite.runtime.tf2_loss_scale_state import TF2LossScaling
+    from amp_rewrite.runtime.tf2.loss_scale_state import TF2LossScaling
 
 logger = logging.getLogger(__name__)
 
@@ -206,7 +206,7 @@ def _note_untested_tensorflow() -> None:
 def _patch_table(active: Runtime):
     import tensorflow as tf
 
-    from amp_rewrite.runtime import checkpoint, loss_scale, session
+    from amp_rewrite.runtime.tf1 import checkpoint, loss_scale, session
 
     base = tf_internals.base_session_class()
     settings = active.settings
@@ -237,7 +237,8 @@ def _patch_table(active: Runtime):
 
 def _install_tf2_patches(active: Runtime) -> None:
     """``tf.function`` traces run rewritten; the tape and Keras optimizers scale the loss."""
-    from amp_rewrite.runtime import tf2_loss_scale, tf_function
+    from amp_rewrite.runtime.tf2 import loss_scale as tf2_loss_scale
+    from amp_rewrite.runtime.tf2 import tracing as tf_function
 
     active.tracing = tf_function.install(active)
     if active.tracing is not None:

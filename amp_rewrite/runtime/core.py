@@ -28,8 +28,8 @@ from amp_rewrite.runtime.settings import RuntimeSettings
 from amp_rewrite.runtime.target import TargetChoice
 
 if TYPE_CHECKING:
-    from amp_rewrite.runtime.tf2_loss_scale_state import TF2LossScaling
-    from amp_rewrite.runtime.tf_function import TracingHook
+    from amp_rewrite.runtime.tf2.loss_scale_state import TF2LossScaling
+    from amp_rewrite.runtime.tf2.tracing import TracingHook
 
 
 @dataclass
@@ -79,7 +79,7 @@ class Runtime:
     def rewrite_config(self, **fields) -> Config:
         """The base configuration, for the device type graphs run on here, with ``fields`` replaced."""
         if self.base_config is None:
-            from amp_rewrite.op_registry import default_device_type
+            from amp_rewrite.graph.op_registry import default_device_type
 
             target = self.target
             if target is None:

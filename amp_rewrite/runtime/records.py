@@ -93,11 +93,11 @@ class ObjectRecords:
         session_args: a script's ``Session`` → the target and config it was
             made with (its shadow sessions are made with them too).
         runners: a script's ``Session`` → its
-            :class:`~amp_rewrite.runtime.session.ShadowRunner`.
+            :class:`~amp_rewrite.runtime.tf1.session.ShadowRunner`.
         shadow_sessions: the sessions the runtime made for its shadow graphs
             (members); they run unpatched.
         loss_scale_reports: a ``tf.Graph`` → the
-            :class:`~amp_rewrite.runtime.loss_scale.Report` of each guarded step built in it.
+            :class:`~amp_rewrite.runtime.tf1.loss_scale.Report` of each guarded step built in it.
         scaled_elsewhere: the optimizers a loss-scale wrapper (TensorFlow's or
             Keras') already scales (members).
         restore_savers: a ``Saver`` → a Saver over the same variables minus

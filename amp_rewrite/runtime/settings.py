@@ -37,7 +37,7 @@ from amp_rewrite.environment import (
     is_true,
 )
 from amp_rewrite.errors import UsageError
-from amp_rewrite.keep_patterns import compile_patterns, split_env
+from amp_rewrite.paint.keep_patterns import compile_patterns, split_env
 
 TARGETS = ("auto", "float16", "bfloat16")
 DEFAULT_TUNE_BUDGET = 30.0

@@ -49,7 +49,7 @@ def choose_target(setting: str = AUTO, *,
     Args:
         setting: the requested target; ``auto`` looks at the machine.
         list_gpus: the GPUs TensorFlow can use (default:
-            :func:`amp_rewrite.op_registry.visible_gpus`, which also decides the
+            :func:`amp_rewrite.graph.op_registry.visible_gpus`, which also decides the
             device type the runtime's rewrites check kernels for).
         read_cpu_flags: the CPU's feature flags (default: :func:`cpu_flags`).
     """
@@ -68,12 +68,12 @@ def choose_target(setting: str = AUTO, *,
 
 def cpu_flags(path: str = CPUINFO_PATH) -> frozenset[str]:
     """The feature flags of the first CPU in ``/proc/cpuinfo``; empty where there is none."""
-    from amp_rewrite.tune_cache import read_cpuinfo
+    from amp_rewrite.tune.cache import read_cpuinfo
 
     return read_cpuinfo(path)[1]
 
 
 def _tensorflow_gpus() -> list:
-    from amp_rewrite.op_registry import visible_gpus
+    from amp_rewrite.graph.op_registry import visible_gpus
 
     return visible_gpus()

@@ -1,0 +1,332 @@
+"""Falling back to float32 in TF2 when no loss scale helps.
+
+A TF1 session switches to its float32 graph after a step is skipped with the
+loss scale at its floor of 1 (:mod:`amp_rewrite.runtime.tf1.session`). Here the
+same happens to a rewritten ``tf.function`` that applies a guarded optimizer
+(a custom training loop, or the train function Keras' ``fit`` traces): after
+each eager call, the installed loss scaling's state
+(:class:`~amp_rewrite.runtime.tf2.loss_scale_state.TF2LossScaling`) says whether the call skipped a
+step at scale 1. If it did, the gradients are not finite even unscaled, so no
+scale helps; the function gets its traced float32 body back for the next call
+(:func:`amp_rewrite.runtime.tf2.tracing.restore`), with one warning naming
+why. Variables and optimizer slots are captured by the function, not copied,
+so training goes on from their values. ``AMP_REWRITE_STRICT=1`` raises
+instead.
+
+A function that calls such a function inside its own graph needs more: its
+FunctionDef names the callee's rewritten body, so restoring the callee does
+not reach it. Keras 3's ``fit`` is built that way: the ``tf.function`` it
+calls (``one_step_on_iterator``, ``multi_step_on_iterator``) runs the
+one-step ``tf.function`` ``one_step_on_data`` inside its graph, once, or
+``steps_per_execution`` times (unrolled, or in a ``tf.while_loop``,
+depending on the Keras release). :class:`Callers` keeps those callers; each
+is watched like the callee, and when either hits the floor the callee gets
+its traced body back and every caller a float32 body of its own, the same
+FunctionDefs with the calls sent to the traced callee
+(:func:`amp_rewrite.runtime.tf2.concrete.reload_calling`).
+
+The watch costs two scalar variable reads per call, and only functions that
+hold a guarded apply, or call one that does, get it, under dynamic loss
+scaling. XLA-compiled functions record no skip cause, so they are not
+watched.
+
+Each tracing hook (:class:`~amp_rewrite.runtime.tf2.tracing.TracingHook`) has
+one :class:`FloorFallback`, which holds its :class:`Callers` and
+:class:`FellBack` and does the falling back for the functions the hook swapped.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from amp_rewrite import tf_internals
+from amp_rewrite.errors import NO_MESSAGE, RuntimeRewriteError, first_line
+from amp_rewrite.runtime.ledger import LOCK
+
+if TYPE_CHECKING:
+    from amp_rewrite.runtime.tf2.loss_scale_state import TF2LossScaling
+    from amp_rewrite.runtime.tf2.tracing import SwapRecord, TracingHook
+
+logger = logging.getLogger(__name__)
+
+FLOOR_REASON = ("a step was skipped with the loss scale at its floor of 1: the gradients are not finite even "
+                "unscaled, so no scale helps; the loss itself is not finite, or an op overflows in half whatever "
+                "the scale (AMP_REWRITE_FIND_OVERFLOW=1 names it; keep it float32 with "
+                "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_DENYLIST_ADD or AMP_REWRITE_KEEP_FLOAT32)")
+
+FELL_BACK = "an earlier trace of it fell back, since no loss scale helped"
+
+
+def is_wanted(scaling: TF2LossScaling | None) -> bool:
+    """Whether functions are watched: only under dynamic scaling, where a skip at 1 means no scale helps.
+
+    ``scaling`` is the installed loss scaling (None: none is). A fixed scale
+    (``AMP_LOSS_SCALE=1`` included) never moves, so its skips say nothing
+    about other scales; they are counted as before.
+    """
+    return scaling is not None and scaling.loss_scale.is_dynamic
+
+
+class FloorWatch:
+    """The ``_call_flat`` of a watched function: calls it, then calls ``on_hopeless(cf, reason)`` after a skip at 1.
+
+    ``on_hopeless`` runs after the call returned its outputs (which are still
+    returned), so the step that skipped is not run again. The first-call
+    guard of :mod:`amp_rewrite.runtime.tf2.tracing` uses :meth:`count` and
+    :meth:`check` around the first call, which it runs itself.
+    """
+
+    def __init__(self, concrete_function, scaling: TF2LossScaling, on_hopeless: Callable[[object, str], None]):
+        self.function_ref = weakref.ref(concrete_function)
+        self.scaling = scaling
+        self.on_hopeless = on_hopeless
+
+    def __call__(self, tensor_inputs, captured_inputs):
+        import tensorflow as tf
+
+        cf: Any = self.function_ref()
+        if not tf.executing_eagerly():
+            return tf_internals.call_concrete_function(cf, tensor_inputs, captured_inputs)
+        before = self.count()
+        outputs = tf_internals.call_concrete_function(cf, tensor_inputs, captured_inputs)
+        self.check(cf, before)
+        return outputs
+
+    def count(self) -> int | None:
+        """The skipped-step count now (None before any step was scaled)."""
+        if not self.scaling.has_state():
+            return None
+        return int(self.scaling.state().skipped_steps.numpy())
+
+    def check(self, concrete_function, before: int | None) -> None:
+        """Calls ``on_hopeless`` if a step was skipped at the floor since the count was ``before``."""
+        if self._skipped_at_floor_since(before):
+            self.on_hopeless(concrete_function, FLOOR_REASON)
+
+    def _skipped_at_floor_since(self, before: int | None) -> bool:
+        """Whether a step was skipped since the count was ``before``, the last one with the scale at 1."""
+        after = self.count()
+        if after is None or after == (before or 0):
+            return False
+        return float(self.scaling.state().last_skip.scale.numpy()) <= 1.0
+
+
+class Callers:
+    """Functions whose graph calls the rewritten body of a function that applies a guarded optimizer.
+
+    Each caller is kept with the names of the rewritten bodies it calls (a
+    function's body is registered under the name its call ops give).
+    :meth:`fall_back` gives a caller a float32 body once those bodies are
+    replaced by the traced ones.
+    """
+
+    def __init__(self):
+        self._calls: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # caller → the ConcreteFunction whose state it now runs, kept alive with it
+        self._float32: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def note(self, concrete_function, rewritten_names: set[str]) -> bool:
+        """Keeps ``concrete_function`` if its graph calls one of ``rewritten_names``; whether it does."""
+        from amp_rewrite.runtime.tf2.concrete import library_functions
+
+        names = frozenset(library_functions(concrete_function.graph)) & rewritten_names
+        if names:
+            self._calls[concrete_function] = names
+        return bool(names)
+
+    def calls_of(self, concrete_function) -> frozenset[str]:
+        """The rewritten bodies ``concrete_function`` calls (empty when it is no kept caller)."""
+        return self._calls.get(concrete_function, frozenset())
+
+    def fall_back(self, replacements: dict[str, Any], restore: Callable[[object], None]) -> list[str]:
+        """Gives every caller of a replaced body a float32 body; returns the callers' names.
+
+        Args:
+            replacements: name of a rewritten body → the traced function to call instead.
+            restore: puts a caller's traced state back first, when it was rewritten itself.
+
+        Raises:
+            Any error of TensorFlow while loading a caller's new body (the
+            callers before it have theirs).
+        """
+        from amp_rewrite.runtime.tf2.concrete import reload_calling
+
+        changed = []
+        for caller, names in list(self._calls.items()):
+            wanted = {name: replacements[name] for name in sorted(names) if name in replacements}
+            if not wanted:
+                continue
+            del self._calls[caller]
+            name = str(caller.graph.name)
+            restore(caller)
+            tf_internals.drop_call_override(caller)
+            new = reload_calling(caller, wanted)
+            if new is None:
+                continue
+            state = tf_internals.concrete_function_state(caller)
+            tf_internals.take_over_graph_collection(state)
+            tf_internals.set_concrete_function_state(caller, {**state, **tf_internals.runnable_state(
+                tf_internals.concrete_function_state(new), inference_only=False)})
+            self._float32[caller] = new
+            changed.append(name)
+        return changed
+
+    def forget(self) -> None:
+        """Stops watching the callers (their float32 bodies stay: float32 is what the hook's absence runs)."""
+        for caller in list(self._calls):
+            tf_internals.drop_call_override(caller)
+        self._calls.clear()
+
+
+class FellBack:
+    """The functions that fell back, each by name and trainable variables: new traces of them stay float32.
+
+    A ``tf.function`` traces again for new input shapes or structures (Keras
+    3's ``train_on_batch`` calls the one-step function that ``fit`` calls in
+    its graph), and the hook rewrites each trace on its own. A new trace of a
+    function that fell back would skip a step at the floor again, so one with
+    the same name that applies a guarded optimizer to the same variables is
+    left as traced. Variables are held weakly: a new model is a new function.
+    The registered names of the float32 bodies are kept too: a function
+    traced later that calls one must not rewrite it.
+    """
+
+    def __init__(self):
+        self._functions: list[tuple[str, list[weakref.ref]]] = []
+        self._bodies: set[str] = set()
+
+    def add(self, name: str, graph) -> None:
+        """Remembers the function ``name`` traced as ``graph``."""
+        self._functions.append((name, [weakref.ref(v) for v in graph.trainable_variables]))
+
+    def holds(self, name: str, graph) -> bool:
+        """Whether a function of ``name`` training the variables ``graph`` trains fell back."""
+        ids = sorted(id(v) for v in graph.trainable_variables)
+        for known, refs in self._functions:
+            alive = [ref() for ref in refs]
+            if known == name and ids and all(v is not None for v in alive) and sorted(map(id, alive)) == ids:
+                return True
+        return False
+
+    def add_body(self, registered_name: str) -> None:
+        """Remembers the registered name of a float32 body that runs for a function that fell back."""
+        self._bodies.add(registered_name)
+
+    def has_body(self, registered_name: str) -> bool:
+        return registered_name in self._bodies
+
+    def clear(self) -> None:
+        self._functions.clear()
+        self._bodies.clear()
+
+
+def called_name(concrete_function) -> str:
+    """The name a call op built from ``concrete_function`` in another graph gives now (its body's)."""
+    name = concrete_function.name
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+class FloorFallback:
+    """A tracing hook's fallback to float32 when no loss scale helps (this module's algorithm).
+
+    Attributes:
+        hook: the hook whose swapped functions fall back.
+        callers: functions calling a rewritten guarded function.
+        fell_back: functions no loss scale helped.
+    """
+
+    def __init__(self, hook: TracingHook):
+        self.hook = hook
+        self.callers = Callers()
+        self.fell_back = FellBack()
+
+    def forget(self) -> None:
+        self.callers.forget()
+        self.fell_back.clear()
+
+    def is_wanted(self) -> bool:
+        return is_wanted(self.hook.loss_scaling)
+
+    def has_guarded_apply(self, graph) -> bool:
+        scaling = self.hook.loss_scaling
+        return scaling is not None and scaling.has_guarded_apply(graph)
+
+    def floor_watch(self, concrete_function):
+        """The ``_call_flat`` that watches a function holding a guarded apply for skips at the scale floor, or None."""
+        if not self.is_wanted():
+            return None
+        return FloorWatch(concrete_function, self.hook.loss_scaling, self.fall_back_hopeless)
+
+    def note_guarded_calls(self, concrete_function) -> bool:
+        """Whether a just-traced function calls the rewritten body of a watched one (kept in ``callers``)."""
+        if not self.is_wanted():
+            return False
+        rewritten = {called_name(cf) for cf, record in self.hook.swapped.items()
+                     if not record.report.is_inference_only and self._holds_guarded_apply(record)
+                     and not tf_internals.is_xla_compiled(cf.function_def)}
+        return self.callers.note(concrete_function, rewritten)
+
+    def fell_back_before(self, concrete_function, name: str) -> bool:
+        """Whether an earlier trace of this function fell back (it stays as traced, with a line saying so)."""
+        graph = concrete_function.graph
+        if not (self.has_guarded_apply(graph) and self.fell_back.holds(name, graph)):
+            return False
+        logger.info("amp-rewrite: tf.function %s runs in float32: %s", name, FELL_BACK)
+        self.fell_back.add_body(called_name(concrete_function))
+        return True
+
+    def _holds_guarded_apply(self, record: SwapRecord) -> bool:
+        return self.has_guarded_apply(tf_internals.graph_in_state(record.traced_state))
+
+    def fall_back_hopeless(self, concrete_function, reason: str) -> None:
+        """No loss scale helps this function: from the next call it runs float32.
+
+        A rewritten function gets its traced body back, and so do the other
+        watched traces of the same name (a ``tf.function`` that creates variables
+        is traced twice, once creating them and once to run) and the rewritten
+        functions it calls. Every function whose graph calls one of those bodies
+        gets a float32 body (:class:`Callers`).
+        """
+        hook = self.hook
+        record = hook.record_of(concrete_function)
+        callees = self.callers.calls_of(concrete_function)
+        if record is None and not callees:
+            return
+        name = record.report.name if record is not None else function_name(concrete_function)
+        if hook.is_strict:
+            raise RuntimeRewriteError(f"tf.function {name}: {reason}")
+        with LOCK:
+            names = {name} | {other.report.name for cf, other in hook.swapped.items()
+                              if called_name(cf) in callees}
+            hopeless = [cf for cf, other in hook.swapped.items()
+                        if other.report.name in names and self._holds_guarded_apply(other)]
+            replacements: dict[str, Any] = {}
+            for cf in dict.fromkeys([concrete_function, *hopeless]):
+                rewritten_name = called_name(cf)
+                if hook.record_of(cf) is not None:
+                    hook.restore(cf)
+                    replacements[rewritten_name] = tf_internals.inference_function(cf)
+                    self.fell_back.add(function_name(cf), cf.graph)
+                    self.fell_back.add_body(called_name(cf))
+            self._fall_back_callers(name, replacements)
+        logger.warning("amp-rewrite: tf.function %s runs in float32 from the next call: %s", name, reason)
+
+    def _fall_back_callers(self, name: str, replacements: dict) -> None:
+        """Gives the functions calling the replaced bodies float32 bodies (a warning if one fails)."""
+        try:
+            changed = self.callers.fall_back(replacements, self.hook.restore)
+        except Exception as exc:
+            reason = first_line(exc, with_type=True, if_empty=NO_MESSAGE)
+            logger.warning("amp-rewrite: tf.function %s: a function calling it keeps its half body: "
+                           "building a float32 one failed: %s", name, reason)
+            return
+        for caller in changed:
+            logger.debug("tf.function %s: runs a float32 body from the next call", caller)
+
+
+def function_name(concrete_function) -> str:
+    """The name of the traced function (its graph's): what reports and log lines call it."""
+    return str(concrete_function.graph.name)

@@ -1,0 +1,498 @@
+"""``tf.function`` under the runtime: each traced ConcreteFunction runs its rewritten body.
+
+TensorFlow calls every function in ``transform.CONCRETE_FUNCTION_CALLBACKS``
+with each ConcreteFunction that tracing creates, before the function is cached
+or called. The callback installed here rewrites the function
+(:mod:`amp_rewrite.runtime.tf2.concrete`) and swaps the new function's state into
+the traced object, so the ``tf.function`` cache holds, and every later call
+runs, the rewritten body. Its inputs, outputs, captures and variables are the
+traced ones.
+
+A function is rewritten when the runtime is enabled (``ENABLE_AUTO_MP=1`` or
+:func:`amp_rewrite.enable`), or when it was traced by
+:func:`amp_rewrite.function`, which marks the graph it traces (in the
+marked functions' hook's :attr:`TracingHook.marked`, not on the graph).
+
+Guarantees:
+
+- A GradientTape inside the function was traced into its graph, so forward
+  and backward math are both rewritten. A tape *outside* it differentiates the
+  rewritten graph; when that graph holds ``tf.custom_gradient`` ops, calls under
+  a tape run the float32 function instead (logged), since custom gradient
+  closures only know the traced graph.
+- tf.data functions are left alone: they run on the host's CPU.
+- XLA-compiled functions (``jit_compile=True``) stay float32 when the runtime
+  chose its target (``auto``) for a CPU: XLA's CPU backend has no fast
+  bfloat16 kernels (:func:`xla_keeps_float32`). A requested target, a GPU, or
+  :func:`amp_rewrite.function` rewrites them as any other.
+- If the rewrite or the reload fails, a warning gives the reason and the
+  function stays as traced; the first eager call that fails in the rewritten
+  function, but not in the traced one, does the same. With
+  ``AMP_REWRITE_STRICT=1`` a :class:`RuntimeRewriteError` is raised instead.
+- A function holding a loss-scaled optimizer step that is skipped with the
+  scale at its floor of 1 runs its traced float32 body from the next call
+  (:mod:`amp_rewrite.runtime.tf2.fallback`), with the same warning or error;
+  so does a function that calls it in its graph (Keras 3's train function),
+  through a float32 body of its own.
+- :meth:`TracingHook.uninstall`, which the runtime's ledger calls on
+  :func:`amp_rewrite.disable`, puts back every function it swapped (functions
+  from :func:`amp_rewrite.function` keep theirs).
+
+The hooks are :class:`TracingHook` values: the runtime's, held by its
+:class:`~amp_rewrite.runtime.core.Runtime`, and one for marked functions.
+TensorFlow's list of callbacks is the one record of which are installed
+(:func:`installed_hooks`); this module keeps no state of its own.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+import time
+import weakref
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from amp_rewrite import tf_internals
+from amp_rewrite.config import Config
+from amp_rewrite.errors import NO_MESSAGE, RuntimeRewriteError, first_line
+from amp_rewrite.runtime.core import Runtime
+from amp_rewrite.runtime.ledger import LOCK
+from amp_rewrite.runtime.records import ObjectTable
+from amp_rewrite.runtime.tf2 import fallback as tf2_fallback
+
+logger = logging.getLogger(__name__)
+
+TF_DATA_ATTR = "_tf_data_function"
+XLA_ON_CPU = ("XLA-compiled (jit_compile=True) on a CPU, and XLA's CPU backend has no fast bfloat16 kernels; "
+              "without jit_compile, bfloat16 runs on oneDNN's kernels, faster than float32 on a CPU with "
+              "AVX512_BF16 or AMX-BF16")
+LEDGER_NAME = "tf.function"
+
+
+@dataclass(frozen=True)
+class FunctionReport:
+    """What the hook did to one traced ConcreteFunction.
+
+    Attributes:
+        name: the traced function's name.
+        summary: the rewrite's numbers.
+        nodes_total: nodes of the function and of the functions it calls.
+        seconds: time spent rewriting and reloading it.
+        rewrite_seconds: the part of ``seconds`` the rewrite itself took.
+        is_explicit: traced by :func:`amp_rewrite.function`, not by the runtime.
+        is_inference_only: calls under a tape run the traced float32 function.
+    """
+
+    name: str
+    summary: str
+    nodes_total: int
+    seconds: float
+    rewrite_seconds: float
+    is_explicit: bool
+    is_inference_only: bool
+
+
+@dataclass
+class SwapRecord:
+    """A swapped ConcreteFunction: its report, its traced state, and the rewritten function."""
+
+    report: FunctionReport
+    traced_state: dict = field(repr=False)
+    rewritten: object = field(repr=False)
+
+
+class TracingHook:
+    """TensorFlow's tracing callback, and what it swapped.
+
+    Two kinds exist, each registered at most once in TensorFlow's list of
+    callbacks (the one record of which hooks are installed):
+
+    - the runtime's (``runtime`` given): rewrites every traced function,
+      marked ones with their own configuration; made by :func:`install`,
+      held as ``Runtime.tracing`` and removed by the runtime's ledger;
+    - the marked functions' (no ``runtime``): made by
+      :func:`install_for_marked` for :func:`amp_rewrite.function`, rewrites
+      only graphs :func:`marked` traced, and only while no runtime hook is
+      installed (that one does it then).
+
+    Attributes:
+        runtime: the runtime whose switch this hook is; None for marked functions only.
+        is_strict: raise instead of running a function whose rewrite failed as traced.
+        swapped: the ConcreteFunctions running rewritten now, with their records.
+        traced_graphs: rewritten function name → the graph traced for it (node names agree), for the tuner.
+        history: a report of every swap this hook made, oldest first.
+        profiles: a :class:`~amp_rewrite.runtime.profile.FunctionProfiles` with ``AMP_REWRITE_PROFILE``.
+        fallback: what the loss-scale floor fallback keeps
+            (:class:`~amp_rewrite.runtime.tf2.fallback.FloorFallback`).
+        marked: on the marked functions' hook, each graph :func:`marked` traced → its
+            :class:`~amp_rewrite.Config` (the runtime's hook reads this table too).
+    """
+
+    def __init__(self, runtime: Runtime | None = None, *, is_strict: bool = False):
+        self.runtime = runtime
+        self.is_strict = runtime.settings.is_strict if runtime is not None else is_strict
+        self.swapped: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.traced_graphs: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self.history: list[FunctionReport] = []
+        self.profiles: Any = None
+        if runtime is not None and runtime.settings.profile_after is not None:
+            from amp_rewrite.runtime.profile import FunctionProfiles
+
+            self.profiles = FunctionProfiles(runtime.settings.profile_after)
+        self.fallback = tf2_fallback.FloorFallback(self)
+        self.marked: ObjectTable[Config] = ObjectTable()
+
+    # --- registration -----------------------------------------------------
+
+    def register(self) -> None:
+        callbacks = tf_internals.concrete_function_callbacks()
+        if self.on_concrete_function not in callbacks:
+            callbacks.append(self.on_concrete_function)
+
+    def uninstall(self) -> None:
+        """Stops rewriting new traces and puts back the functions the runtime swapped.
+
+        Functions :func:`amp_rewrite.function` traced keep their rewritten
+        bodies; their records go to the marked functions' hook.
+        """
+        with LOCK:
+            callbacks = tf_internals.concrete_function_callbacks()
+            while self.on_concrete_function in callbacks:
+                callbacks.remove(self.on_concrete_function)
+            marked_hook = _marked_hook()
+            for cf, record in list(self.swapped.items()):
+                if not record.report.is_explicit:
+                    self.restore(cf)
+                elif marked_hook is not None:
+                    marked_hook.swapped[cf] = self.swapped.pop(cf)
+            self.fallback.forget()
+
+    # --- queries ----------------------------------------------------------
+
+    def record_of(self, concrete_function) -> SwapRecord | None:
+        return self.swapped.get(concrete_function)
+
+    def restore(self, concrete_function) -> None:
+        """Puts the traced state back into ``concrete_function``."""
+        with LOCK:
+            record = self.swapped.pop(concrete_function, None)
+            if record is not None:
+                tf_internals.set_concrete_function_state(concrete_function, record.traced_state)
+
+    def default_config(self) -> Config:
+        """The configuration for functions traced without one."""
+        return self.runtime.rewrite_config() if self.runtime is not None else _env_config()
+
+    @property
+    def loss_scaling(self):
+        """The runtime's TF2 loss scaling, or None (then nothing is guarded or watched)."""
+        return self.runtime.loss_scaling if self.runtime is not None else None
+
+    # --- the callback -----------------------------------------------------
+
+    def on_concrete_function(self, concrete_function) -> None:
+        """TensorFlow's callback: a ConcreteFunction was just traced."""
+        config = _marked_config(concrete_function.graph)
+        is_explicit = config is not None
+        if self.runtime is None and (not is_explicit or _runtime_hook() is not None):
+            return
+        name = tf2_fallback.function_name(concrete_function)
+        if TF_DATA_ATTR in concrete_function.function_def.attr:
+            logger.debug("tf.function %s: a tf.data function, left in float32", name)
+            return
+        config = config or self.default_config()
+        if not is_explicit:
+            reason = xla_keeps_float32(concrete_function.function_def, setting=self._setting(),
+                                       device_type=config.device_type)
+            if reason is not None:
+                logger.info("amp-rewrite: tf.function %s runs in float32: %s", name, reason)
+                return
+            config = self._with_float32_callees_opaque(concrete_function, config)
+        with LOCK:
+            if concrete_function in self.swapped or self.fallback.fell_back_before(concrete_function, name):
+                return
+            calls_guarded = self.fallback.note_guarded_calls(concrete_function)
+            try:
+                self._swap_in(concrete_function, config, is_explicit=is_explicit, calls_guarded=calls_guarded)
+            except Exception as exc:
+                reason = first_line(exc, with_type=True, if_empty=NO_MESSAGE)
+                if self.is_strict:
+                    raise RuntimeRewriteError(f"tf.function {name}: rewrite failed: {reason}") from exc
+                logger.warning("amp-rewrite: tf.function %s runs in float32: rewrite failed: %s", name, reason)
+            if calls_guarded and concrete_function not in self.swapped:
+                tf_internals.override_call(concrete_function, self.fallback.floor_watch(concrete_function))
+
+    def _setting(self) -> str | None:
+        """The target the runtime was asked for (``auto``, ``float16``, ``bfloat16``); None for marked functions."""
+        return self.runtime.requested.target if self.runtime is not None else None
+
+    def _with_float32_callees_opaque(self, concrete_function, config: Config) -> Config:
+        """``config`` leaving alone the functions the function calls that must stay float32.
+
+        Those are XLA-compiled functions on a CPU, and the traced bodies of
+        functions that fell back because no loss scale helped (Keras 3's train
+        function, traced again, calls such a one-step function).
+        """
+        from amp_rewrite.runtime.tf2.concrete import library_functions
+
+        setting = self._setting()
+        opaque = []
+        for name, function in sorted(library_functions(concrete_function.graph).items()):
+            reason = xla_keeps_float32(function.definition, setting=setting, device_type=config.device_type)
+            if reason is None and self.fallback.fell_back.has_body(name):
+                reason = tf2_fallback.FELL_BACK
+            if reason is not None:
+                opaque.append((name, reason))
+        return replace(config, opaque_functions=tuple(opaque)) if opaque else config
+
+    # --- swapping ---------------------------------------------------------
+
+    def _swap_in(self, concrete_function, config: Config, *, is_explicit: bool, calls_guarded: bool = False) -> None:
+        from amp_rewrite.runtime.tf2.concrete import rewrite_concrete
+
+        start = time.perf_counter()
+        name = tf2_fallback.function_name(concrete_function)
+        scaling = self.loss_scaling
+        if scaling is not None:
+            scaling.check_traced(concrete_function.graph, name)
+        # XLA-compiled functions record no skip cause, so a skip there says nothing about the floor.
+        is_guarded = not tf_internals.is_xla_compiled(concrete_function.function_def) and (
+            calls_guarded or self.fallback.has_guarded_apply(concrete_function.graph))
+        extra: dict[str, Any] = {"is_probing_overflow": True} if scaling is not None and \
+            scaling.is_finding_overflow else {}
+        if config.is_tuning:
+            extra["traced_graphs"] = self.traced_graphs
+        rewritten = rewrite_concrete(concrete_function, config, **extra)
+        if rewritten.concrete_function is None:
+            logger.debug("tf.function %s: nothing to run in %s", name, config.target)
+            return
+        traced_state = tf_internals.concrete_function_state(concrete_function)
+        tf_internals.take_over_graph_collection(traced_state)
+        # With custom gradients, calls under a tape, and calls from another
+        # function's trace, keep the traced (float32) forward and backward functions.
+        new_state = tf_internals.runnable_state(tf_internals.concrete_function_state(rewritten.concrete_function),
+                                                inference_only=rewritten.has_custom_gradients)
+        report = FunctionReport(name=name, summary=_summary(rewritten.result),
+                                nodes_total=rewritten.result.nodes_total,
+                                seconds=time.perf_counter() - start,
+                                rewrite_seconds=rewritten.result.seconds, is_explicit=is_explicit,
+                                is_inference_only=rewritten.has_custom_gradients)
+        record = SwapRecord(report, traced_state, rewritten)
+        new_function: Any = rewritten.concrete_function
+        self.traced_graphs[new_function.function_def.signature.name] = concrete_function.graph
+        tf_internals.set_concrete_function_state(concrete_function, {**traced_state, **new_state})
+        then = self.fallback.floor_watch(concrete_function) if is_guarded else None
+        tf_internals.override_call(concrete_function, self._first_eager_call_guard(concrete_function, record,
+                                                                                   then=then))
+        if self.profiles is not None:
+            self.profiles.watch(concrete_function)
+        self.swapped[concrete_function] = record
+        self.history.append(report)
+        logger.info("amp-rewrite: tf.function %s: %s (rewrite %.3f s, reload %.3f s)", name,
+                    report.summary, report.rewrite_seconds, report.seconds - report.rewrite_seconds)
+        if report.is_inference_only:
+            logger.info("amp-rewrite: tf.function %s: calls under a GradientTape run it in float32, "
+                        "since the gradient would reach the custom gradient of %s", name,
+                        rewritten.custom_gradient_ops[0])
+
+    def _first_eager_call_guard(self, concrete_function, record: SwapRecord, *, then=None):
+        """A ``_call_flat`` that checks the first eager run of the rewritten function.
+
+        Once a run succeeds the guard removes itself, so later calls cost nothing,
+        or gives its place to ``then`` (the loss-scale floor watch).
+        """
+        function_ref = weakref.ref(concrete_function)
+
+        def call_flat(tensor_inputs, captured_inputs):
+            import tensorflow as tf
+
+            cf: Any = function_ref()
+            if not tf.executing_eagerly():
+                return tf_internals.call_concrete_function(cf, tensor_inputs, captured_inputs)  # builds a call
+            before = then.count() if then is not None else None
+            try:
+                outputs = tf_internals.call_concrete_function(cf, tensor_inputs, captured_inputs)
+            except Exception as exc:
+                return self._first_run_failed(cf, record, exc, tensor_inputs, captured_inputs)
+            if then is None:
+                tf_internals.drop_call_override(cf)
+            else:
+                tf_internals.override_call(cf, then)
+                then.check(cf, before)
+            return outputs
+
+        return call_flat
+
+    def _first_run_failed(self, cf, record: SwapRecord, exc, tensor_inputs, captured_inputs):
+        """The rewritten function failed on its first run: try the traced one."""
+        rewritten_state = tf_internals.concrete_function_state(cf)
+        tf_internals.set_concrete_function_state(cf, record.traced_state)
+        try:
+            outputs = tf_internals.call_concrete_function(cf, tensor_inputs, captured_inputs)
+        except Exception:
+            # The traced function fails too: the caller's error, not the rewrite's.
+            tf_internals.set_concrete_function_state(cf, rewritten_state)
+            raise exc from None
+        with LOCK:
+            self.swapped.pop(cf, None)
+        name = record.report.name
+        reason = "the rewritten function failed to run: " + first_line(exc, with_type=True, if_empty=NO_MESSAGE)
+        if self.is_strict:
+            raise RuntimeRewriteError(f"tf.function {name}: {reason}") from exc
+        logger.warning("amp-rewrite: tf.function %s runs in float32: %s", name, reason)
+        return outputs
+
+
+# --- installing, and the process's hooks ---------------------------------------
+
+
+def install(runtime: Runtime) -> TracingHook | None:
+    """Rewrites every ConcreteFunction traced from now on with ``runtime``'s configuration (the runtime's switch).
+
+    With the settings' ``profile_after``, one eager call after that many
+    calls of a rewritten function is profiled (:mod:`amp_rewrite.runtime.profile`).
+
+    When this TensorFlow lacks an internal the hook needs, nothing is
+    installed and None returned: a warning names it (strict mode raises
+    instead). Otherwise the runtime's ledger records the hook's
+    :meth:`TracingHook.uninstall` as the way back.
+    """
+    with LOCK:
+        if not _has_tracing_internals(is_strict=runtime.settings.is_strict):
+            return None
+        hook = TracingHook(runtime)
+        hook.register()
+        runtime.ledger.record(LEDGER_NAME, "transform.CONCRETE_FUNCTION_CALLBACKS and the functions it swaps",
+                              hook.uninstall)
+        return hook
+
+
+def install_for_marked(*, is_strict: bool) -> TracingHook | None:
+    """Makes a hook rewrite graphs :func:`marked` traced, whatever the runtime does; returns it.
+
+    Args:
+        is_strict: raise instead of running a function whose rewrite failed
+            as traced (the runtime's own setting wins while it is on).
+
+    Returns None (after a warning) when this TensorFlow lacks an internal the hook needs.
+    """
+    with LOCK:
+        if not _has_tracing_internals(is_strict=is_strict):
+            return None
+        hook = _marked_hook()
+        if hook is None:
+            hook = TracingHook(is_strict=is_strict)
+            hook.register()
+        hook.is_strict = hook.is_strict or is_strict
+        return hook
+
+
+def installed_hooks() -> list[TracingHook]:
+    """The hooks in TensorFlow's list of tracing callbacks, in the order TensorFlow calls them."""
+    if "tensorflow" not in sys.modules:
+        return []
+    try:
+        callbacks = tf_internals.concrete_function_callbacks()
+    except (ImportError, AttributeError):  # a TensorFlow without the list has no hook
+        return []
+    return [callback.__self__ for callback in callbacks
+            if isinstance(getattr(callback, "__self__", None), TracingHook)]
+
+
+def _runtime_hook() -> TracingHook | None:
+    return next((hook for hook in installed_hooks() if hook.runtime is not None), None)
+
+
+def _marked_hook() -> TracingHook | None:
+    return next((hook for hook in installed_hooks() if hook.runtime is None), None)
+
+
+def _has_tracing_internals(*, is_strict: bool) -> bool:
+    """Whether this TensorFlow has the tracing internals the hook needs (a warning, or strict's error, if not)."""
+    return tf_internals.usable([tf_internals.TRACING], "tf.function traces", is_strict=is_strict)
+
+
+def marked(python_function, config: Config | None, hook: TracingHook):
+    """``python_function``, marking the graph that traces it, in ``hook``, for a rewrite with ``config``."""
+
+    @functools.wraps(python_function)
+    def traced(*args, **kwargs):
+        import tensorflow as tf
+
+        graph = tf.compat.v1.get_default_graph()
+        if getattr(graph, "building_function", False):
+            hook.marked[graph] = config if config is not None else default_config()
+        return python_function(*args, **kwargs)
+
+    return traced
+
+
+def _marked_config(graph) -> Config | None:
+    """The configuration :func:`marked` traced ``graph`` with; None for a graph it did not trace."""
+    hook = _marked_hook()
+    return hook.marked.get(graph) if hook is not None else None
+
+
+def rewritten_functions() -> list[FunctionReport]:
+    """A report of every swap the installed hooks made, oldest first within each hook."""
+    with LOCK:
+        return [report for hook in installed_hooks() for report in hook.history]
+
+
+def swapped() -> list[tuple[object, FunctionReport]]:
+    """The ConcreteFunctions running rewritten now, each with its report."""
+    with LOCK:
+        return [(cf, record.report) for hook in installed_hooks() for cf, record in hook.swapped.items()]
+
+
+def record_of(concrete_function) -> SwapRecord | None:
+    """The swap record of ``concrete_function``, or None when it runs as traced."""
+    return next((record for hook in installed_hooks()
+                 if (record := hook.record_of(concrete_function)) is not None), None)
+
+
+def restore(concrete_function) -> None:
+    """Puts the traced state back into ``concrete_function``."""
+    for hook in installed_hooks():
+        hook.restore(concrete_function)
+
+
+def default_config() -> Config:
+    """The runtime's configuration while it rewrites; else the environment's, for float16.
+
+    Either is for the device type functions will run on. The runtime's was
+    read once, at its first rewrite, with its keep-float32 patterns and
+    tuning switches.
+    """
+    hook = _runtime_hook()
+    return hook.default_config() if hook is not None else _env_config()
+
+
+def _env_config() -> Config:
+    from amp_rewrite.graph.op_registry import default_device_type
+
+    return Config.from_env(device_type=default_device_type(runs_here=True), target="float16")
+
+
+def _summary(result) -> str:
+    """The rewrite's numbers, without the FLOP share (which would build every body again)."""
+    return result.summary(with_flops=False)
+
+
+
+
+def xla_keeps_float32(function_def, *, setting: str | None, device_type: str | None) -> str | None:
+    """Why an XLA-compiled function stays float32 under the runtime, or None when it is rewritten.
+
+    Only when the target was chosen for the machine (``setting`` is
+    ``auto``) and the function runs on a CPU: a requested target is what
+    the user asked for, and on a GPU XLA has fast half kernels.
+    """
+    if not tf_internals.is_xla_compiled(function_def):
+        return None
+    return XLA_ON_CPU if setting == "auto" and device_type == "CPU" else None
+
+
+

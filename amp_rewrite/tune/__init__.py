@@ -1,0 +1,10 @@
+"""Measured precision (``--tune``, ``AMP_REWRITE_TUNE=1``): heavy ops timed in float32 and in half on this device.
+
+Internal: nothing here is part of the public API (that is :mod:`amp_rewrite`'s
+face); modules may move between releases.
+
+- :mod:`~amp_rewrite.tune.tuner`: which ops to time and the verdicts the painting reads;
+- :mod:`~amp_rewrite.tune.shapes`: each op's input shapes, from TensorFlow's shape inference;
+- :mod:`~amp_rewrite.tune.timing`: one op timed in each precision, its Casts included;
+- :mod:`~amp_rewrite.tune.cache`: the timings, cached per device and TensorFlow version.
+"""
