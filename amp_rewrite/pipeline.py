@@ -17,24 +17,27 @@ to that tuple):
 4. ``keep_variable_updates_float32``: the elementwise arithmetic that
    computes a resource variable's new value from its old one (a metric's
    running total, a moving average) stays float32.
+5. ``keep_read_outs_float32``: a reduction whose value is read out (fetched,
+   returned, written to a variable or a summary: a loss, a metric) and the
+   arithmetic after it stay float32 (:mod:`amp_rewrite.paint.read_outs`).
    With no vertex painted now, there is nothing to do: :func:`paint` stops.
-5. ``paint_deny_forward``: each deny-list op, and the clear/infer ops on its
+6. ``paint_deny_forward``: each deny-list op, and the clear/infer ops on its
    paths to another deny or infer op, stay float32.
-6. ``match_tensor_list_clusters``: the ops of a data structure get one
+7. ``match_tensor_list_clusters``: the ops of a data structure get one
    element type.
-7. ``paint_between_allow``: clear and infer ops on a path between two allow
+8. ``paint_between_allow``: clear and infer ops on a path between two allow
    ops join them.
-8. ``paint_infer_after_allow``: an infer op fed by a half op (and no deny op)
+9. ``paint_infer_after_allow``: an infer op fed by a half op (and no deny op)
    joins it, repeated to a fixed point.
-9. ``paint_clear_around_allow``: clear ops connected to a half op through
+10. ``paint_clear_around_allow``: clear ops connected to a half op through
    clear ops join it.
-10. ``match_tensor_list_clusters``: again, for the ops step 9 painted.
-11. ``choose_loop_variable_types``: each While loop variable takes the dtype
+11. ``match_tensor_list_clusters``: again, for the ops step 10 painted.
+12. ``choose_loop_variable_types``: each While loop variable takes the dtype
     that needs fewer Casts per iteration.
-12. ``match_call_boundaries``: a call's ports and its callee's arguments and
+13. ``match_call_boundaries``: a call's ports and its callee's arguments and
     results agree.
-13. ``match_loop_edges``: a NextIteration and its Merges agree.
-14. ``retarget_existing_casts``: an existing Cast feeding only half ops casts
+14. ``match_loop_edges``: a NextIteration and its Merges agree.
+15. ``retarget_existing_casts``: an existing Cast feeding only half ops casts
     to half.
 
 Then the batch norms whose ``T`` was not painted turn back into V1;

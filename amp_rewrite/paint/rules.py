@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from amp_rewrite.paint.context import PaintContext
 from amp_rewrite.paint.op_lists import Colour
+from amp_rewrite.paint.read_outs import read_out_tail
 from amp_rewrite.paint.tensor_lists import TensorListCluster
 
 logger = logging.getLogger(__name__)
@@ -242,6 +243,32 @@ def _update_chain(graph, value: int, old_values: list[int]) -> set[int]:
                 leads_back.add(node)
                 grew = True
     return {node for node in leads_back if ops[node] not in _UPDATE_PASS}
+
+
+READ_OUT = ("read out as a loss or metric (fetched, returned, written to a variable or a summary after a "
+            "reduction): kept float32 so it carries float32's precision")
+
+
+def keep_read_outs_float32(ctx: PaintContext, painting: Painting) -> None:
+    """Paints DENY the reductions a user reads and the arithmetic after them.
+
+    ``allow(MatMul) -> infer(SquaredDifference) -> infer(Sum) -> infer(DivNoNan)
+    -> fetched`` becomes ``ALLOW -> infer -> DENY -> DENY -> fetched``: the
+    loss is reduced and scaled in float32 from the half errors, as a Keras
+    mixed-precision policy computes its losses, instead of being rounded to
+    half's 8 or 11 bits. What counts as read out is
+    :func:`~amp_rewrite.paint.read_outs.read_out_tail`'s; a layer norm's or a
+    pooling's reduction, which feeds the model on, is not.
+    """
+    if ctx.force_all:
+        return
+    graph = ctx.graph
+    for node in sorted(read_out_tail(graph, ctx.dtypes, ctx.preserved)):
+        if graph.ops[node] == "Cast":
+            continue  # a Cast computes nothing; its neighbours decide its types
+        for vid in (*(graph.in_vids[node] or ()), *(graph.out_vids[node] or ())):
+            if vid not in painting.deny and ctx.can_convert(vid):
+                painting.mark_deny(vid, READ_OUT)
 
 
 def paint_deny_forward(ctx: PaintContext, painting: Painting) -> None:
@@ -469,6 +496,7 @@ ROOT_RULES: tuple[Rule, ...] = (
     paint_allow_ops,
     keep_float32_where_half_is_slower,
     keep_variable_updates_float32,
+    keep_read_outs_float32,
 )
 #: The rules that spread the roots' colours and then make them agree where
 #: values must hold one dtype, in the order they run.
