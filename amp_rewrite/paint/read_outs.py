@@ -103,7 +103,7 @@ def _read_out_sources(graph: TypedGraph, preserved: frozenset[str]) -> Iterator[
     index, ops = graph.index, graph.ops
     readers = [index[name] for name in sorted(preserved) if name in index]
     for body in graph.bodies[1:]:
-        if ops[body.call] not in _CONTROL_FLOW_OPS:  # a loop's or a branch's results are no read-out
+        if body.call is not None and ops[body.call] not in _CONTROL_FLOW_OPS:  # a loop's or branch's: no read-out
             readers.extend(body.rets)
     for node, op in enumerate(ops):
         if op in SUMMARY_OPS:
