@@ -28,7 +28,6 @@ import _amp_rewrite_import_hook as import_hook
 
 ENV_NAMES = ("ENABLE_AUTO_MP", "TF_ENABLE_AUTO_MIXED_PRECISION")
 TRUE_VALUES = ("1", "true", "yes", "on")
-OWNER = "amp-rewrite start-up"
 
 
 def is_requested(environ=None) -> bool:
@@ -42,7 +41,8 @@ def activate_from_env() -> None:
     if not is_requested():
         return
     try:
-        import_hook.after_import(_enable_runtime_from_env, owner=OWNER, is_strict=_is_strict)
+        # Under the start-up owner, which amp_rewrite.disable() removes before the import.
+        import_hook.after_import(_enable_runtime_from_env, owner=import_hook.STARTUP, is_strict=_is_strict)
     except Exception as exc:  # start-up must never fail because of us
         print(f"amp-rewrite: could not install the import hook: {exc!r}", file=sys.stderr)
 
