@@ -75,3 +75,41 @@ def test_without_the_variable_a_skip_names_no_op(amp_runtime, caplog):
     messages = warnings_of(caplog)
     assert any("floor of 1" in m or "step skipped" in m for m in messages), messages
     assert not [m for m in messages if PROBE in m]
+
+
+def train_through_a_cast(x_value, steps, **settings):
+    """``reduce_sum((exp(x) @ w)²)``: Exp stays float32 (deny list), its value is cast to float16 for the MatMul."""
+    graph = tf1.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf1.float32, [None, 4], name="x")
+        w = tf1.get_variable("w", [4, 3], initializer=tf1.constant_initializer(1e-3))
+        born = tf1.exp(x, name="born")
+        loss = tf1.reduce_sum(tf1.square(tf1.matmul(born, w, name="mm")), name="loss")
+        step = tf1.train.GradientDescentOptimizer(1e-12).minimize(loss)
+        init = tf1.global_variables_initializer()
+    with tf1.Session(graph=graph) as sess:
+        sess.run(init)
+        for _ in range(steps):
+            sess.run(step, {x: x_value})
+
+
+def test_a_value_cast_to_half_names_its_float32_producer_and_its_half_consumers(amp_runtime, caplog):
+    # exp(12) = 162755 fits float32 but not float16: the inserted Cast before the MatMul makes the inf.
+    amp_runtime(probing())
+    with caplog.at_level(logging.WARNING, logger="amp_rewrite"):
+        train_through_a_cast(np.full((2, 4), 12.0, np.float32), 2)
+    lines = [m for m in warnings_of(caplog) if m.startswith(PROBE)]
+    assert lines, warnings_of(caplog)
+    assert lines[0].startswith(PROBE + "output 0 of node 'born' (op Exp, float32) is not finite in float16, "
+                               "where it is cast for its half consumers 'gradients/mm_grad/MatMul_1', 'mm'; "
+                               "keep them in float32 so the value stays float32: ")
+    assert "Cast" not in lines[0]
+
+
+def test_following_the_cast_advice_keeps_the_value_float32(amp_runtime, caplog):
+    amp_runtime(probing(keep_float32=(r"(^|::)(gradients/mm_grad/MatMul_1|mm)$",)))
+    with caplog.at_level(logging.WARNING, logger="amp_rewrite"):
+        train_through_a_cast(np.full((2, 4), 12.0, np.float32), 2)
+    messages = warnings_of(caplog)
+    assert not [m for m in messages if PROBE in m], messages
+    assert not [m for m in messages if "skipped" in m], messages
