@@ -31,8 +31,6 @@ MODES = {
     "bfloat16": {"ENABLE_AUTO_MP": "1", "AMP_REWRITE_TARGET": "bfloat16"},
     "float16": {"ENABLE_AUTO_MP": "1", "AMP_REWRITE_TARGET": "float16"},
 }
-OWN_PREFIXES = ("ENABLE_AUTO_MP", "TF_ENABLE_AUTO_MIXED_PRECISION", "AMP_",
-                "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_")
 BATCH, SIZE, CLASSES, WARMUP = 64, 32, 10, 3
 
 
@@ -147,8 +145,16 @@ def fit_and_time(model, steps: int) -> dict:
             "losses": timer.losses}
 
 
+def clean_environment() -> dict:
+    """This process's environment without a variable amp-rewrite reads (each mode sets its own)."""
+    from amp_rewrite.environment import read_by_package
+
+    ours = set(read_by_package(os.environ))
+    return {k: v for k, v in os.environ.items() if k not in ours}
+
+
 def run_once(kind: str, mode: str, steps: int) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(OWN_PREFIXES)}
+    env = clean_environment()
     env.update(MODES[mode], TF_CPP_MIN_LOG_LEVEL="2", PYTHONHASHSEED="0")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "out.json")

@@ -46,8 +46,6 @@ MODES = {
     "policy": {"READ_OUT_KERAS_POLICY": "mixed_bfloat16"},
 }
 WORKLOADS = ("keras_mse", "keras_classifier", "tf1_losses")
-OWN_PREFIXES = ("ENABLE_AUTO_MP", "TF_ENABLE_AUTO_MIXED_PRECISION", "AMP_", "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_",
-                "READ_OUT_")
 EPOCHS, BATCH, PROFILED_STEPS = 3, 64, 3
 
 
@@ -242,7 +240,9 @@ def worker(name: str, out: str) -> None:
 
 
 def run_one(python: str, workload: str, mode_env: dict) -> dict | None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(OWN_PREFIXES)}
+    from auto_mp_speed import clean_environment
+
+    env = {k: v for k, v in clean_environment().items() if not k.startswith("READ_OUT_")}
     env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONHASHSEED="0", **mode_env)
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as handle:
         out = handle.name

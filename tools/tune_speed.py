@@ -76,7 +76,7 @@ TRAIN = {
 
 
 def run_once(kind: str, mode: str, steps: int, cache_dir: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(workloads.OWN_PREFIXES)}
+    env = workloads.clean_environment()
     env.update(MODES[mode], TF_CPP_MIN_LOG_LEVEL="2", PYTHONHASHSEED="0", AMP_REWRITE_TUNE_CACHE=cache_dir)
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "out.json")
