@@ -3,14 +3,13 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest  # noqa: E402
-
-from amp_rewrite.environment import read_by_package  # noqa: E402
+from runners import amp_variables  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
 def _no_amp_env(monkeypatch):
-    """Tests start without any variable amp-rewrite reads, whatever the shell exported."""
-    for name in read_by_package(os.environ):
+    """Tests start without any variable amp-rewrite or TensorFlow's AMP reads, whatever the shell exported."""
+    for name in amp_variables(os.environ):
         monkeypatch.delenv(name)
 
 

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -157,14 +154,6 @@ def like_this_grappler():
         yield
     finally:
         painting.SPREAD_RULES = saved
-
-
-def cli(*args, cwd, env=None) -> subprocess.CompletedProcess:
-    """``python -m amp_rewrite ARGS`` in ``cwd``, without the AMP variables of the caller's shell (plus ``env``)."""
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("TF_AUTO_MIXED_PRECISION", "AMP_REWRITE"))}
-    environ.update(env or {})
-    return subprocess.run([sys.executable, "-m", "amp_rewrite", *map(str, args)], cwd=cwd, env=environ,
-                          capture_output=True, text=True, timeout=300)
 
 
 def rng(seed=0):

@@ -6,12 +6,12 @@ compared apart: Grappler leaves ``Cast(Const)`` for constant folding, we fold.
 """
 
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import tensorflow as tf
 from helpers import (
+    REPO,
     amp,
     assert_same_outputs_within_half,
     casts,
@@ -25,7 +25,7 @@ from helpers import (
 from amp_rewrite.paint.explain import disagreements
 from amp_rewrite.report.grappler import grappler_rewrite
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+sys.path.insert(0, str(REPO / "tools"))
 import models  # noqa: E402
 
 

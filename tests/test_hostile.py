@@ -1,6 +1,6 @@
 """Hostile inputs and faults: one ``amp-rewrite:`` line, the right exit code, nothing written or damaged.
 
-Most cases call the CLI in-process; the ones about the process itself (a
+Most cases run the CLI in-process; the ones about the process itself (a
 graph TensorFlow's importer crashes on, settings read at start-up) run a
 subprocess. Every case snapshots the directory it works in and checks that a
 failure changed nothing in it.
@@ -22,23 +22,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from google.protobuf import text_format
-from helpers import F16, F32, tf1
+from helpers import F16, F32, our_lines, tf1
+from runners import clean_env, run_cli, run_cli_subprocess
 from tensorflow.core.framework import function_pb2, graph_pb2
 
-from amp_rewrite import cli
 from amp_rewrite.errors import GraphError, UsageError
 from amp_rewrite.graph import io as graph_io
 from amp_rewrite.runtime.settings import RuntimeSettings
-
-ENV_PREFIXES = ("TF_AUTO_MIXED", "AMP_", "ENABLE_AUTO_MP")
-
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch):
-    for name in list(os.environ):
-        if name.startswith(ENV_PREFIXES):
-            monkeypatch.delenv(name)
-
 
 # --- building inputs ---------------------------------------------------------------------------------
 
@@ -82,21 +72,16 @@ def snapshot(root: Path) -> dict:
     return entries
 
 
-def run_cli(capsys, *args) -> tuple[int, list[str], str]:
-    """Runs ``amp-rewrite ARGS`` in-process: (exit code, our stderr lines, stdout)."""
-    try:
-        code = cli.main([str(a) for a in args])
-    except SystemExit as exc:  # argparse's usage errors
-        code = exc.code
-    captured = capsys.readouterr()
-    ours = [line for line in captured.err.splitlines() if line.startswith("amp-rewrite:")]
-    return code, ours, captured.out
+def outcome(cwd: Path, *args) -> tuple[int, list[str], str]:
+    """Runs ``amp-rewrite ARGS`` in-process in ``cwd``: (exit code, our stderr lines, stdout)."""
+    done = run_cli(*args, cwd=cwd)
+    return done.returncode, our_lines(done.stderr), done.stdout
 
 
-def refused(capsys, root: Path, code: int, message: str, *args) -> str:
-    """Runs the CLI expecting exit ``code`` and one line holding ``message``; nothing under ``root`` changes."""
+def refused(root: Path, code: int, message: str, *args) -> str:
+    """Runs the CLI in ``root`` expecting exit ``code`` and one line holding ``message``; nothing under it changes."""
     before = snapshot(root)
-    got, ours, out = run_cli(capsys, *args)
+    got, ours, out = outcome(root, *args)
     assert got == code, ours
     assert len(ours) == 1 and message in ours[0], ours
     assert "Traceback" not in ours[0]
@@ -108,21 +93,6 @@ def refused(capsys, root: Path, code: int, message: str, *args) -> str:
 @pytest.fixture
 def good(tmp_path) -> Path:
     return save(tmp_path / "in.pb", small_graph())
-
-
-def subprocess_env(**extra) -> dict:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIXES)}
-    environ.update(TF_CPP_MIN_LOG_LEVEL="2", **extra)
-    return environ
-
-
-def cli_process(*args, cwd, **env):
-    return subprocess.run([sys.executable, "-m", "amp_rewrite", *map(str, args)], cwd=cwd, env=subprocess_env(**env),
-                          capture_output=True, text=True, timeout=300)
-
-
-def our_lines(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if line.startswith("amp-rewrite:")]
 
 
 # --- graphs TensorFlow cannot import -----------------------------------------------------------------
@@ -151,8 +121,8 @@ def recursive_graph():
 
 def test_recursive_function_is_rewritten_without_crashing_and_has_no_flop_share(tmp_path):
     src = save(tmp_path / "rec.pb", recursive_graph())
-    done = cli_process(src, "out.pb", "--report", "r.json", "--fetch", "out,call", "--device-type", "CPU",
-                       cwd=tmp_path)
+    done = run_cli_subprocess(src, "out.pb", "--report", "r.json", "--fetch", "out,call", "--device-type", "CPU",
+                              cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "MatMul/Conv FLOPs unknown" in done.stdout, done.stdout
     report = json.loads((tmp_path / "r.json").read_text())
@@ -165,14 +135,14 @@ def test_recursive_function_is_rewritten_without_crashing_and_has_no_flop_share(
 def test_recursive_function_refused_by_validation_without_crashing(tmp_path):
     src = save(tmp_path / "rec.pb", recursive_graph())
     before = snapshot(tmp_path)
-    done = cli_process(src, "out.pb", "--fetch", "out,call", "--validate", "--random-inputs", cwd=tmp_path)
+    done = run_cli_subprocess(src, "out.pb", "--fetch", "out,call", "--validate", "--random-inputs", cwd=tmp_path)
     assert done.returncode == 1, done.stderr
     lines = our_lines(done.stderr)
     assert len(lines) == 1 and "function recurse -> recurse calls itself" in lines[0], done.stderr
     assert snapshot(tmp_path) == before
 
 
-def test_call_to_a_function_the_library_lacks(capsys, tmp_path):
+def test_call_to_a_function_the_library_lacks(tmp_path):
     graph_def = small_graph()
     call = graph_def.node.add(name="call", op="PartitionedCall")
     call.input.append("relu")
@@ -180,7 +150,7 @@ def test_call_to_a_function_the_library_lacks(capsys, tmp_path):
     call.attr["Tout"].list.type.append(F32)
     call.attr["f"].func.name = "ghost"
     src = save(tmp_path / "in.pb", graph_def)
-    refused(capsys, tmp_path, 1, "node call (op PartitionedCall) calls function 'ghost', which the library does "
+    refused(tmp_path, 1, "node call (op PartitionedCall) calls function 'ghost', which the library does "
                                  "not define", src, tmp_path / "out.pb")
 
 
@@ -205,35 +175,35 @@ def const_matmul_graph(tensor_proto, x_shape):
     return graph_def
 
 
-def test_const_whose_bytes_do_not_fit_its_shape(capsys, tmp_path):
+def test_const_whose_bytes_do_not_fit_its_shape(tmp_path):
     proto = tf.make_tensor_proto(np.ones([2, 2], np.float32))
     proto.tensor_content = b"\x00\x00\x80"
     src = save(tmp_path / "in.pb", const_matmul_graph(proto, [2, 2]))
-    refused(capsys, tmp_path, 1, "node c (op Const): value does not decode: tensor_content holds 3 bytes",
+    refused(tmp_path, 1, "node c (op Const): value does not decode: tensor_content holds 3 bytes",
             src, tmp_path / "out.pb", "--device-type", "CPU")
 
 
-def test_const_with_more_values_than_its_shape(capsys, tmp_path):
+def test_const_with_more_values_than_its_shape(tmp_path):
     proto = tf.make_tensor_proto(np.ones([2, 2], np.float32))
     proto.ClearField("tensor_content")
     proto.float_val.extend([1.0] * 5)
     src = save(tmp_path / "in.pb", const_matmul_graph(proto, [2, 2]))
-    refused(capsys, tmp_path, 1, "node c (op Const): value does not decode: holds 5 values",
+    refused(tmp_path, 1, "node c (op Const): value does not decode: holds 5 values",
             src, tmp_path / "out.pb", "--device-type", "CPU")
 
 
-def test_const_whose_tensor_is_not_float32(capsys, tmp_path):
+def test_const_whose_tensor_is_not_float32(tmp_path):
     proto = tf.make_tensor_proto(np.ones([2, 2], np.int32))
     src = save(tmp_path / "in.pb", const_matmul_graph(proto, [2, 2]))
-    refused(capsys, tmp_path, 1, "node c (op Const): value does not decode", src, tmp_path / "out.pb",
+    refused(tmp_path, 1, "node c (op Const): value does not decode", src, tmp_path / "out.pb",
             "--device-type", "CPU")
 
 
-def test_nan_does_not_hide_an_out_of_range_const(capsys, tmp_path):
+def test_nan_does_not_hide_an_out_of_range_const(tmp_path):
     value = np.ones([2, 2], np.float32)
     value[0, 0], value[1, 1] = np.nan, 1e6
     src = save(tmp_path / "in.pb", const_matmul_graph(tf.make_tensor_proto(value), [2, 2]))
-    code, ours, _ = run_cli(capsys, src, tmp_path / "out.pb", "--device-type", "CPU", "--report", tmp_path / "r.json")
+    code, ours, _ = outcome(tmp_path, src, tmp_path / "out.pb", "--device-type", "CPU", "--report", tmp_path / "r.json")
     assert code == 0, ours
     out = read_graph(tmp_path / "out.pb")
     assert node(out, "mm").attr["T"].type == F16
@@ -242,13 +212,13 @@ def test_nan_does_not_hide_an_out_of_range_const(capsys, tmp_path):
     assert report["consts_kept_float32"] == {"c": 1e6}
 
 
-def test_nan_and_inf_consts_in_range_fold_exactly(capsys, tmp_path):
+def test_nan_and_inf_consts_in_range_fold_exactly(tmp_path):
     value = np.full([4, 4], 0.5, np.float32)
     value[0, 1], value[2, 3] = -np.inf, np.nan
     graph_def = const_matmul_graph(tf.make_tensor_proto(value), [4, 4])
     node(graph_def, "mm").input[:] = ["c", "x"]
     src = save(tmp_path / "in.pb", graph_def)
-    code, ours, _ = run_cli(capsys, src, tmp_path / "out.pb", "--device-type", "CPU")
+    code, ours, _ = outcome(tmp_path, src, tmp_path / "out.pb", "--device-type", "CPU")
     assert code == 0, ours
     out = read_graph(tmp_path / "out.pb")
     folded = node(out, "c")
@@ -262,9 +232,9 @@ def splat(value, shape):
     return proto
 
 
-def test_huge_splat_const_stays_a_splat(capsys, tmp_path):
+def test_huge_splat_const_stays_a_splat(tmp_path):
     src = save(tmp_path / "in.pb", const_matmul_graph(splat(0.5, [36000, 36000]), [1, 36000]))
-    code, ours, _ = run_cli(capsys, src, tmp_path / "out.pb", "--device-type", "CPU")
+    code, ours, _ = outcome(tmp_path, src, tmp_path / "out.pb", "--device-type", "CPU")
     assert code == 0, ours
     assert (tmp_path / "out.pb").stat().st_size < 1000
     folded = node(read_graph(tmp_path / "out.pb"), "c")
@@ -274,10 +244,10 @@ def test_huge_splat_const_stays_a_splat(capsys, tmp_path):
     assert list(tensor.half_val) == [int(np.float16(0.5).view(np.uint16))] and not tensor.tensor_content
 
 
-def test_small_splat_const_folds_and_computes_the_same(capsys, tmp_path):
+def test_small_splat_const_folds_and_computes_the_same(tmp_path):
     graph_def = const_matmul_graph(splat(0.25, [16, 16]), [4, 16])
     src = save(tmp_path / "in.pb", graph_def)
-    code, ours, _ = run_cli(capsys, src, tmp_path / "out.pb", "--device-type", "CPU")
+    code, ours, _ = outcome(tmp_path, src, tmp_path / "out.pb", "--device-type", "CPU")
     assert code == 0, ours
     out = read_graph(tmp_path / "out.pb")
     assert len(node(out, "c").attr["value"].tensor.half_val) == 1
@@ -325,9 +295,9 @@ def run_tf1_saved_model(path, feed):
         return sess.run("z:0", {"x:0": feed})
 
 
-def test_tf1_saved_model_with_two_meta_graphs_converts_and_runs(capsys, tmp_path):
+def test_tf1_saved_model_with_two_meta_graphs_converts_and_runs(tmp_path):
     src = tf1_saved_model(tmp_path / "sm", two_meta_graphs=True)
-    code, ours, out = run_cli(capsys, src, tmp_path / "out", "--device-type", "CPU")
+    code, ours, out = outcome(tmp_path, src, tmp_path / "out", "--device-type", "CPU")
     assert code == 0, ours
     assert not out.startswith("converted 0/")
     saved = graph_io.load_saved_model(tmp_path / "out")
@@ -340,42 +310,42 @@ def test_tf1_saved_model_with_two_meta_graphs_converts_and_runs(capsys, tmp_path
                                rtol=1e-2, atol=1e-2)
 
 
-def test_saved_model_without_variables_warns(capsys, caplog, tmp_path):
+def test_saved_model_without_variables_warns(caplog, tmp_path):
     src = tf1_saved_model(tmp_path / "sm", two_meta_graphs=False, with_variables=False)
     with caplog.at_level(logging.WARNING):
-        code, ours, _ = run_cli(capsys, src, tmp_path / "out", "--device-type", "CPU")
+        code, ours, _ = outcome(tmp_path, src, tmp_path / "out", "--device-type", "CPU")
     assert code == 0, ours
     assert any("holds no variables/ directory" in r.getMessage() for r in caplog.records)
     assert not (tmp_path / "out" / "variables").exists()
 
 
-def test_saved_model_pb_given_as_a_graph_def(capsys, tmp_path):
+def test_saved_model_pb_given_as_a_graph_def(tmp_path):
     src = tf1_saved_model(tmp_path / "sm", two_meta_graphs=False)
-    refused(capsys, tmp_path, 1, "is the saved_model.pb of a SavedModel; give its directory",
+    refused(tmp_path, 1, "is the saved_model.pb of a SavedModel; give its directory",
             src / "saved_model.pb", tmp_path / "out.pb")
 
 
 @pytest.mark.parametrize("flags", [("--validate", "--random-inputs"), ("--random-inputs",)])
-def test_validation_of_a_saved_model_is_refused_not_ignored(capsys, tmp_path, flags):
+def test_validation_of_a_saved_model_is_refused_not_ignored(tmp_path, flags):
     src = tf1_saved_model(tmp_path / "sm", two_meta_graphs=False)
-    refused(capsys, tmp_path, 2, f"{flags[0]} takes a GraphDef input", src, tmp_path / "out", *flags)
+    refused(tmp_path, 2, f"{flags[0]} takes a GraphDef input", src, tmp_path / "out", *flags)
 
 
-def test_saved_model_never_replaces_a_directory_that_is_no_saved_model(capsys, tmp_path):
+def test_saved_model_never_replaces_a_directory_that_is_no_saved_model(tmp_path):
     src = tf1_saved_model(tmp_path / "sm", two_meta_graphs=False)
     precious = tmp_path / "home"
     precious.mkdir()
     (precious / "notes.txt").write_text("keep me")
-    refused(capsys, tmp_path, 2, "directory that holds no SavedModel", src, precious, "--in-place")
+    refused(tmp_path, 2, "directory that holds no SavedModel", src, precious, "--in-place")
 
 
-def test_saved_model_output_that_is_a_file(capsys, tmp_path):
+def test_saved_model_output_that_is_a_file(tmp_path):
     src = tf1_saved_model(tmp_path / "sm", two_meta_graphs=False)
     (tmp_path / "out").write_text("a file")
-    refused(capsys, tmp_path, 1, "already exists", src, tmp_path / "out")
+    refused(tmp_path, 1, "already exists", src, tmp_path / "out")
 
 
-def test_in_place_saved_model_restores_the_original_when_the_second_rename_fails(capsys, tmp_path, monkeypatch):
+def test_in_place_saved_model_restores_the_original_when_the_second_rename_fails(tmp_path, monkeypatch):
     src = tf1_saved_model(tmp_path / "sm", two_meta_graphs=False)
     real_replace = os.replace
     calls = []
@@ -388,20 +358,20 @@ def test_in_place_saved_model_restores_the_original_when_the_second_rename_fails
 
     monkeypatch.setattr(graph_io.os, "replace", failing_replace)
     before = snapshot(tmp_path)
-    code, ours, _ = run_cli(capsys, src, src, "--in-place", "--device-type", "CPU")
+    code, ours, _ = outcome(tmp_path, src, src, "--in-place", "--device-type", "CPU")
     assert code == 1 and len(ours) == 1 and "sm: cannot write: No space left on device" in ours[0], ours
     assert snapshot(tmp_path) == before
 
 
-def test_report_inside_the_input_saved_model(capsys, tmp_path):
+def test_report_inside_the_input_saved_model(tmp_path):
     src = tf1_saved_model(tmp_path / "sm", two_meta_graphs=False)
-    refused(capsys, tmp_path, 2, "--report would overwrite the input", src, tmp_path / "out", "--report",
+    refused(tmp_path, 2, "--report would overwrite the input", src, tmp_path / "out", "--report",
             src / "r.json")
 
 
 # --- where the output goes ---------------------------------------------------------------------------
 
-def test_output_that_is_a_character_device(capsys, tmp_path, good, monkeypatch):
+def test_output_that_is_a_character_device(tmp_path, good, monkeypatch):
     real_replace, real_rename = os.replace, os.rename
 
     def never_over_dev_null(real):
@@ -413,90 +383,90 @@ def test_output_that_is_a_character_device(capsys, tmp_path, good, monkeypatch):
     # a regression must fail here, not replace the machine's /dev/null
     monkeypatch.setattr(os, "replace", never_over_dev_null(real_replace))
     monkeypatch.setattr(os, "rename", never_over_dev_null(real_rename))
-    refused(capsys, tmp_path, 2, "/dev/null: is a character device", good, "/dev/null")
+    refused(tmp_path, 2, "/dev/null: is a character device", good, "/dev/null")
     assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
 
 
-def test_output_that_is_a_fifo(capsys, tmp_path, good):
+def test_output_that_is_a_fifo(tmp_path, good):
     os.mkfifo(tmp_path / "pipe")
-    refused(capsys, tmp_path, 2, "pipe: is a FIFO", good, tmp_path / "pipe")
+    refused(tmp_path, 2, "pipe: is a FIFO", good, tmp_path / "pipe")
 
 
-def test_output_that_is_a_directory(capsys, tmp_path, good):
+def test_output_that_is_a_directory(tmp_path, good):
     (tmp_path / "dir").mkdir()
-    line = refused(capsys, tmp_path, 2, "dir: is a directory", good, tmp_path / "dir")
+    line = refused(tmp_path, 2, "dir: is a directory", good, tmp_path / "dir")
     assert ".tmp" not in line
 
 
-def test_output_whose_parent_is_a_file(capsys, tmp_path, good):
+def test_output_whose_parent_is_a_file(tmp_path, good):
     (tmp_path / "file").write_text("x")
-    refused(capsys, tmp_path, 1, "file/out.pb: cannot write: Not a directory", good, tmp_path / "file" / "out.pb")
+    refused(tmp_path, 1, "file/out.pb: cannot write: Not a directory", good, tmp_path / "file" / "out.pb")
 
 
-def test_report_in_a_missing_directory_writes_no_output(capsys, tmp_path, good):
-    refused(capsys, tmp_path, 1, "no/such/dir/r.json: cannot write: No such file or directory", good,
+def test_report_in_a_missing_directory_writes_no_output(tmp_path, good):
+    refused(tmp_path, 1, "no/such/dir/r.json: cannot write: No such file or directory", good,
             tmp_path / "out.pb", "--report", tmp_path / "no" / "such" / "dir" / "r.json")
 
 
 @pytest.mark.parametrize("which", ["input", "output"])
-def test_report_naming_the_input_or_the_output(capsys, tmp_path, which):
+def test_report_naming_the_input_or_the_output(tmp_path, which):
     src = save(tmp_path / "in.json", small_graph())
     (tmp_path / "out.json").write_bytes(b"older result")
     target = src if which == "input" else tmp_path / "out.json"
-    refused(capsys, tmp_path, 2, f"--report would overwrite the {which}", src, tmp_path / "out.json",
+    refused(tmp_path, 2, f"--report would overwrite the {which}", src, tmp_path / "out.json",
             "--input-format", "pb", "--output-format", "pb", "--report", target)
 
 
-def test_report_through_a_symlink_to_the_input(capsys, tmp_path):
+def test_report_through_a_symlink_to_the_input(tmp_path):
     src = save(tmp_path / "in.json", small_graph())
     (tmp_path / "r.json").symlink_to(src)
-    refused(capsys, tmp_path, 2, "--report would overwrite the input", src, tmp_path / "out.pb",
+    refused(tmp_path, 2, "--report would overwrite the input", src, tmp_path / "out.pb",
             "--input-format", "pb", "--report", tmp_path / "r.json")
 
 
-def test_output_that_is_the_input_through_a_symlink_or_a_hard_link(capsys, tmp_path, good):
+def test_output_that_is_the_input_through_a_symlink_or_a_hard_link(tmp_path, good):
     (tmp_path / "soft.pb").symlink_to(good)
     os.link(good, tmp_path / "hard.pb")
     for alias in ("soft.pb", "hard.pb"):
-        refused(capsys, tmp_path, 2, "output is the input file", good, tmp_path / alias)
+        refused(tmp_path, 2, "output is the input file", good, tmp_path / alias)
 
 
-def test_symlinked_output_is_followed(capsys, tmp_path, good):
+def test_symlinked_output_is_followed(tmp_path, good):
     (tmp_path / "real").mkdir()
     (tmp_path / "link.pb").symlink_to(tmp_path / "real" / "out.pb")
-    code, ours, _ = run_cli(capsys, good, tmp_path / "link.pb", "--device-type", "CPU")
+    code, ours, _ = outcome(tmp_path, good, tmp_path / "link.pb", "--device-type", "CPU")
     assert code == 0, ours
     assert (tmp_path / "link.pb").is_symlink()
     assert node(read_graph(tmp_path / "real" / "out.pb"), "mm").attr["T"].type == F16
 
 
-def test_in_place_on_a_symlink_keeps_the_link(capsys, tmp_path, good):
+def test_in_place_on_a_symlink_keeps_the_link(tmp_path, good):
     (tmp_path / "link.pb").symlink_to(good)
-    code, ours, _ = run_cli(capsys, tmp_path / "link.pb", tmp_path / "link.pb", "--in-place", "--device-type", "CPU")
+    code, ours, _ = outcome(tmp_path, tmp_path / "link.pb", tmp_path / "link.pb", "--in-place", "--device-type", "CPU")
     assert code == 0, ours
     assert (tmp_path / "link.pb").is_symlink()
     assert node(read_graph(good), "mm").attr["T"].type == F16
 
 
-def test_replaced_output_keeps_its_mode(capsys, tmp_path, good):
+def test_replaced_output_keeps_its_mode(tmp_path, good):
     out = tmp_path / "out.pb"
     out.write_bytes(b"old")
     out.chmod(0o600)
-    code, ours, _ = run_cli(capsys, good, out, "--device-type", "CPU")
+    code, ours, _ = outcome(tmp_path, good, out, "--device-type", "CPU")
     assert code == 0, ours
     assert stat.S_IMODE(out.stat().st_mode) == 0o600 and out.read_bytes() != b"old"
 
 
-def test_full_disk_names_the_output_and_leaves_nothing(capsys, tmp_path, good, monkeypatch):
+def test_full_disk_names_the_output_and_leaves_nothing(tmp_path, good, monkeypatch):
     def no_space(fd):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(graph_io.os, "fsync", no_space)
-    refused(capsys, tmp_path, 1, "out.pb: cannot write: No space left on device", good, tmp_path / "out.pb",
+    refused(tmp_path, 1, "out.pb: cannot write: No space left on device", good, tmp_path / "out.pb",
             "--device-type", "CPU")
 
 
-def test_full_disk_while_copying_saved_model_variables(capsys, tmp_path, monkeypatch):
+def test_full_disk_while_copying_saved_model_variables(tmp_path, monkeypatch):
     import shutil
 
     src = tf1_saved_model(tmp_path / "sm", two_meta_graphs=False)
@@ -505,13 +475,13 @@ def test_full_disk_while_copying_saved_model_variables(capsys, tmp_path, monkeyp
         raise shutil.Error([(str(source), str(target), "[Errno 28] No space left on device")])
 
     monkeypatch.setattr(shutil, "copytree", no_space)
-    line = refused(capsys, tmp_path, 1, "out: cannot write:", src, tmp_path / "out", "--device-type", "CPU")
+    line = refused(tmp_path, 1, "out: cannot write:", src, tmp_path / "out", "--device-type", "CPU")
     assert "No space left on device" in line and "[(" not in line
 
 
 @pytest.mark.parametrize("signum, code, word", [(signal.SIGINT, 130, "interrupted"),
                                                 (signal.SIGTERM, 143, "terminated")])
-def test_signal_while_writing_leaves_no_partial_file(capsys, tmp_path, good, monkeypatch, signum, code, word):
+def test_signal_while_writing_leaves_no_partial_file(tmp_path, good, monkeypatch, signum, code, word):
     out = tmp_path / "out.pb"
     out.write_bytes(b"previous")
     real_add = graph_io.Outputs.add_file
@@ -526,122 +496,122 @@ def test_signal_while_writing_leaves_no_partial_file(capsys, tmp_path, good, mon
     # leaves it ignored; what a user's Ctrl-C does is what Python does by default.
     previous_sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        refused(capsys, tmp_path, code, word, good, out, "--device-type", "CPU")
+        refused(tmp_path, code, word, good, out, "--device-type", "CPU")
     finally:
         signal.signal(signal.SIGINT, previous_sigint)
     assert out.read_bytes() == b"previous"
 
 
-def test_dump_dir_that_is_a_file(capsys, tmp_path, good):
+def test_dump_dir_that_is_a_file(tmp_path, good):
     (tmp_path / "dump").write_text("x")
-    refused(capsys, tmp_path, 2, "dump: --dump-dir is not a directory", good, tmp_path / "out.pb",
+    refused(tmp_path, 2, "dump: --dump-dir is not a directory", good, tmp_path / "out.pb",
             "--dump-dir", tmp_path / "dump")
 
 
 # --- reading the input -------------------------------------------------------------------------------
 
-def test_text_graph_nested_too_deeply(capsys, tmp_path):
+def test_text_graph_nested_too_deeply(tmp_path):
     depth = 3000
     value = 'func { name: "f" ' + 'attr { key: "a" value { func { name: "f" ' * depth + "}}}" * depth + "}"
     text = 'node { name: "n" op: "NoOp" attr { key: "a" value { ' + value + " } } }\n"
     src = tmp_path / "deep.pbtxt"
     src.write_text(text)
-    refused(capsys, tmp_path, 1, "deep.pbtxt: not a text GraphDef: nested too deeply", src, tmp_path / "out.pb")
+    refused(tmp_path, 1, "deep.pbtxt: not a text GraphDef: nested too deeply", src, tmp_path / "out.pb")
 
 
-def test_text_graph_with_a_byte_order_mark(capsys, tmp_path):
+def test_text_graph_with_a_byte_order_mark(tmp_path):
     src = tmp_path / "bom.pbtxt"
     src.write_bytes(b"\xef\xbb\xbf" + text_format.MessageToString(small_graph()).encode())
-    code, ours, _ = run_cli(capsys, src, tmp_path / "out.pb", "--device-type", "CPU")
+    code, ours, _ = outcome(tmp_path, src, tmp_path / "out.pb", "--device-type", "CPU")
     assert code == 0, ours
     assert node(read_graph(tmp_path / "out.pb"), "mm").attr["T"].type == F16
 
 
-def test_input_that_is_a_fifo_is_refused_unread(capsys, tmp_path):
+def test_input_that_is_a_fifo_is_refused_unread(tmp_path):
     os.mkfifo(tmp_path / "pipe.pb")
-    refused(capsys, tmp_path, 1, "pipe.pb: not a regular file", tmp_path / "pipe.pb", tmp_path / "out.pb")
+    refused(tmp_path, 1, "pipe.pb: not a regular file", tmp_path / "pipe.pb", tmp_path / "out.pb")
 
 
-def test_input_that_is_a_device(capsys, tmp_path):
-    refused(capsys, tmp_path, 1, "/dev/zero: not a regular file", "/dev/zero", tmp_path / "out.pb")
+def test_input_that_is_a_device(tmp_path):
+    refused(tmp_path, 1, "/dev/zero: not a regular file", "/dev/zero", tmp_path / "out.pb")
 
 
-def test_graph_def_beyond_protobufs_limit(capsys, tmp_path):
+def test_graph_def_beyond_protobufs_limit(tmp_path):
     big = tmp_path / "big.pb"
     with open(big, "wb") as handle:
         handle.truncate(2_200_000_000)  # sparse: costs no disk and is never read
-    refused(capsys, tmp_path, 1, "big.pb: 2200000000 bytes, more than protobuf's 2 GiB limit", big,
+    refused(tmp_path, 1, "big.pb: 2200000000 bytes, more than protobuf's 2 GiB limit", big,
             tmp_path / "out.pb")
 
 
 @pytest.mark.parametrize("value, shown", [("list { type: DT_FLOAT }", "'list'"), ("type: 9999", "9999"),
                                           ("i: 1", "'i'")])
-def test_type_attr_that_holds_no_data_type(capsys, tmp_path, value, shown):
+def test_type_attr_that_holds_no_data_type(tmp_path, value, shown):
     graph_def = small_graph()
     mm = node(graph_def, "mm")
     mm.attr["T"].CopyFrom(text_format.Parse(value, type(mm.attr["T"])()))
     src = save(tmp_path / "in.pb", graph_def)
-    refused(capsys, tmp_path, 1, f"node mm (op MatMul): type attr T holds {shown}", src, tmp_path / "out.pb")
+    refused(tmp_path, 1, f"node mm (op MatMul): type attr T holds {shown}", src, tmp_path / "out.pb")
 
 
 # --- op lists ----------------------------------------------------------------------------------------
 
-def test_list_file_that_is_not_utf8(capsys, tmp_path, good):
+def test_list_file_that_is_not_utf8(tmp_path, good):
     lists = tmp_path / "lists"
     lists.mkdir()
     (lists / "allow.txt").write_bytes(b"MatMul\n\xff\xfeConv2D\n")
-    refused(capsys, tmp_path, 1, "allow.txt: not UTF-8 text (byte 7 is 0xff)", good, tmp_path / "out.pb",
+    refused(tmp_path, 1, "allow.txt: not UTF-8 text (byte 7 is 0xff)", good, tmp_path / "out.pb",
             "--lists", lists)
 
 
-def test_list_file_with_a_byte_order_mark(capsys, tmp_path, good):
+def test_list_file_with_a_byte_order_mark(tmp_path, good):
     lists = tmp_path / "lists"
     lists.mkdir()
     (lists / "allow.txt").write_bytes(b"\xef\xbb\xbfMatMul\n")
-    code, ours, _ = run_cli(capsys, good, tmp_path / "out.pb", "--lists", lists, "--device-type", "CPU")
+    code, ours, _ = outcome(tmp_path, good, tmp_path / "out.pb", "--lists", lists, "--device-type", "CPU")
     assert code == 0, ours
     assert node(read_graph(tmp_path / "out.pb"), "mm").attr["T"].type == F16
 
 
-def test_misspelt_op_in_a_flag_warns_with_a_suggestion(capsys, caplog, tmp_path, good):
+def test_misspelt_op_in_a_flag_warns_with_a_suggestion(caplog, tmp_path, good):
     with caplog.at_level(logging.WARNING):
-        code, ours, _ = run_cli(capsys, good, tmp_path / "out.pb", "--deny-add", "MatMull", "--device-type", "CPU")
+        code, ours, _ = outcome(tmp_path, good, tmp_path / "out.pb", "--deny-add", "MatMull", "--device-type", "CPU")
     assert code == 0, ours
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == ["--deny-add: MatMull is not an op this TensorFlow registers (did you mean MatMul?)"]
 
 
-def test_misspelt_op_in_a_list_file_warns(capsys, caplog, tmp_path, good):
+def test_misspelt_op_in_a_list_file_warns(caplog, tmp_path, good):
     lists = tmp_path / "lists"
     lists.mkdir()
     (lists / "allow.txt").write_text("MatMul\nRelux\n")
     with caplog.at_level(logging.WARNING):
-        code, ours, _ = run_cli(capsys, good, tmp_path / "out.pb", "--lists", lists, "--device-type", "CPU")
+        code, ours, _ = outcome(tmp_path, good, tmp_path / "out.pb", "--lists", lists, "--device-type", "CPU")
     assert code == 0, ours
     assert any("allow.txt: Relux is not an op this TensorFlow registers (did you mean Relu" in r.getMessage()
                for r in caplog.records)
 
 
-def test_op_name_with_a_space_in_the_environment(capsys, tmp_path, good, monkeypatch):
+def test_op_name_with_a_space_in_the_environment(tmp_path, good, monkeypatch):
     monkeypatch.setenv("TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_ALLOWLIST_ADD", "Mat Mul")
-    refused(capsys, tmp_path, 1, "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_ALLOWLIST_ADD: not an op name: 'Mat Mul'",
+    refused(tmp_path, 1, "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_ALLOWLIST_ADD: not an op name: 'Mat Mul'",
             good, tmp_path / "out.pb")
 
 
-def test_bad_level_in_the_environment_is_ignored_when_the_flag_gives_one(capsys, tmp_path, good, monkeypatch):
+def test_bad_level_in_the_environment_is_ignored_when_the_flag_gives_one(tmp_path, good, monkeypatch):
     monkeypatch.setenv("TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LEVEL", "garbage")
-    refused(capsys, tmp_path, 2, "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LEVEL='garbage'", good, tmp_path / "out.pb")
-    code, ours, _ = run_cli(capsys, good, tmp_path / "out.pb", "--level", "DEFAULT", "--device-type", "CPU")
+    refused(tmp_path, 2, "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LEVEL='garbage'", good, tmp_path / "out.pb")
+    code, ours, _ = outcome(tmp_path, good, tmp_path / "out.pb", "--level", "DEFAULT", "--device-type", "CPU")
     assert code == 0, ours
 
 
 # --- fetches and validation --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("fetch, extra", [("out:3", ("--validate", "--random-inputs")), ("mm:7", ())])
-def test_fetch_port_the_node_lacks(capsys, tmp_path, good, fetch, extra):
+def test_fetch_port_the_node_lacks(tmp_path, good, fetch, extra):
     name = fetch.split(":")[0]
     op = {"out": "Identity", "mm": "MatMul"}[name]
-    refused(capsys, tmp_path, 1, f"fetch '{fetch}': node {name} (op {op}) has 1 output", good, tmp_path / "out.pb",
+    refused(tmp_path, 1, f"fetch '{fetch}': node {name} (op {op}) has 1 output", good, tmp_path / "out.pb",
             "--fetch", fetch, *extra)
 
 
@@ -650,67 +620,67 @@ def write_npz(path, **arrays):
     return path
 
 
-def test_truncated_npz(capsys, tmp_path, good):
+def test_truncated_npz(tmp_path, good):
     npz = write_npz(tmp_path / "feeds.npz", x=np.ones([4, 4], np.float32))
     npz.write_bytes(npz.read_bytes()[:40])
-    refused(capsys, tmp_path, 1, "feeds.npz: cannot read sample inputs", good, tmp_path / "out.pb",
+    refused(tmp_path, 1, "feeds.npz: cannot read sample inputs", good, tmp_path / "out.pb",
             "--validate", "--inputs", npz)
 
 
-def test_npy_given_as_sample_inputs(capsys, tmp_path, good):
+def test_npy_given_as_sample_inputs(tmp_path, good):
     np.save(tmp_path / "feeds.npy", np.ones([4, 4], np.float32))
-    refused(capsys, tmp_path, 1, "feeds.npy: cannot read sample inputs: a single .npy array", good,
+    refused(tmp_path, 1, "feeds.npy: cannot read sample inputs: a single .npy array", good,
             tmp_path / "out.pb", "--validate", "--inputs", tmp_path / "feeds.npy")
 
 
-def test_npz_with_a_pickled_object(capsys, tmp_path, good):
+def test_npz_with_a_pickled_object(tmp_path, good):
     npz = write_npz(tmp_path / "feeds.npz", x=np.array([{"a": 1}], dtype=object))
-    refused(capsys, tmp_path, 1, "feeds.npz: cannot read sample inputs: a damaged .npz archive", good,
+    refused(tmp_path, 1, "feeds.npz: cannot read sample inputs: a damaged .npz archive", good,
             tmp_path / "out.pb", "--validate", "--inputs", npz)
 
 
-def test_empty_npz_and_directory_as_sample_inputs(capsys, tmp_path, good):
+def test_empty_npz_and_directory_as_sample_inputs(tmp_path, good):
     write_npz(tmp_path / "empty.npz")
-    refused(capsys, tmp_path, 1, "empty.npz: cannot read sample inputs: the archive holds no arrays", good,
+    refused(tmp_path, 1, "empty.npz: cannot read sample inputs: the archive holds no arrays", good,
             tmp_path / "out.pb", "--validate", "--inputs", tmp_path / "empty.npz")
     (tmp_path / "dir.npz").mkdir()
-    refused(capsys, tmp_path, 1, "dir.npz: cannot read sample inputs: not a regular file", good,
+    refused(tmp_path, 1, "dir.npz: cannot read sample inputs: not a regular file", good,
             tmp_path / "out.pb", "--validate", "--inputs", tmp_path / "dir.npz")
 
 
 @pytest.mark.parametrize("fill", [np.nan, np.inf])
-def test_non_finite_sample_inputs(capsys, tmp_path, good, fill):
+def test_non_finite_sample_inputs(tmp_path, good, fill):
     npz = write_npz(tmp_path / "feeds.npz", x=np.full([4, 4], fill, np.float32))
-    refused(capsys, tmp_path, 1, "sample input 'x:0' holds NaN or infinite values", good, tmp_path / "out.pb",
+    refused(tmp_path, 1, "sample input 'x:0' holds NaN or infinite values", good, tmp_path / "out.pb",
             "--validate", "--inputs", npz)
 
 
-def test_custom_op_with_validation(capsys, tmp_path):
+def test_custom_op_with_validation(tmp_path):
     graph_def = small_graph()
     custom = graph_def.node.add(name="custom", op="MyVendorOp")
     custom.input.append("relu")
     src = save(tmp_path / "in.pb", graph_def)
-    refused(capsys, tmp_path, 1, "TensorFlow does not import it", src, tmp_path / "out.pb", "--fetch",
+    refused(tmp_path, 1, "TensorFlow does not import it", src, tmp_path / "out.pb", "--fetch",
             "out,custom", "--validate", "--random-inputs", "--device-type", "CPU")
 
 
-def test_random_inputs_for_a_resource_placeholder(capsys, tmp_path, good):
+def test_random_inputs_for_a_resource_placeholder(tmp_path, good):
     graph_def = small_graph()
     handle = graph_def.node.add(name="handle", op="Placeholder")
     handle.attr["dtype"].type = tf.resource.as_datatype_enum
     src = save(tmp_path / "in.pb", graph_def)
-    refused(capsys, tmp_path, 1, "placeholder handle is resource, which random inputs cannot fill", src,
+    refused(tmp_path, 1, "placeholder handle is resource, which random inputs cannot fill", src,
             tmp_path / "out.pb", "--validate", "--random-inputs", "--fetch", "out")
 
 
-def test_legitimate_minus_infinity_output_validates_in_half(capsys, tmp_path):
+def test_legitimate_minus_infinity_output_validates_in_half(tmp_path):
     g = tf.Graph()
     with g.as_default():
         x = tf1.placeholder(tf.float32, [8, 8], name="x")
         w = tf.constant(np.random.default_rng(2).standard_normal([8, 8]).astype(np.float32), name="w")
         tf.identity(tf.math.log(tf.nn.relu(tf.matmul(x, w, name="mm"))), name="out")
     src = save(tmp_path / "in.pb", g.as_graph_def())
-    code, ours, _ = run_cli(capsys, src, tmp_path / "out.pb", "--validate", "--random-inputs", "--device-type",
+    code, ours, _ = outcome(tmp_path, src, tmp_path / "out.pb", "--validate", "--random-inputs", "--device-type",
                             "CPU", "--report", tmp_path / "r.json")
     assert code == 0, ours
     report = json.loads((tmp_path / "r.json").read_text())
@@ -729,21 +699,21 @@ def test_tolerance_error_for_non_finite_values():
     assert tol.error(np.array([5.0, 1.0, 2.0]), want) == np.inf
 
 
-def test_nan_reference_output_is_refused(capsys, tmp_path):
+def test_nan_reference_output_is_refused(tmp_path):
     g = tf.Graph()
     with g.as_default():
         x = tf1.placeholder(tf.float32, [4, 4], name="x")
         tf.identity(tf.sqrt(tf.matmul(x, x, name="mm") - 1e3), name="out")
     src = save(tmp_path / "in.pb", g.as_graph_def())
-    refused(capsys, tmp_path, 1, "output out is NaN in float32 on these sample inputs", src, tmp_path / "out.pb",
+    refused(tmp_path, 1, "output out is NaN in float32 on these sample inputs", src, tmp_path / "out.pb",
             "--validate", "--random-inputs", "--device-type", "CPU")
 
 
 @pytest.mark.parametrize("flag, value", [("--rtol", "-1"), ("--rtol", "nan"), ("--atol", "inf"),
                                          ("--max-runs", "0"), ("--max-runs", "1"), ("--seed", "-1"),
                                          ("--rtol", "abc")])
-def test_nonsense_numbers_in_flags(capsys, tmp_path, good, flag, value):
-    refused(capsys, tmp_path, 2, f"argument {flag}", good, tmp_path / "out.pb", "--validate", "--random-inputs",
+def test_nonsense_numbers_in_flags(tmp_path, good, flag, value):
+    refused(tmp_path, 2, f"argument {flag}", good, tmp_path / "out.pb", "--validate", "--random-inputs",
             flag, value)
 
 
@@ -770,7 +740,7 @@ SCRIPT = "import tensorflow as tf\nprint('trained', tf.constant(1.0).numpy())\n"
 
 @pytest.mark.parametrize("name, value", [("AMP_LOSS_SCALE_INIT", "nan"), ("AMP_LOSS_SCALE", "1e39")])
 def test_bad_runtime_setting_falls_back_with_one_line(tmp_path, name, value):
-    done = subprocess.run([sys.executable, "-c", SCRIPT], env=subprocess_env(ENABLE_AUTO_MP="1", **{name: value}),
+    done = subprocess.run([sys.executable, "-c", SCRIPT], env=clean_env(ENABLE_AUTO_MP="1", **{name: value}),
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "trained 1.0" in done.stdout
@@ -780,7 +750,7 @@ def test_bad_runtime_setting_falls_back_with_one_line(tmp_path, name, value):
 
 def test_bad_runtime_setting_in_strict_mode_raises(tmp_path):
     done = subprocess.run([sys.executable, "-c", SCRIPT],
-                          env=subprocess_env(ENABLE_AUTO_MP="1", AMP_REWRITE_STRICT="1", AMP_LOSS_SCALE_INIT="nan"),
+                          env=clean_env(ENABLE_AUTO_MP="1", AMP_REWRITE_STRICT="1", AMP_LOSS_SCALE_INIT="nan"),
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode != 0
     assert "trained" not in done.stdout
@@ -805,9 +775,9 @@ def test_loss_scale_settings_built_in_code_are_checked_too(fields):
         LossScaleSettings(**fields)
 
 
-def test_dump_dir_inside_the_input_saved_model(capsys, tmp_path):
+def test_dump_dir_inside_the_input_saved_model(tmp_path):
     src = tf1_saved_model(tmp_path / "sm", two_meta_graphs=False)
-    refused(capsys, tmp_path, 2, "--dump-dir would write into the input", src, tmp_path / "out", "--dump-dir",
+    refused(tmp_path, 2, "--dump-dir would write into the input", src, tmp_path / "out", "--dump-dir",
             src / "dumps")
 
 
@@ -832,21 +802,21 @@ def test_mutual_recursion_is_found_without_tensorflow():
                                          "which TensorFlow cannot import")
 
 
-def test_unexpected_failure_is_one_line_not_a_traceback(capsys, tmp_path, good, monkeypatch):
+def test_unexpected_failure_is_one_line_not_a_traceback(tmp_path, good, monkeypatch):
     import amp_rewrite.pipeline
 
     def broken(*args, **kwargs):
         raise RuntimeError("something nobody foresaw\nsecond line")
 
     monkeypatch.setattr(amp_rewrite.pipeline, "rewrite", broken)
-    line = refused(capsys, tmp_path, 1, "in.pb: cannot rewrite: RuntimeError: something nobody foresaw", good,
+    line = refused(tmp_path, 1, "in.pb: cannot rewrite: RuntimeError: something nobody foresaw", good,
                    tmp_path / "out.pb")
     assert "second line" not in line
 
 
-def test_explain_on_a_device_and_on_a_deep_text_graph(capsys, tmp_path):
-    refused(capsys, tmp_path, 1, "/dev/zero: not a regular file", "explain", "/dev/zero", "relu")
+def test_explain_on_a_device_and_on_a_deep_text_graph(tmp_path):
+    refused(tmp_path, 1, "/dev/zero: not a regular file", "explain", "/dev/zero", "relu")
     src = tmp_path / "deep.pbtxt"
     src.write_text('node { name: "n" op: "NoOp" attr { key: "a" value { '
                    + 'func { name: "f" attr { key: "a" value { ' * 3000 + "}}}" * 3000 + " } } }\n")
-    refused(capsys, tmp_path, 1, "nested too deeply", "explain", src, "n")
+    refused(tmp_path, 1, "nested too deeply", "explain", src, "n")

@@ -1,26 +1,18 @@
 """SavedModel in, SavedModel out: every function rewritten, signatures and variables float32."""
 
 import json
-import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 from helpers import F16, assert_one_line_error, rng
+from runners import run_cli
 from tensorflow.core.protobuf import saved_model_pb2
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
 from amp_rewrite import Config, rewrite
 from amp_rewrite.paint.explain import disagreements
-
-
-def cli(*args, cwd):
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("TF_AUTO_MIXED", "AMP_REWRITE"))}
-    return subprocess.run([sys.executable, "-m", "amp_rewrite", *map(str, args), "--device-type", "CPU"],
-                          cwd=cwd, env=environ, capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +51,7 @@ def rewritten(mobilenet_saved_model, tmp_path_factory):
     """The SavedModel rewritten by the command line, with its JSON report and summary line."""
     tmp = tmp_path_factory.mktemp("rewritten")
     out, report = tmp / "mobilenet_amp", tmp / "report.json"
-    proc = cli(mobilenet_saved_model, out, "--report", report, cwd=tmp)
+    proc = run_cli(mobilenet_saved_model, out, "--report", report, "--device-type", "CPU", cwd=tmp)
     assert proc.returncode == 0, proc.stderr
     return out, json.loads(report.read_text()), proc.stdout.strip()
 
@@ -98,7 +90,7 @@ def test_existing_output_directory_is_refused_without_in_place(mobilenet_saved_m
     out = tmp_path / "taken"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    proc = cli(mobilenet_saved_model, out, cwd=tmp_path)
+    proc = run_cli(mobilenet_saved_model, out, "--device-type", "CPU", cwd=tmp_path)
     assert proc.returncode == 1 and "already exists" in proc.stderr
     assert (out / "keep.txt").read_text() == "mine"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".taken")]
@@ -110,9 +102,9 @@ def test_rewriting_a_saved_model_in_place_then_again_changes_nothing(mobilenet_s
 
     copy = tmp_path / "copy"
     shutil.copytree(mobilenet_saved_model, copy)
-    assert cli(copy, copy, "--in-place", cwd=tmp_path).returncode == 0
+    assert run_cli(copy, copy, "--in-place", "--device-type", "CPU", cwd=tmp_path).returncode == 0
     first = (copy / "saved_model.pb").read_bytes()
-    proc = cli(copy, copy, "--in-place", cwd=tmp_path)
+    proc = run_cli(copy, copy, "--in-place", "--device-type", "CPU", cwd=tmp_path)
     assert proc.returncode == 0 and proc.stdout.startswith("converted 0/")
     assert (copy / "saved_model.pb").read_bytes() == first
 
@@ -166,7 +158,7 @@ def test_html_report_of_a_saved_model_counts_what_the_summary_says(mobilenet_sav
     from amp_rewrite.report.html import CATEGORIES
 
     out, page = tmp_path / "out", tmp_path / "report.html"
-    proc = cli(mobilenet_saved_model, out, "--report", page, cwd=tmp_path)
+    proc = run_cli(mobilenet_saved_model, out, "--report", page, "--device-type", "CPU", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     converted, casts = map(int, re.match(r"converted (\d+)/\d+ nodes to float16, (\d+) casts", proc.stdout).groups())
     data = json.loads(re.search(r'id="graph-data">(.*?)</script>', page.read_text(), re.S).group(1))
@@ -191,19 +183,19 @@ def test_explain_takes_a_saved_model_and_a_function_node(mobilenet_saved_model, 
     serve = serve_function(mobilenet_saved_model)
     conv = next(n.name for f in library(mobilenet_saved_model) if f.signature.name == serve
                 for n in f.node_def if n.op == "Conv2D")
-    proc = cli("explain", mobilenet_saved_model, f"{serve}::{conv}", cwd=tmp_path)
+    proc = run_cli("explain", mobilenet_saved_model, f"{serve}::{conv}", "--device-type", "CPU", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert len(lines) == 1 and lines[0].endswith("float16/allow.txt]")
     assert lines[0].startswith(f"{serve}::{conv} (Conv2D) → float16: allow-list op [Conv2D is on the allow list: ")
     bn_mul = next(n.name for f in library(mobilenet_saved_model) if f.signature.name == serve
                   for n in f.node_def if re.search(r"block_3_expand_BN(_\d+)?/batchnorm/mul$", n.name))
-    proc = cli("explain", mobilenet_saved_model, f"{serve}::{bn_mul}", cwd=tmp_path)
+    proc = run_cli("explain", mobilenet_saved_model, f"{serve}::{bn_mul}", "--device-type", "CPU", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     first = proc.stdout.splitlines()[0]
     assert first.startswith(f"{serve}::{bn_mul} (Mul) stays float32: infer op fed by no half op; its consumer ")
     assert first.endswith(" is float16")
-    proc = cli("explain", mobilenet_saved_model, conv, cwd=tmp_path)
+    proc = run_cli("explain", mobilenet_saved_model, conv, "--device-type", "CPU", cwd=tmp_path)
     assert proc.returncode == 1
     line = assert_one_line_error(proc.stderr, f"no node named {conv!r}; inside functions: ")
     assert f"{serve}::{conv}" in line and "rewrite_saved_model" not in proc.stderr

@@ -4,7 +4,8 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import BF16, F16, F32, amp, assert_one_line_error, cli, function_call_graph, our_lines, rng, run, tf1
+from helpers import BF16, F16, F32, amp, assert_one_line_error, function_call_graph, our_lines, rng, run, tf1
+from runners import run_cli
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
 from amp_rewrite.errors import GraphError
@@ -209,7 +210,7 @@ def test_cli_strips_a_rewritten_graph(tmp_path):
     src = tmp_path / "amp.pb"
     src.write_bytes(amp(original, fetches=["probs"]).graph_def.SerializeToString())
     out = tmp_path / "fp32.pbtxt"
-    proc = cli("strip", src, out, "--fetch", "probs", cwd=tmp_path)
+    proc = run_cli("strip", src, out, "--fetch", "probs", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("stripped ") and "casts removed" in proc.stdout
     from google.protobuf import text_format
@@ -221,18 +222,18 @@ def test_cli_strips_a_rewritten_graph(tmp_path):
 def test_cli_bad_inputs_are_one_line(tmp_path):
     junk = tmp_path / "junk.pb"
     junk.write_bytes(b"\x00 not a graph \xff" * 10)
-    proc = cli("strip", junk, tmp_path / "o.pb", cwd=tmp_path)
+    proc = run_cli("strip", junk, tmp_path / "o.pb", cwd=tmp_path)
     assert proc.returncode == 1
     assert_one_line_error(proc.stderr, str(junk))
     gd = mlp_graph()
     gd.node[3].op = "NoSuchOp"
     bad = tmp_path / "bad.pb"
     bad.write_bytes(gd.SerializeToString())
-    proc = cli("strip", bad, tmp_path / "o.pb", cwd=tmp_path)
+    proc = run_cli("strip", bad, tmp_path / "o.pb", cwd=tmp_path)
     assert proc.returncode == 1
     assert_one_line_error(proc.stderr, f"{bad}: node {gd.node[3].name}: unknown op 'NoSuchOp'")
     assert not (tmp_path / "o.pb").exists()
-    proc = cli("strip", bad, tmp_path / "o.pb", "--target", "float64", cwd=tmp_path)
+    proc = run_cli("strip", bad, tmp_path / "o.pb", "--target", "float64", cwd=tmp_path)
     assert proc.returncode == 2 and len(our_lines(proc.stderr)) <= 1
 
 
@@ -252,8 +253,8 @@ def test_cli_strips_a_rewritten_saved_model(tmp_path):
     net = Net()
     src, amp_dir, fp32_dir = tmp_path / "net", tmp_path / "amp", tmp_path / "fp32"
     tf.saved_model.save(net, str(src), signatures={"serving_default": net.serve})
-    assert cli(src, amp_dir, "--device-type", "CPU", "-q", cwd=tmp_path).returncode == 0
-    proc = cli("strip", amp_dir, fp32_dir, cwd=tmp_path)
+    assert run_cli(src, amp_dir, "--device-type", "CPU", "-q", cwd=tmp_path).returncode == 0
+    proc = run_cli("strip", amp_dir, fp32_dir, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
 
     def graph(path):

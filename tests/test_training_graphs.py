@@ -1,16 +1,15 @@
 """Rewritten tf.compat.v1 training graphs train, keep float32 weights, and save/restore."""
 
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import F16, F32, amp, half_nodes, tf1
+from helpers import F16, F32, REPO, amp, half_nodes, tf1
 
 from amp_rewrite.paint.explain import disagreements
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+sys.path.insert(0, str(REPO / "tools"))
 import models  # noqa: E402
 
 VARIABLE_OPS = ("VarHandleOp", "VariableV2", "Variable")

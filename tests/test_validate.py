@@ -1,14 +1,12 @@
 """Accuracy-guarded rewrite: range rule, pattern rules, region bisection, sample-input errors."""
 
 import math
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 from helpers import CPU, amp, half_nodes, rng, run, tf1
+from runners import run_cli
 
 from amp_rewrite.validate import (
     Tolerance,
@@ -200,18 +198,14 @@ def test_cli_validate_with_inputs_file_and_failing_budget(tmp_path):
     gd, feeds = three_region_graph()
     (tmp_path / "g.pb").write_bytes(gd.SerializeToString())
     np.savez(tmp_path / "feeds.npz", **feeds)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_AUTO_MIXED", "AMP_REWRITE"))}
-    base = [sys.executable, "-m", "amp_rewrite", "g.pb", "o.pb", "--fetch", "out", "--device-type", "CPU",
-            "--validate", "--inputs", "feeds.npz"]
-    proc = subprocess.run(base + ["--report", "r.json"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)
+    args = ["g.pb", "o.pb", "--fetch", "out", "--device-type", "CPU", "--validate", "--inputs", "feeds.npz"]
+    proc = run_cli(*args, "--report", "r.json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "1 of 3 half regions returned to float32" in proc.stdout
     import json
     assert json.loads((tmp_path / "r.json").read_text())["validation"]["passed"] is True
-    proc = subprocess.run(base[:4] + ["o2.pb"] + base[5:] + ["--max-runs", "3"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = run_cli(args[0], "o2.pb", *args[2:], "--max-runs", "3", cwd=tmp_path)
     assert proc.returncode == 1 and "stopped after 3 runs" in proc.stderr
     assert not (tmp_path / "o2.pb").exists()
-    proc = subprocess.run(base[:-2], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_cli(*args[:-2], cwd=tmp_path)
     assert proc.returncode == 2 and "needs sample inputs" in proc.stderr

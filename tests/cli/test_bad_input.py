@@ -1,36 +1,13 @@
 """Bad input: one line naming the file, node or op; exit code 1; no output file left behind."""
 
-import logging
-import os
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 import tensorflow as tf
 from google.protobuf import text_format
 from helpers import CPU, amp, assert_one_line_error, tf1
+from runners import run_cli
 
 from amp_rewrite import GraphError, rewrite
-from amp_rewrite.cli import main
-
-
-@pytest.fixture
-def cli(capsys, caplog, monkeypatch):
-    """Runs ``amp-rewrite ARGS`` in-process in ``cwd``: returncode, stdout, and stderr with the log's warnings."""
-    for name in list(os.environ):
-        if name.startswith(("TF_AUTO_MIXED", "AMP_REWRITE")):
-            monkeypatch.delenv(name)
-
-    def run(*args, cwd):
-        monkeypatch.chdir(cwd)
-        caplog.clear()
-        with caplog.at_level(logging.WARNING):
-            returncode = main([str(a) for a in args])
-        captured = capsys.readouterr()
-        logged = "".join(f"amp-rewrite: {r.levelname}: {r.getMessage()}\n" for r in caplog.records)
-        return SimpleNamespace(returncode=returncode, stdout=captured.out, stderr=logged + captured.err)
-
-    return run
 
 
 def small_graph():
@@ -83,10 +60,10 @@ CASES = ["missing", "empty", "truncated", "corrupt", "text_as_binary", "binary_a
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_bad_input_gives_one_line_exit_1_and_no_output(cli, tmp_path, case):
+def test_bad_input_gives_one_line_exit_1_and_no_output(tmp_path, case):
     path, message = cases(tmp_path)[case]
     out = tmp_path / "out.pb"
-    proc = cli(path, out, cwd=tmp_path)
+    proc = run_cli(path, out, cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr
     line = assert_one_line_error(proc.stderr, message)
     assert str(path.name) in line
@@ -94,28 +71,28 @@ def test_bad_input_gives_one_line_exit_1_and_no_output(cli, tmp_path, case):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out.pb")] == []
 
 
-def test_failed_rewrite_leaves_an_existing_output_untouched(cli, tmp_path):
+def test_failed_rewrite_leaves_an_existing_output_untouched(tmp_path):
     good = write(tmp_path / "good.pb", small_graph())
     out = tmp_path / "out.pb"
     out.write_bytes(b"previous result")
-    proc = cli(good, out, "--fetch", "nope", cwd=tmp_path)
+    proc = run_cli(good, out, "--fetch", "nope", cwd=tmp_path)
     assert proc.returncode == 1
     assert out.read_bytes() == b"previous result"
 
 
-def test_unwritable_output_is_exit_1_with_the_path(cli, tmp_path):
+def test_unwritable_output_is_exit_1_with_the_path(tmp_path):
     good = write(tmp_path / "good.pb", small_graph())
-    proc = cli(good, tmp_path / "no" / "such" / "dir" / "out.pb", cwd=tmp_path)
+    proc = run_cli(good, tmp_path / "no" / "such" / "dir" / "out.pb", cwd=tmp_path)
     assert proc.returncode == 1
     assert_one_line_error(proc.stderr, "no/such/dir")
 
 
-def test_custom_op_is_kept_with_a_warning_not_an_error(cli, tmp_path):
+def test_custom_op_is_kept_with_a_warning_not_an_error(tmp_path):
     gd = small_graph()
     custom = gd.node.add(name="custom", op="MyVendorOp")
     custom.input.append("relu")
-    proc = cli(write(tmp_path / "custom.pb", gd), tmp_path / "out.pb", "--fetch", "out,custom",
-               "--device-type", "CPU", cwd=tmp_path)
+    proc = run_cli(write(tmp_path / "custom.pb", gd), tmp_path / "out.pb", "--fetch", "out,custom",
+                   "--device-type", "CPU", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "MyVendorOp is not registered" in proc.stderr
     out = tf.compat.v1.GraphDef.FromString((tmp_path / "out.pb").read_bytes())
@@ -140,15 +117,15 @@ def test_v1_loops_are_not_mistaken_for_cycles():
     assert amp(g.as_graph_def(), ["out"]).converted
 
 
-def test_explain_prints_the_chain_back_to_the_list(cli, tmp_path):
+def test_explain_prints_the_chain_back_to_the_list(tmp_path):
     good = write(tmp_path / "good.pb", small_graph())
-    proc = cli("explain", good, "relu", "--fetch", "out", "--device-type", "CPU", cwd=tmp_path)
+    proc = run_cli("explain", good, "relu", "--fetch", "out", "--device-type", "CPU", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
     assert lines[0] == "relu (Relu) → float16: clear op next to an allow op; its input mm is float16"
     assert lines[1].startswith("mm (MatMul) → float16: allow-list op [MatMul is on the allow list: ")
     assert lines[1].endswith("float16/allow.txt]")
-    proc = cli("explain", good, "ghost", cwd=tmp_path)
+    proc = run_cli("explain", good, "ghost", cwd=tmp_path)
     assert proc.returncode == 1 and "no node named 'ghost'" in proc.stderr
 
 

@@ -1,22 +1,18 @@
-"""The command line, end to end in a subprocess."""
+"""The command line, end to end in a subprocess (exit codes, stdout and stderr as a shell sees them)."""
 
 import importlib.metadata
 import json
 import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import tensorflow as tf
 from google.protobuf import text_format
-from helpers import F16, REPO, assert_one_line_error, assert_same_outputs_within_half, cli, half_nodes, our_lines, tf1
+from helpers import F16, REPO, assert_one_line_error, assert_same_outputs_within_half, half_nodes, our_lines, tf1
+from runners import run_cli, run_cli_subprocess
 
 EXAMPLE = REPO / "tools" / "example" / "mlp.pb"
-
-
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +31,8 @@ def graph_file(tmp_path_factory):
 def test_rewrites_binary_graph_and_prints_one_summary_line(graph_file, tmp_path):
     out = tmp_path / "out.pb"
     report = tmp_path / "report.json"
-    proc = cli(graph_file, out, "--fetch", "logits", "--device-type", "CPU", "--report", report, cwd=tmp_path)
+    proc = run_cli_subprocess(graph_file, out, "--fetch", "logits", "--device-type", "CPU", "--report", report,
+                              cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines() == [
         "converted 4/6 nodes to float16, 2 casts, 100.0% of MatMul/Conv FLOPs in float16"]
@@ -55,7 +52,7 @@ def test_text_in_text_out_with_bfloat16(graph_file, tmp_path):
     src = tmp_path / "model.pbtxt"
     src.write_text(text_format.MessageToString(tf.compat.v1.GraphDef.FromString(graph_file.read_bytes())))
     out = tmp_path / "out.pbtxt"
-    proc = cli(src, out, "--target", "bfloat16", "--device-type", "CPU", cwd=tmp_path)
+    proc = run_cli_subprocess(src, out, "--target", "bfloat16", "--device-type", "CPU", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     gd = text_format.Parse(out.read_text(), tf.compat.v1.GraphDef())
     assert next(n for n in gd.node if n.name == "mm").attr["T"].type == tf.bfloat16.as_datatype_enum
@@ -63,19 +60,20 @@ def test_text_in_text_out_with_bfloat16(graph_file, tmp_path):
 
 def test_same_input_gives_byte_identical_output(graph_file, tmp_path):
     a, b = tmp_path / "a.pb", tmp_path / "b.pb"
-    assert cli(graph_file, a, "-q", cwd=tmp_path).returncode == 0
-    assert cli(graph_file, b, "-q", cwd=tmp_path).returncode == 0
+    assert run_cli_subprocess(graph_file, a, "-q", cwd=tmp_path).returncode == 0
+    assert run_cli_subprocess(graph_file, b, "-q", cwd=tmp_path).returncode == 0
     assert a.read_bytes() == b.read_bytes()
     c = tmp_path / "c.pb"
-    assert cli(a, c, "-q", cwd=tmp_path).returncode == 0
+    assert run_cli_subprocess(a, c, "-q", cwd=tmp_path).returncode == 0
     assert c.read_bytes() == a.read_bytes()  # idempotent
 
 
 def test_list_flags_apply_after_environment(graph_file, tmp_path):
     env = {"TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_ALLOWLIST_REMOVE": "MatMul"}
-    proc = cli(graph_file, tmp_path / "o.pb", "--device-type", "CPU", cwd=tmp_path, env=env)
+    proc = run_cli_subprocess(graph_file, tmp_path / "o.pb", "--device-type", "CPU", cwd=tmp_path, env=env)
     assert proc.stdout.startswith("converted 0/6")
-    proc = cli(graph_file, tmp_path / "o.pb", "--device-type", "CPU", "--allow-add", "MatMul", cwd=tmp_path, env=env)
+    proc = run_cli_subprocess(graph_file, tmp_path / "o.pb", "--device-type", "CPU", "--allow-add", "MatMul",
+                              cwd=tmp_path, env=env)
     assert proc.stdout.startswith("converted 4/6"), proc.stdout + proc.stderr
 
 
@@ -90,7 +88,7 @@ def test_list_flags_apply_after_environment(graph_file, tmp_path):
 ])
 def test_errors_are_one_line_with_exit_code_and_no_output(graph_file, tmp_path, args, code, message):
     args = [str(graph_file) if a == "GRAPH" else a for a in args]
-    proc = cli(*args, cwd=tmp_path)
+    proc = run_cli_subprocess(*args, cwd=tmp_path)
     assert proc.returncode == code
     assert message in proc.stderr
     assert not (tmp_path / "out.pb").exists()
@@ -99,7 +97,7 @@ def test_errors_are_one_line_with_exit_code_and_no_output(graph_file, tmp_path, 
 
 
 def test_bundled_example_rewrites(tmp_path):
-    proc = cli(EXAMPLE, tmp_path / "mlp_amp.pb", cwd=tmp_path)
+    proc = run_cli_subprocess(EXAMPLE, tmp_path / "mlp_amp.pb", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("converted ")
     gd = tf.compat.v1.GraphDef.FromString((tmp_path / "mlp_amp.pb").read_bytes())
@@ -114,7 +112,7 @@ def test_bundled_example_rewrites(tmp_path):
 ])
 def test_version_flag_prints_the_installed_version_and_exits_0(graph_file, tmp_path, args):
     args = [str(graph_file) if a == "GRAPH" else a for a in args]
-    proc = cli(*args, cwd=tmp_path)
+    proc = run_cli_subprocess(*args, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == f"amp-rewrite {importlib.metadata.version('amp-rewrite')}\n"
     assert re.fullmatch(r"amp-rewrite \d+\.\d+\.\d+\n", proc.stdout)
@@ -122,8 +120,7 @@ def test_version_flag_prints_the_installed_version_and_exits_0(graph_file, tmp_p
 
 
 def test_console_script_prints_the_version(tmp_path):
-    script = Path(sys.executable).parent / ("amp-rewrite.exe" if os.name == "nt" else "amp-rewrite")
-    proc = subprocess.run([str(script), "--version"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    proc = run_cli_subprocess("--version", cwd=tmp_path, is_console_script=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == f"amp-rewrite {importlib.metadata.version('amp-rewrite')}\n"
 
@@ -149,7 +146,7 @@ def test_outputs_get_the_usual_file_mode(graph_file, tmp_path):
     out, report = tmp_path / "out.pb", tmp_path / "r.json"
     old = os.umask(0o022)
     try:
-        assert cli(graph_file, out, "--report", report, "-q", cwd=tmp_path).returncode == 0
+        assert run_cli_subprocess(graph_file, out, "--report", report, "-q", cwd=tmp_path).returncode == 0
     finally:
         os.umask(old)
     assert out.stat().st_mode & 0o777 == 0o644
@@ -216,7 +213,7 @@ def load_tensorflow_with(tmp_path, code: str) -> None:
 
 
 def test_tensorflow_banner_is_hidden_from_a_rewrite(graph_file, tmp_path, banner_env):
-    proc = cli(graph_file, tmp_path / "out.pb", "--device-type", "CPU", cwd=tmp_path, env=banner_env)
+    proc = run_cli_subprocess(graph_file, tmp_path / "out.pb", "--device-type", "CPU", cwd=tmp_path, env=banner_env)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines() == [
         "converted 4/6 nodes to float16, 2 casts, 100.0% of MatMul/Conv FLOPs in float16"]
@@ -231,14 +228,14 @@ def test_tensorflow_banner_is_hidden_from_a_rewrite(graph_file, tmp_path, banner
 ])
 def test_errors_stay_one_line_under_a_tensorflow_banner(graph_file, tmp_path, banner_env, args, message):
     args = [str(graph_file) if a == "GRAPH" else a for a in args]
-    proc = cli(*args, cwd=tmp_path, env=banner_env)
+    proc = run_cli_subprocess(*args, cwd=tmp_path, env=banner_env)
     assert proc.returncode == 1
     assert_one_line_error(proc.stderr, message)
     assert "absl::InitializeLog" not in proc.stderr, proc.stderr
 
 
 def test_verbose_lets_tensorflow_banner_through(graph_file, tmp_path, banner_env):
-    proc = cli(graph_file, tmp_path / "out.pb", "-v", cwd=tmp_path, env=banner_env)
+    proc = run_cli_subprocess(graph_file, tmp_path / "out.pb", "-v", cwd=tmp_path, env=banner_env)
     assert proc.returncode == 0, proc.stderr
     assert BANNER in proc.stderr  # the fake banner really ran: the tests above would see it unhidden
     assert any(line.startswith("amp-rewrite: INFO: converted 4/6") for line in our_lines(proc.stderr))
@@ -247,7 +244,7 @@ def test_verbose_lets_tensorflow_banner_through(graph_file, tmp_path, banner_env
 def test_python_warnings_still_reach_the_user_while_tensorflow_loads(graph_file, tmp_path, banner_env):
     load_tensorflow_with(tmp_path, 'os.write(2, os.environ["FAKE_TF_BANNER"].encode()); '
                                    'import warnings; warnings.warn("a user-visible warning", UserWarning)')
-    proc = cli(graph_file, tmp_path / "out.pb", "-q", cwd=tmp_path, env=banner_env)
+    proc = run_cli_subprocess(graph_file, tmp_path / "out.pb", "-q", cwd=tmp_path, env=banner_env)
     assert proc.returncode == 0, proc.stderr
     assert "UserWarning: a user-visible warning" in proc.stderr
     assert "absl::InitializeLog" not in proc.stderr
@@ -256,7 +253,7 @@ def test_python_warnings_still_reach_the_user_while_tensorflow_loads(graph_file,
 def test_a_failing_tensorflow_import_shows_what_tensorflow_wrote(graph_file, tmp_path, banner_env):
     load_tensorflow_with(tmp_path, 'os.write(2, b"F0000 loader.cc:1] Check failed: a broken TensorFlow install\\n"); '
                                    'raise RuntimeError("TensorFlow failed to load")')
-    proc = cli(graph_file, tmp_path / "out.pb", cwd=tmp_path, env=banner_env)
+    proc = run_cli_subprocess(graph_file, tmp_path / "out.pb", cwd=tmp_path, env=banner_env)
     assert proc.returncode != 0
     assert "Check failed: a broken TensorFlow install" in proc.stderr  # passed on, not dropped
     assert "RuntimeError: TensorFlow failed to load" in proc.stderr
@@ -270,11 +267,11 @@ def test_verbose_levels_log_each_rule_then_each_decision_as_explain_words_it(gra
     from amp_rewrite.paint.rules import RULES
 
     common = [graph_file, tmp_path / "out.pb", "--fetch", "logits", "--device-type", "CPU"]
-    info = cli(*common, "-v", cwd=tmp_path)
+    info = run_cli_subprocess(*common, "-v", cwd=tmp_path)
     assert info.returncode == 0, info.stderr
     assert any(line.startswith("amp-rewrite: INFO: converted 4/6") for line in our_lines(info.stderr))
     assert not [line for line in info.stderr.splitlines() if line.startswith("amp-rewrite: DEBUG: ")]
-    debug = cli(*common, "-vv", cwd=tmp_path)
+    debug = run_cli_subprocess(*common, "-vv", cwd=tmp_path)
     assert debug.returncode == 0, debug.stderr
     lines = debug.stderr.splitlines()
     changed = [RULE_LINE.match(line).groups() for line in lines if RULE_LINE.match(line)]
@@ -282,25 +279,24 @@ def test_verbose_levels_log_each_rule_then_each_decision_as_explain_words_it(gra
     counts = {name: tuple(map(int, numbers)) for name, *numbers in changed}
     assert counts["paint_allow_ops"] == (2, 0, 0)  # mm and mm2
     assert counts["paint_between_allow"] == (1, 0, 0)  # relu, between them
-    explained = cli("explain", graph_file, "relu", "--fetch", "logits", "--device-type", "CPU", cwd=tmp_path)
+    explained = run_cli_subprocess("explain", graph_file, "relu", "--fetch", "logits", "--device-type", "CPU",
+                                   cwd=tmp_path)
     assert explained.returncode == 0, explained.stderr
     sentence = explained.stdout.splitlines()[0]
     assert sentence.startswith("relu (Relu) → float16: between allow ops")
     assert f"amp-rewrite: DEBUG: {sentence}" in lines
 
 
-def test_an_unexpected_failure_in_a_painting_rule_is_one_line_naming_the_rule(graph_file, tmp_path, monkeypatch,
-                                                                               capsys):
-    from amp_rewrite import cli as command
+def test_an_unexpected_failure_in_a_painting_rule_is_one_line_naming_the_rule(graph_file, tmp_path, monkeypatch):
     from amp_rewrite.paint.context import PaintContext
 
     def broken(self, vid):
         raise ValueError("boom")
 
     monkeypatch.setattr(PaintContext, "can_convert", broken)
-    code = command.main([str(graph_file), str(tmp_path / "out.pb"), "--device-type", "CPU"])
-    assert code == 1
-    line = assert_one_line_error(capsys.readouterr().err, "painting rule paint_allow_ops failed (after "
+    proc = run_cli(graph_file, tmp_path / "out.pb", "--device-type", "CPU", cwd=tmp_path)  # in-process, patched
+    assert proc.returncode == 1
+    line = assert_one_line_error(proc.stderr, "painting rule paint_allow_ops failed (after "
                                  "find_tensor_list_clusters, deny_escaping_tensor_lists): ValueError: boom")
     assert line.endswith("(unexpected; run with -v for details)")
     assert not (tmp_path / "out.pb").exists()

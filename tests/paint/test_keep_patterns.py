@@ -10,7 +10,6 @@ from helpers import (
     amp,
     assert_one_line_error,
     assert_same_outputs_within_half,
-    cli,
     function_call_graph,
     mlp_session_graph,
     our_lines,
@@ -18,6 +17,7 @@ from helpers import (
     runner_of,
     tf1,
 )
+from runners import run_cli
 
 from amp_rewrite import Config
 from amp_rewrite.errors import UsageError
@@ -148,21 +148,21 @@ def graph_file(tmp_path_factory):
 
 def test_cli_flag_is_repeatable_and_explain_names_the_pattern(graph_file, tmp_path):
     out = tmp_path / "out.pb"
-    proc = cli(graph_file, out, "--device-type", "CPU", "--keep-float32", "^head/mm$",
-               "--keep-float32", "body/relu", cwd=tmp_path)
+    proc = run_cli(graph_file, out, "--device-type", "CPU", "--keep-float32", "^head/mm$",
+                   "--keep-float32", "body/relu", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert not our_lines(proc.stderr), proc.stderr
     gd = tf1.GraphDef.FromString(out.read_bytes())
     assert dtype_of(gd, "head/mm") == F32 and dtype_of(gd, "body/relu") == F32
     assert dtype_of(gd, "body/mm") == F16
-    proc = cli("explain", graph_file, "head/mm", "--device-type", "CPU", "--keep-float32", "^head/", cwd=tmp_path)
+    proc = run_cli("explain", graph_file, "head/mm", "--device-type", "CPU", "--keep-float32", "^head/", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "keep-float32 pattern '^head/'" in proc.stdout
 
 
 def test_cli_warns_once_for_a_pattern_that_matches_nothing(graph_file, tmp_path):
     out = tmp_path / "out.pb"
-    proc = cli(graph_file, out, "-q", "--device-type", "CPU", "--keep-float32", "decoder/", cwd=tmp_path)
+    proc = run_cli(graph_file, out, "-q", "--device-type", "CPU", "--keep-float32", "decoder/", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     lines = our_lines(proc.stderr)
     assert len(lines) == 1 and "WARNING" in lines[0] and "--keep-float32 'decoder/' matches no node" in lines[0]
@@ -171,7 +171,7 @@ def test_cli_warns_once_for_a_pattern_that_matches_nothing(graph_file, tmp_path)
 
 def test_cli_invalid_pattern_is_one_line_and_exit_2(graph_file, tmp_path):
     out = tmp_path / "out.pb"
-    proc = cli(graph_file, out, "--keep-float32", "a(b", cwd=tmp_path)
+    proc = run_cli(graph_file, out, "--keep-float32", "a(b", cwd=tmp_path)
     assert proc.returncode == 2
     assert_one_line_error(proc.stderr, "--keep-float32 'a(b': not a regular expression")
     assert not out.exists()

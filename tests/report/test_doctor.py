@@ -5,7 +5,8 @@ import json
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import F16, F32, amp, assert_one_line_error, assert_same_outputs_within_half, cli, rng, tf1
+from helpers import F16, F32, amp, assert_one_line_error, assert_same_outputs_within_half, rng, tf1
+from runners import run_cli
 
 from amp_rewrite.report.doctor import diagnose, padded, render_lines, speedup_bound
 
@@ -211,37 +212,37 @@ def test_findings_of_every_kind_are_ranked_by_share_and_printed_in_that_order():
 def test_cli_doctor_prints_findings_and_the_report_carries_the_same(tmp_path):
     path = tmp_path / "model.pb"
     path.write_bytes(odd_dims_graph().SerializeToString())
-    done = cli("doctor", path, "--fetch", "out", "--device-type", "GPU", cwd=tmp_path)
+    done = run_cli("doctor", path, "--fetch", "out", "--device-type", "GPU", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "tensor_core_shape: allow2" in done.stdout and "float32_island: deny1" in done.stdout
     assert "bound: " in done.stdout
     report = tmp_path / "r.json"
-    done = cli(path, tmp_path / "out.pb", "--fetch", "out", "--device-type", "GPU", "--report", report, cwd=tmp_path)
+    done = run_cli(path, tmp_path / "out.pb", "--fetch", "out", "--device-type", "GPU", "--report", report,
+                   cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     doctor = json.loads(report.read_text())["doctor"]
     expected = diagnose(amp(odd_dims_graph(), ["out"], device_type="GPU")).as_dict()
     assert json.loads(json.dumps(expected)) == doctor
     page = tmp_path / "r.html"
-    assert cli(path, tmp_path / "out.pb", "--fetch", "out", "--report", page, cwd=tmp_path).returncode == 0
+    assert run_cli(path, tmp_path / "out.pb", "--fetch", "out", "--report", page, cwd=tmp_path).returncode == 0
     assert '"doctor": {' in page.read_text() or '"doctor":{' in page.read_text()
 
 
 def test_cli_doctor_on_a_missing_file_is_one_line(tmp_path):
-    done = cli("doctor", tmp_path / "nothing.pb", cwd=tmp_path)
+    done = run_cli("doctor", tmp_path / "nothing.pb", cwd=tmp_path)
     assert done.returncode == 1
     assert_one_line_error(done.stderr, "nothing.pb")
 
 
-def test_doctor_reads_a_saved_model_and_names_nodes_inside_its_functions(tmp_path, capsys):
-    from amp_rewrite.cli import main
-
+def test_doctor_reads_a_saved_model_and_names_nodes_inside_its_functions(tmp_path):
     module = tf.Module()
     module.w = tf.Variable(tf.ones([26, 13]))
     module.f = tf.function(lambda x: tf.matmul(tf.exp(tf.matmul(x, module.w)), tf.ones([13, 64])),
                            input_signature=[tf.TensorSpec([32, 26], tf.float32)])
     tf.saved_model.save(module, str(tmp_path / "sm"))
-    assert main(["doctor", str(tmp_path / "sm"), "--device-type", "GPU"]) == 0
-    out = capsys.readouterr().out
+    done = run_cli("doctor", tmp_path / "sm", "--device-type", "GPU", cwd=tmp_path)
+    assert done.returncode == 0
+    out = done.stdout
     found = [line for line in out.splitlines() if line[:3].strip().rstrip(".").isdigit()]
     assert len(found) == 3 and "tensor_core_shape: " in found[0] and "::" in found[0]
     assert "float32_island: " in found[2] and found[2].endswith("::Exp")

@@ -5,7 +5,8 @@ import itertools
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import amp, cli, rng, tf1
+from helpers import amp, rng, tf1
+from runners import run_cli
 
 from amp_rewrite.report.measure import BenchmarkError, Measurement, cpu_features, measure_speedup, measurement_line
 
@@ -80,17 +81,16 @@ def test_cpu_features_are_read_from_cpuinfo(tmp_path):
 def test_cli_benchmark_runs_the_initializer_and_prints_the_measured_line(tmp_path):
     path = tmp_path / "mlp.pb"
     path.write_bytes(mlp().SerializeToString())
-    done = cli("doctor", path, "--fetch", "out", "--benchmark", "--runs", "2", cwd=tmp_path)
+    done = run_cli("doctor", path, "--fetch", "out", "--benchmark", "--runs", "2", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     line = done.stdout.splitlines()[-1]
     assert line.startswith("measured on this machine's CPU") and "median of 2, interleaved" in line
 
 
-def test_cli_benchmark_refuses_a_saved_model(tmp_path, capsys):
-    from amp_rewrite.cli import main
-
+def test_cli_benchmark_refuses_a_saved_model(tmp_path):
     module = tf.Module()
     module.f = tf.function(lambda x: tf.matmul(x, x), input_signature=[tf.TensorSpec([4, 4], tf.float32)])
     tf.saved_model.save(module, str(tmp_path / "sm"))
-    assert main(["doctor", str(tmp_path / "sm"), "--benchmark"]) == 2
-    assert "--benchmark takes a GraphDef input" in capsys.readouterr().err
+    done = run_cli("doctor", tmp_path / "sm", "--benchmark", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "--benchmark takes a GraphDef input" in done.stderr

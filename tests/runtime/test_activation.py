@@ -2,13 +2,14 @@
 
 import ast
 import contextlib
-import os
 import subprocess
 import sys
 import sysconfig
+import tempfile
 from pathlib import Path
 
 import pytest
+from runners import clean_env
 
 import _amp_rewrite_autoload as autoload
 import _amp_rewrite_import_hook as import_hook
@@ -20,10 +21,9 @@ OWN_VARIABLES = ("ENABLE_AUTO_MP", "TF_ENABLE_AUTO_MIXED_PRECISION")
 
 def python(code, *, flags=(), **env):
     """Runs ``code`` in a fresh interpreter with only ``env`` of our variables set."""
-    environ = {k: v for k, v in os.environ.items() if k not in OWN_VARIABLES}
-    environ.update(env, TF_CPP_MIN_LOG_LEVEL="2")
-    done = subprocess.run([sys.executable, *flags, "-c", code], env=environ,
-                          capture_output=True, text=True, timeout=120)
+    with tempfile.TemporaryDirectory() as cwd:  # ``-c`` puts it first on sys.path: no checkout there
+        done = subprocess.run([sys.executable, *flags, "-c", code], env=clean_env(**env), cwd=cwd,
+                              capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return done
 

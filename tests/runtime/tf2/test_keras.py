@@ -7,7 +7,6 @@ they wrote. The custom-loop tests patch this process with ``enable()``.
 
 import json
 import logging
-import os
 import subprocess
 import sys
 
@@ -16,14 +15,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from helpers import REPO, rng
+from runners import clean_env
 
 from amp_rewrite import runtime
 from amp_rewrite.runtime.settings import RuntimeSettings
 from amp_rewrite.runtime.tf2 import loss_scale as tf2_loss_scale
 
 FIT_TOOL = REPO / "tools" / "tf2_keras_fit.py"
-OWN_PREFIXES = ("ENABLE_AUTO_MP", "TF_ENABLE_AUTO_MIXED_PRECISION", "AMP_",
-                "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_")
 EPOCHS = 6
 
 
@@ -31,13 +29,11 @@ EPOCHS = 6
 def fits(tmp_path_factory):
     """Both fits, run side by side: {"fp32": {model: result}, "amp": {model: result}}."""
     root = tmp_path_factory.mktemp("fit")
-    base = {k: v for k, v in os.environ.items() if not k.startswith(OWN_PREFIXES)}
-    base.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONHASHSEED="0")
     runs = {}
     for name, extra in (("fp32", {}), ("amp", {"ENABLE_AUTO_MP": "1", "AMP_REWRITE_TARGET": "float16"})):
         out = root / f"{name}.json"
         command = [sys.executable, str(FIT_TOOL), "--out", str(out), "--epochs", str(EPOCHS)]
-        runs[name] = (out, subprocess.Popen(command, env={**base, **extra}, stdout=subprocess.DEVNULL,
+        runs[name] = (out, subprocess.Popen(command, env=clean_env(**extra), stdout=subprocess.DEVNULL,
                                             stderr=subprocess.PIPE, text=True))
     results = {}
     for name, (out, process) in runs.items():

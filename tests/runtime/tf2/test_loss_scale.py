@@ -8,19 +8,17 @@ float32 run's checkpoint, and its own one with the runtime disabled.
 """
 
 import json
-import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 from helpers import TESTS
+from runners import clean_env
 
 FIXTURES = TESTS / "fixtures"
 LOOPS = FIXTURES / "train_tf2_loops.py"
 OVERFLOW = FIXTURES / "overflow_step.py"
-OWN_PREFIXES = ("ENABLE_AUTO_MP", "TF_ENABLE_AUTO_MIXED_PRECISION", "AMP_",
-                "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_", "TF_USE_LEGACY_KERAS")
 KERAS3 = ("keras_function", "keras_eager", "keras_train_step", "keras_mirrored")
 TF_KERAS = ("tf_keras_fit", "tf_keras_loop")
 STYLES = KERAS3 + TF_KERAS
@@ -29,11 +27,6 @@ INJECT_STEP = 3
 STEPS = 120
 FLOAT16 = {"ENABLE_AUTO_MP": "1", "AMP_REWRITE_TARGET": "float16"}
 SKIP_LINE = ("step skipped, gradients not finite for 1 of 5 variables: probe/injected.")
-
-
-def environment(**extra):
-    base = {k: v for k, v in os.environ.items() if not k.startswith(OWN_PREFIXES)}
-    return {**base, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONHASHSEED": "0", **extra}
 
 
 def start(root, name, styles, env, *more):
@@ -61,15 +54,15 @@ def runs(tmp_path_factory):
     stderrs = {"amp": {}, "unscaled": {}}
     first = {}
     for group, (styles, extra) in groups.items():
-        first[group, "f32"] = start(root, f"f32_{group}", styles, environment(**extra))
+        first[group, "f32"] = start(root, f"f32_{group}", styles, clean_env(**extra))
         first[group, "unscaled"] = start(root, f"unscaled_{group}", styles,
-                                         environment(**extra, **FLOAT16, AMP_LOSS_SCALE="1"), *inject)
+                                         clean_env(**extra, **FLOAT16, AMP_LOSS_SCALE="1"), *inject)
     for (group, kind), running in first.items():
         result, stderr = finish(*running)
         results[kind].update(result)
         if kind == "unscaled":
             stderrs[kind][group] = stderr
-    second = {group: start(root, f"amp_{group}", styles, environment(**extra, **FLOAT16), *inject,
+    second = {group: start(root, f"amp_{group}", styles, clean_env(**extra, **FLOAT16), *inject,
                            "--restore-from", str(root / f"f32_{group}"))
               for group, (styles, extra) in groups.items()}
     for group, running in second.items():
@@ -157,7 +150,7 @@ def test_checkpoints_restore_both_ways(runs, style):
 
 
 def run_overflow(**extra):
-    process = subprocess.run([sys.executable, str(OVERFLOW)], env=environment(**extra),
+    process = subprocess.run([sys.executable, str(OVERFLOW)], env=clean_env(**extra),
                              capture_output=True, text=True, timeout=300)
     assert process.returncode == 0, process.stderr[-4000:]
     losses = [float(line.split()[1]) for line in process.stdout.splitlines() if line.startswith("loss")]
@@ -272,7 +265,7 @@ def test_tf_keras_loss_scale_optimizer_is_not_scaled_twice(tmp_path):
         "assert runtime.loss_scaling() is not None and not runtime.loss_scaling().has_state()\n"
         "print('ok')\n")
     process = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
-                             env=environment(**FLOAT16, TF_USE_LEGACY_KERAS="1"))
+                             env=clean_env(**FLOAT16, TF_USE_LEGACY_KERAS="1"))
     assert process.returncode == 0 and process.stdout.strip() == "ok", process.stderr[-3000:]
 
 
