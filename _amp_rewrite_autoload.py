@@ -11,7 +11,7 @@ PEP 829 ``amp_rewrite_autoload.start``), so that loading it does not import the
   (through ``_amp_rewrite_import_hook``, the other module loaded here). It
   imports nothing else; ``amp_rewrite.runtime`` is imported, and the patches
   applied, right after the script's ``import tensorflow`` finishes.
-- :data:`ENV_NAMES` and :data:`TRUE_VALUES` repeat
+- :data:`ENV_NAMES`, :data:`TRUE_VALUES` and :data:`STRICT_ENV` repeat
   :mod:`amp_rewrite.environment`'s (a test holds them equal): importing that
   package here would cost every enabled script its import before TensorFlow's.
 - Nothing here ever raises into the interpreter's start-up or into the
@@ -28,6 +28,7 @@ import _amp_rewrite_import_hook as import_hook
 
 ENV_NAMES = ("ENABLE_AUTO_MP", "TF_ENABLE_AUTO_MIXED_PRECISION")
 TRUE_VALUES = ("1", "true", "yes", "on")
+STRICT_ENV = "AMP_REWRITE_STRICT"
 
 
 def is_requested(environ=None) -> bool:
@@ -54,4 +55,4 @@ def _enable_runtime_from_env(module) -> None:
 
 
 def _is_strict() -> bool:
-    return os.environ.get("AMP_REWRITE_STRICT", "").strip().lower() in TRUE_VALUES
+    return os.environ.get(STRICT_ENV, "").strip().lower() in TRUE_VALUES

@@ -79,6 +79,19 @@ def test_patches_apply_when_the_script_imports_tensorflow():
                   AMP_REWRITE_TARGET="float16").stdout.split() == ["True", "True"]
 
 
+def test_disable_before_the_import_leaves_tensorflow_unpatched():
+    """``amp_rewrite.disable()`` before ``import tensorflow`` wins over ``ENABLE_AUTO_MP=1``."""
+    code = (
+        "import amp_rewrite\n"
+        "amp_rewrite.disable()\n"
+        "import tensorflow\n"
+        "from amp_rewrite import runtime\n"
+        "from tensorflow.python.client import session\n"
+        "print(runtime.is_enabled(), hasattr(session.BaseSession.run, '__wrapped__'))\n"
+    )
+    assert python(code, ENABLE_AUTO_MP="1", AMP_REWRITE_TARGET="float16").stdout.split() == ["False", "False"]
+
+
 def test_post_import_hook_fires_once_after_the_module_ran(tmp_path, monkeypatch):
     (tmp_path / "amp_probe_module.py").write_text("VALUE = 42\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -155,6 +168,7 @@ def test_the_bootstrap_spells_the_switch_as_the_package_does():
 
     assert autoload.ENV_NAMES == environment.ENABLE_ENVS
     assert autoload.TRUE_VALUES == environment.TRUE_VALUES
+    assert autoload.STRICT_ENV == environment.STRICT_ENV
     pth = (Path(sysconfig.get_paths()["purelib"]) / "amp_rewrite_autoload.pth").read_text()
     assert all(repr(value).replace("'", '"') in pth for value in environment.TRUE_VALUES + environment.ENABLE_ENVS)
 
