@@ -483,7 +483,7 @@ class _Runner:
     def _import(self, graph_def):
         import tensorflow as tf
 
-        from amp_rewrite.graph.flops import import_blocker
+        from amp_rewrite.graph.importable import import_blocker
 
         blocker = import_blocker(graph_def)
         if blocker:
