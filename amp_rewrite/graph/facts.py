@@ -1,7 +1,8 @@
 """Facts read off a GraphDef that several modules need: one definition each.
 
 - dtype numbers (``types.proto``) and the largest finite value of each half type;
-- how a node's input string names its source (``name``, ``name:port``, ``^name``);
+- how a node's input string names its source (``name``, ``name:port``, ``^name``)
+  and the tensor it reads;
 - a graph's sinks: the nodes whose outputs nothing reads;
 - the library functions a node calls, through any function attr or as its op;
 - the nodes of the main graph and of chosen function bodies as one list
@@ -41,6 +42,12 @@ def parse_input(ref: str) -> tuple[str, int, bool]:
 def node_name(ref: str) -> str:
     """The node an input string (or a fetch, ``name`` or ``name:port``) names."""
     return parse_input(ref)[0]
+
+
+def tensor_name(ref: str) -> str:
+    """The tensor a data input string (or a feed, ``name`` or ``name:port``) names, as ``name:port``."""
+    name, port, _ = parse_input(ref)
+    return f"{name}:{port}"
 
 
 def sinks(graph_def) -> set[str]:
