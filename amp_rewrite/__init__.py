@@ -8,6 +8,14 @@ TF1 sessions and traced ``tf.function``s run rewritten graphs, and TF1
 optimizers and Keras ``compile`` scale the loss. :func:`function` is a
 ``tf.function`` that runs rewritten without the switch. ``__version__`` is
 the installed distribution's version (``amp-rewrite --version`` prints it).
+
+Beside those: :func:`validated_rewrite` checks a rewrite against float32 on
+sample inputs; :func:`diagnose` and :func:`render_lines` say why a rewritten
+graph may not run faster, and :func:`measure_speedup` times both graphs;
+:func:`disagreements` checks each node's reported reason against its dtype;
+:func:`default_device_type` is the device type rewrites target when none is
+given; :func:`is_enabled`, :func:`current_runtime`, :func:`target_choice`
+and :class:`RuntimeSettings` describe the ``ENABLE_AUTO_MP`` runtime.
 """
 
 import functools
@@ -17,7 +25,8 @@ from amp_rewrite.errors import AmpRewriteError, GraphError, InputFileError, List
 from amp_rewrite.paint.op_lists import OpLists, load_lists
 from amp_rewrite.pipeline import RewriteResult, rewrite
 
-# Loaded on first use: they pull in NumPy and TensorFlow's SavedModel protos.
+# Name → its home module, loaded on first use: these pull in NumPy, TensorFlow
+# or the runtime, which importing the package must not.
 _LAZY = {
     "validated_rewrite": "amp_rewrite.validate",
     "Tolerance": "amp_rewrite.validate",
@@ -25,6 +34,15 @@ _LAZY = {
     "rewrite_saved_model": "amp_rewrite.saved_model",
     "function": "amp_rewrite.function_api",
     "rewrite_concrete_function": "amp_rewrite.function_api",
+    "diagnose": "amp_rewrite.report.doctor",
+    "render_lines": "amp_rewrite.report.doctor",
+    "measure_speedup": "amp_rewrite.report.measure",
+    "disagreements": "amp_rewrite.paint.explain",
+    "default_device_type": "amp_rewrite.graph.op_registry",
+    "current_runtime": "amp_rewrite.runtime",
+    "is_enabled": "amp_rewrite.runtime",
+    "target_choice": "amp_rewrite.runtime",
+    "RuntimeSettings": "amp_rewrite.runtime.settings",
 }
 
 
@@ -77,15 +95,24 @@ __all__ = [
     "OpLists",
     "RewriteResult",
     "RuntimeRewriteError",
+    "RuntimeSettings",
     "Tolerance",
     "UsageError",
     "ValidationReport",
+    "current_runtime",
+    "default_device_type",
+    "diagnose",
     "disable",
+    "disagreements",
     "enable",
     "function",
+    "is_enabled",
     "load_lists",
+    "measure_speedup",
+    "render_lines",
     "rewrite",
     "rewrite_concrete_function",
     "rewrite_saved_model",
+    "target_choice",
     "validated_rewrite",
 ]

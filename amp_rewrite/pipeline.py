@@ -75,7 +75,7 @@ from amp_rewrite.graph.typed_graph import TypedGraph
 from amp_rewrite.paint import rules, tensor_lists
 from amp_rewrite.paint.casts import Applied, apply_painting, promote_batch_norms, restore_unconverted_batch_norms
 from amp_rewrite.paint.checks import ensure
-from amp_rewrite.paint.context import PaintContext
+from amp_rewrite.paint.context import NodeChoices, PaintContext
 from amp_rewrite.paint.explain import node_outcomes
 from amp_rewrite.paint.keep_patterns import match_patterns
 from amp_rewrite.paint.op_lists import OpLists, load_lists
@@ -270,6 +270,41 @@ def _collector_paused():
 
 def _rewrite(graph_def, *, fetches, target, config, in_place, tuner) -> RewriteResult:
     start = time.perf_counter()
+    config = _effective_config(config, fetches=fetches, target=target)
+    lists = load_lists(config.target, lists_dir=config.lists_dir, edits=config.list_edits, level=config.level)
+    lap = _Laps()
+    nodes_total = len(graph_def.node) + sum(len(f.node_def) for f in graph_def.library.function)
+    work = _working_copy(graph_def, config, in_place=in_place)
+    preserved = _preserved_nodes(work, config)
+    promoted = promote_batch_norms(work, skip=preserved)
+    lap("copy")
+    graph = TypedGraph(work, OpRegistry(work.library), opaque_functions=dict(config.opaque_functions))
+    lap("typed view")
+    kept, unmatched = _match_keep_patterns(graph, config)
+    ctx = _paint_context(graph, lists, config, preserved=preserved, kept_by_pattern=kept, tuner=tuner)
+    painting = paint(ctx)
+    lap("painting")
+    restore_unconverted_batch_norms(graph, painting, promoted)
+    was_float32 = [dtype == DT_FLOAT for dtype in ctx.dtypes]
+    applied = apply_painting(ctx, painting, was_float32)
+    lap("casts")
+    names = name_changes(graph, applied, finalize_functions(graph))
+    lap("functions")
+    result = RewriteResult(
+        graph_def=work, config=config, lists=lists, seconds=time.perf_counter() - start,
+        nodes_total=nodes_total, applied=names, explain=lambda: node_outcomes(ctx, painting, applied, was_float32),
+        unknown_ops=tuple(graph.unknown_ops), step_seconds=lap.seconds, unmatched_patterns=unmatched,
+    )
+    if config.is_checking:
+        _check_postconditions(graph_def, result, ctx)
+    if config.dump_dir:
+        _dump(config.dump_dir, graph_def, result)
+    _log_outcomes(result)
+    return result
+
+
+def _effective_config(config: Config | None, *, fetches, target: str | None) -> Config:
+    """``config`` (else the environment's) with the arguments that override it, and a device type chosen."""
     config = config if config is not None else Config.from_env()
     if fetches is not None:
         config = replace(config, fetches=tuple(fetches))
@@ -277,64 +312,62 @@ def _rewrite(graph_def, *, fetches, target, config, in_place, tuner) -> RewriteR
         config = replace(config, target=target)
     if config.device_type is None:
         config = replace(config, device_type=default_device_type())
-    lists = load_lists(config.target, lists_dir=config.lists_dir, edits=config.list_edits,
-                       level=config.level)
+    return config
 
-    lap = _Laps()
-    nodes_total = len(graph_def.node) + sum(len(f.node_def) for f in graph_def.library.function)
+
+def _working_copy(graph_def, config: Config, *, in_place: bool):
+    """The GraphDef to rewrite: ``graph_def`` itself for ``in_place``, unless the dump or the checks need it intact."""
     if in_place and not (config.dump_dir or config.is_checking):
-        work = graph_def
-    else:
-        work = graph_pb2().GraphDef()
-        work.CopyFrom(graph_def)
-    preserved = _preserved_nodes(work, config)
-    promoted = promote_batch_norms(work, skip=preserved)
-    lap("copy")
-    graph = TypedGraph(work, OpRegistry(work.library), opaque_functions=dict(config.opaque_functions))
-    lap("typed view")
+        return graph_def
+    work = graph_pb2().GraphDef()
+    work.CopyFrom(graph_def)
+    return work
+
+
+def _match_keep_patterns(graph: TypedGraph, config: Config) -> tuple[dict[int, str], tuple[str, ...]]:
+    """The nodes the keep-float32 patterns match (index → reason), and the patterns that match none."""
     kept, unmatched = match_patterns(graph, config.keep_float32_patterns)
     for pattern in unmatched:
         logger.debug("keep-float32 pattern %r matches no node", pattern)
+    return kept, unmatched
+
+
+def _paint_context(graph: TypedGraph, lists: OpLists, config: Config, *, preserved: frozenset[str],
+                   kept_by_pattern: dict[int, str], tuner) -> PaintContext:
+    """What the rules read; the tuner ``config.is_tuning`` asks for is built here unless one was given."""
+    assert config.device_type is not None, "_effective_config chooses the device type"
     if tuner is None and config.is_tuning:
         from amp_rewrite.tune.tuner import tuner_for
 
         tuner = tuner_for(config)
-    ctx = PaintContext(graph, lists, target_dtype=TARGET_DTYPES[config.target], tuner=tuner,
-                       device_type=config.device_type, preserved=preserved,
-                       force_all=config.level == "UNSAFE_FORCE_ALL", keep_float32=dict(config.keep_float32),
-                       release=frozenset(config.release), fixed_signatures=frozenset(config.fixed_signatures),
-                       kept_by_pattern=kept)
-    painting = paint(ctx)
-    lap("painting")
-    restore_unconverted_batch_norms(graph, painting, promoted)
-    was_float32 = [dtype == DT_FLOAT for dtype in ctx.dtypes]
-    applied = apply_painting(ctx, painting, was_float32)
-    lap("casts")
-    library = finalize_functions(graph)
-    names = name_changes(graph, applied, library)
-    lap("functions")
-    result = RewriteResult(
-        graph_def=work, config=config, lists=lists, seconds=time.perf_counter() - start,
-        nodes_total=nodes_total, applied=names,
-        explain=lambda: node_outcomes(ctx, painting, applied, was_float32),
-        unknown_ops=tuple(graph.unknown_ops),
-        step_seconds=lap.seconds,
-        unmatched_patterns=unmatched,
-    )
-    if config.is_checking:
-        left_alone = {graph.nodes[i].name for i in graph.bodies[0].index.values() if ctx.skip_reason[i] is not None}
-        ensure(graph_def, work, casts=names.casts, fetches=config.fetches, left_alone=left_alone)
-    if config.dump_dir:
-        from amp_rewrite.graph.io import dump_rewrite
+    choices = NodeChoices(preserved=preserved, keep_float32=dict(config.keep_float32), kept_by_pattern=kept_by_pattern,
+                          fixed_signatures=frozenset(config.fixed_signatures), release=frozenset(config.release))
+    return PaintContext(graph, lists, target_dtype=TARGET_DTYPES[config.target], device_type=config.device_type,
+                        choices=choices, force_all=config.level == "UNSAFE_FORCE_ALL", tuner=tuner)
 
-        paths = dump_rewrite(config.dump_dir, graph_def, work, lists)
-        logger.info("dumped the graph before and after the rewrite to %s", paths[0].parent)
+
+def _check_postconditions(original, result: RewriteResult, ctx: PaintContext) -> None:
+    """Raises on the first structural postcondition the output breaks (:func:`amp_rewrite.paint.checks.ensure`)."""
+    graph = ctx.graph
+    left_alone = {graph.nodes[i].name for i in graph.bodies[0].index.values() if ctx.skip_reason[i] is not None}
+    ensure(original, result.graph_def, casts=result.casts, fetches=result.config.fetches, left_alone=left_alone)
+
+
+def _dump(directory: str, original, result: RewriteResult) -> None:
+    """Writes the graph before and after the rewrite, and the lists, into ``directory``."""
+    from amp_rewrite.graph.io import dump_rewrite
+
+    paths = dump_rewrite(directory, original, result.graph_def, result.lists)
+    logger.info("dumped the graph before and after the rewrite to %s", paths[0].parent)
+
+
+def _log_outcomes(result: RewriteResult) -> None:
+    """Every node's outcome at DEBUG, then the one INFO line."""
     if logger.isEnabledFor(logging.DEBUG):
         for outcome in result.node_outcomes.values():
             logger.debug("%s", outcome["reason"])
-    logger.info("converted %d/%d nodes to %s, %d casts, in %.3f s", len(names.converted),
-                result.nodes_total, config.target, len(names.casts), result.seconds)
-    return result
+    logger.info("converted %d/%d nodes to %s, %d casts, in %.3f s", len(result.converted),
+                result.nodes_total, result.config.target, len(result.casts), result.seconds)
 
 
 @dataclass(frozen=True)

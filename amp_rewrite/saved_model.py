@@ -19,9 +19,8 @@ from dataclasses import replace
 
 from amp_rewrite.config import Config
 from amp_rewrite.graph.facts import node_name, sinks
+from amp_rewrite.graph.functions import ENTRY_PREFIX, entry_call
 from amp_rewrite.pipeline import RewriteResult, rewrite
-
-ENTRY_PREFIX = "_amp_rewrite_entry"
 
 
 def rewrite_saved_model(saved, *, config: Config | None = None) -> tuple[object, RewriteResult]:
@@ -121,28 +120,4 @@ def _entry_calls(graph_def, entries: list[str]) -> list:
                                     for a in list(signature.input_arg) + list(signature.output_arg)):
             continue
         nodes.extend(entry_call(signature, f"{ENTRY_PREFIX}/{name}"))
-    return nodes
-
-
-def entry_call(signature, call_name: str) -> list:
-    """NodeDefs that call the function of ``signature``: ``call_name/arg<k>`` Placeholders, then the call.
-
-    The call, ``call_name``, is a ``StatefulPartitionedCall`` with the
-    signature's own dtypes; fetching or preserving it keeps the function's
-    inputs and outputs in those dtypes, while the rewrite reaches its body.
-    The signature must be monomorphic (no type or number attrs).
-    """
-    from tensorflow.core.framework import node_def_pb2
-
-    nodes = []
-    call = node_def_pb2.NodeDef(name=call_name, op="StatefulPartitionedCall")
-    for k, arg in enumerate(signature.input_arg):
-        placeholder = node_def_pb2.NodeDef(name=f"{call_name}/arg{k}", op="Placeholder")
-        placeholder.attr["dtype"].type = arg.type
-        nodes.append(placeholder)
-        call.input.append(placeholder.name)
-    call.attr["f"].func.name = signature.name
-    call.attr["Tin"].list.type.extend(a.type for a in signature.input_arg)
-    call.attr["Tout"].list.type.extend(a.type for a in signature.output_arg)
-    nodes.append(call)
     return nodes

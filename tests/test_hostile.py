@@ -782,7 +782,7 @@ def test_dump_dir_inside_the_input_saved_model(tmp_path):
 
 
 def test_optional_func_attr_left_unset_is_no_call():
-    from amp_rewrite.graph.flops import import_blocker, missing_function
+    from amp_rewrite.graph.importable import import_blocker, missing_function
 
     graph_def = small_graph()
     node(graph_def, "relu").attr["unused_f"].func.name = ""
@@ -790,7 +790,7 @@ def test_optional_func_attr_left_unset_is_no_call():
 
 
 def test_mutual_recursion_is_found_without_tensorflow():
-    from amp_rewrite.graph.flops import import_blocker
+    from amp_rewrite.graph.importable import import_blocker
 
     graph_def = recursive_graph()
     first = graph_def.library.function[0]

@@ -1,6 +1,7 @@
 """Accuracy-guarded rewrite: range rule, pattern rules, region bisection, sample-input errors."""
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -124,6 +125,14 @@ def test_transformer_with_large_logits_and_layer_norm_stays_finite():
     want, = run(gd, ["out"], feeds)
     assert np.all(np.isfinite(got)) and Tolerance().error(got, want) <= 1.0
     assert result.half_flop_share > 0.5
+
+
+def test_bfloat16_has_float32_range_so_no_risk_rule_keeps_anything():
+    gd, feeds = overflow_graph()
+    result, report = validated_rewrite(gd, feeds=feeds, fetches=["out"], config=replace(CPU, target="bfloat16"))
+    assert report.passed and report.runs == 2 and report.range_kept == {} and report.pattern_kept == {}
+    assert {"mm_big", "relu_big", "mul_1", "mm_out"} <= half_nodes(result.graph_def)
+    assert result.graph_def == amp(gd, ["out"], target="bfloat16").graph_def
 
 
 def test_graph_that_is_already_fine_costs_two_runs_and_returns_nothing():

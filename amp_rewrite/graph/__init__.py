@@ -12,9 +12,11 @@ face); modules may move between releases.
   :mod:`~amp_rewrite.graph.data_edges`, :mod:`~amp_rewrite.graph.vertex_dtypes`,
   :mod:`~amp_rewrite.graph.names` and :mod:`~amp_rewrite.graph.typed_graph`:
   the typed view, one vertex per node and type attribute;
-- :mod:`~amp_rewrite.graph.functions`: function instances written back into the library;
+- :mod:`~amp_rewrite.graph.functions`: function instances written back into the library,
+  and the synthetic call that reaches an entry function;
 - :mod:`~amp_rewrite.graph.tensors`: Const values read and converted;
-- :mod:`~amp_rewrite.graph.flops`: MatMul/Conv FLOPs, and whether TensorFlow can import a graph;
+- :mod:`~amp_rewrite.graph.importable`: whether TensorFlow can import a graph;
+- :mod:`~amp_rewrite.graph.flops`: MatMul/Conv FLOPs;
 - :mod:`~amp_rewrite.graph.io`: GraphDef and SavedModel files.
 
 Nothing here imports the painting, the runtime or the command line.

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import operator
 from array import array
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import NoReturn
 
 from amp_rewrite.errors import GraphError
@@ -94,63 +94,77 @@ def read_inputs(bodies: list[Body], nodes: list, in_attrs: list, out_attrs: list
             output of its source, a data input after a control input, or a
             wrong number of data inputs.
     """
-    in_start, in_src, in_port, in_dst = array("q", [0]), array("i"), array("i"), array("i")
-    control_consumers = [False] * len(nodes)
+    reader = _InputReader(nodes, in_attrs, out_attrs, out_args)
     for body in bodies:  # each body's nodes are contiguous, in body order, as its index lists them
-        _read_body_inputs(body, body.index.values(), nodes, in_attrs, out_attrs, out_args,
-                          in_start, in_src, in_port, in_dst, control_consumers)
-    return DataEdges(in_start, in_src, in_port, in_dst), control_consumers
+        reader.read_body(body)
+    return DataEdges(reader.in_start, reader.in_src, reader.in_port, reader.in_dst), reader.control_consumers
 
 
-def _read_body_inputs(body: Body, indices: Iterable[int], nodes: list, in_attrs: list, out_attrs: list, out_args: list,
-                      in_start: array, in_src: array, in_port: array, in_dst: array,
-                      control_consumers: list) -> None:
-    """:func:`read_inputs` for one body's nodes; appends to the arrays and ``control_consumers``."""
-    find = body.index.get
-    is_main = body.is_main
-    add_src, add_port, add_dst = in_src.append, in_port.append, in_dst.append
-    for dst in indices:  # the int objects the body's index holds, in node order
-        node = nodes[dst]
-        count = 0
-        seen_control = False
-        for ref in node.input[:]:  # one list: iterating the field itself costs more per string
-            if ref[:1] == "^":
-                src = find(ref[1:])
-                if src is None:
-                    _missing_input(body, node, ref)
-                seen_control = True
-                control_consumers[src] = True
-                continue
-            if is_main:
-                if ":" not in ref:
-                    src = find(ref)
-                    port = 0
-                else:
-                    colon = ref.rfind(":")
-                    if colon > 0 and ref[colon + 1:].isdigit():
-                        src, port = find(ref[:colon]), int(ref[colon + 1:])
+class _InputReader:
+    """Reads the data input strings of one body after another into the flat arrays of :class:`DataEdges`.
+
+    Args:
+        nodes: every node of the view, in view order.
+        in_attrs: per node, the type attr of each data input port (None for an unknown op).
+        out_attrs: per node, the type attr of each output port (None for an unknown op).
+        out_args: per node, each named output arg's first port, for a function body's
+            ``node:output_arg:k`` inputs (None for an unknown op).
+    """
+
+    def __init__(self, nodes: list, in_attrs: list, out_attrs: list, out_args: list):
+        self.nodes, self.in_attrs, self.out_attrs, self.out_args = nodes, in_attrs, out_attrs, out_args
+        self.in_start, self.in_src, self.in_port, self.in_dst = array("q", [0]), array("i"), array("i"), array("i")
+        self.control_consumers = [False] * len(nodes)
+
+    def read_body(self, body: Body) -> None:
+        """Appends the data inputs of ``body``'s nodes, and marks the control sources they name."""
+        nodes, in_attrs, out_attrs, out_args = self.nodes, self.in_attrs, self.out_attrs, self.out_args
+        in_start, in_src, control_consumers = self.in_start, self.in_src, self.control_consumers
+        find = body.index.get
+        is_main = body.is_main
+        add_src, add_port, add_dst = in_src.append, self.in_port.append, self.in_dst.append
+        for dst in body.index.values():  # the int objects the body's index holds, in node order
+            node = nodes[dst]
+            count = 0
+            seen_control = False
+            for ref in node.input[:]:  # one list: iterating the field itself costs more per string
+                if ref[:1] == "^":
+                    src = find(ref[1:])
+                    if src is None:
+                        _missing_input(body, node, ref)
+                    seen_control = True
+                    control_consumers[src] = True
+                    continue
+                if is_main:
+                    if ":" not in ref:
+                        src = find(ref)
+                        port = 0
                     else:
-                        src, port = find(ref), 0
-                if src is None:
-                    _missing_input(body, node, ref)
-            else:
-                src, port = function_source(body, ref, node, out_args)
-            if seen_control:
-                raise GraphError(f"{body.where(node)}: data input {ref!r} follows a control input")
-            outs = out_attrs[src]
-            if outs is not None and port >= len(outs):
-                raise GraphError(
-                    f"{body.where(node)}: input {ref!r} asks for output {port} "
-                    f"of {nodes[src].op} node {nodes[src].name}, which has {len(outs)}"
-                )
-            add_src(src)
-            add_port(port)
-            add_dst(dst)
-            count += 1
-        expected = in_attrs[dst]
-        if expected is not None and len(expected) != count:
-            raise GraphError(f"{body.where(node)}: expected {len(expected)} data inputs, got {count}")
-        in_start.append(len(in_src))
+                        colon = ref.rfind(":")
+                        if colon > 0 and ref[colon + 1:].isdigit():
+                            src, port = find(ref[:colon]), int(ref[colon + 1:])
+                        else:
+                            src, port = find(ref), 0
+                    if src is None:
+                        _missing_input(body, node, ref)
+                else:
+                    src, port = function_source(body, ref, node, out_args)
+                if seen_control:
+                    raise GraphError(f"{body.where(node)}: data input {ref!r} follows a control input")
+                outs = out_attrs[src]
+                if outs is not None and port >= len(outs):
+                    raise GraphError(
+                        f"{body.where(node)}: input {ref!r} asks for output {port} "
+                        f"of {nodes[src].op} node {nodes[src].name}, which has {len(outs)}"
+                    )
+                add_src(src)
+                add_port(port)
+                add_dst(dst)
+                count += 1
+            expected = in_attrs[dst]
+            if expected is not None and len(expected) != count:
+                raise GraphError(f"{body.where(node)}: expected {len(expected)} data inputs, got {count}")
+            in_start.append(len(in_src))
 
 
 def build_fans(vertex_count: int, in_vids: list, out_vids: list, node_vertices: list,

@@ -1,12 +1,19 @@
 """Facts read off a GraphDef that several modules need: one definition each.
 
 - dtype numbers (``types.proto``) and the largest finite value of each half type;
-- how a node's input string names its source (``name``, ``name:port``, ``^name``);
+- how a node's input string names its source (``name``, ``name:port``, ``^name``)
+  and the tensor it reads;
 - a graph's sinks: the nodes whose outputs nothing reads;
-- the library functions a node calls, through any function attr or as its op.
+- the library functions a node calls, through any function attr or as its op;
+- the nodes of the main graph and of chosen function bodies as one list
+  (:func:`flat_nodes`), named as reports name them (``function::node``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 
 DT_FLOAT = 1
 DT_DOUBLE = 2
@@ -37,6 +44,12 @@ def node_name(ref: str) -> str:
     return parse_input(ref)[0]
 
 
+def tensor_name(ref: str) -> str:
+    """The tensor a data input string (or a feed, ``name`` or ``name:port``) names, as ``name:port``."""
+    name, port, _ = parse_input(ref)
+    return f"{name}:{port}"
+
+
 def sinks(graph_def) -> set[str]:
     """Names of the nodes no other node reads, by data or control edge."""
     consumed = {node_name(ref) for node in graph_def.node for ref in node.input}
@@ -58,3 +71,42 @@ def called_functions(node, library) -> list[str]:
 def function_input_source(ref: str) -> str:
     """The node or argument a FunctionDef input names: ``arg``, ``node:output_arg:k`` or ``^node``."""
     return ref.lstrip("^").split(":")[0]
+
+
+@dataclass(frozen=True)
+class FlatNode:
+    """A node of the main graph, or of a function body under ``function::node``."""
+
+    name: str
+    node_def: Any
+    inputs: tuple[tuple[str, bool], ...]  # (source's name, is a control input)
+
+
+def functions_of(names: Iterable[str]) -> list[str]:
+    """The functions that ``function::node`` names belong to, once each, in first-seen order."""
+    return list(dict.fromkeys(name.split("::")[0] for name in names if "::" in name))
+
+
+def flat_nodes(graph_def, functions: Iterable[str] = ()) -> list[FlatNode]:
+    """The main graph's nodes, then the nodes of each of ``functions`` the library holds, with their inputs.
+
+    A function body refers to its own nodes as ``node:output:k`` and to its
+    arguments by name; arguments are not nodes and give no input here.
+    """
+    flat = [FlatNode(node.name, node, tuple((node_name(ref), ref.startswith("^")) for ref in node.input))
+            for node in graph_def.node]
+    library = {f.signature.name: f for f in graph_def.library.function}
+    for function in functions:
+        fdef = library.get(function)
+        if fdef is None:
+            continue
+        prefix = function + "::"
+        names = {node.name for node in fdef.node_def}
+        for node in fdef.node_def:
+            refs = []
+            for ref in node.input:
+                source = function_input_source(ref)
+                if source in names:
+                    refs.append((prefix + source, ref.startswith("^")))
+            flat.append(FlatNode(prefix + node.name, node, tuple(refs)))
+    return flat

@@ -2,9 +2,8 @@
 
 Shapes come from TensorFlow's shape inference (the graph is imported into a
 scratch ``tf.Graph``; each library function is built from its FunctionDef).
-TensorFlow's importer crashes the process on a function that calls itself,
-so :func:`import_blocker` checks the library's call graph first and a graph
-TensorFlow cannot import has no FLOP share.
+A graph TensorFlow cannot import (:func:`amp_rewrite.graph.importable.import_blocker`
+says why, before anything is imported) has no FLOP share.
 The import goes through TensorFlow's C API and wraps only the MatMul/Conv ops
 and their producers as Python ``Operation`` objects: building the Python view
 of every node would cost ten times the rewrite itself on a large graph.
@@ -21,7 +20,8 @@ import math
 from typing import Any
 
 from amp_rewrite import tf_internals
-from amp_rewrite.graph.facts import DT_BFLOAT16, DT_HALF, called_functions
+from amp_rewrite.graph.facts import DT_BFLOAT16, DT_HALF
+from amp_rewrite.graph.importable import import_blocker
 
 logger = logging.getLogger(__name__)
 
@@ -151,55 +151,3 @@ def _function_ops(graph_def, kinds) -> list[tuple[str, Any]]:
         except Exception as exc:  # noqa: BLE001 - a function we cannot build counts as unknown
             logger.debug("shapes in function %s unknown: %s", fdef.signature.name, exc)
     return ops
-
-
-def missing_function(graph_def) -> str | None:
-    """The first call to a function neither the library nor TensorFlow defines, as a message, or None."""
-    from amp_rewrite.graph.op_registry import OpRegistry
-
-    library = {f.signature.name for f in graph_def.library.function}
-    bodies = [(None, graph_def.node)] + [(f.signature.name, f.node_def) for f in graph_def.library.function]
-    for owner, nodes in bodies:
-        for node in nodes:
-            for callee in called_functions(node, library):
-                if callee not in library and OpRegistry.registry_op_def(callee) is None:
-                    where = f"node {node.name} (op {node.op})" + (f" in function {owner}" if owner else "")
-                    return f"{where} calls function {callee!r}, which the library does not define"
-    return None
-
-
-def import_blocker(graph_def) -> str | None:
-    """Why TensorFlow cannot import ``graph_def`` safely, or None.
-
-    A function that calls itself, directly or through others, makes
-    TensorFlow's importer recurse until the process dies; a call to a
-    function the library lacks fails the import. Both are found here from the
-    call graph alone, without importing anything.
-    """
-    missing = missing_function(graph_def)
-    if missing:
-        return missing
-    library = {f.signature.name for f in graph_def.library.function}
-    calls = {f.signature.name: sorted({c for n in f.node_def for c in called_functions(n, library)
-                                       if c in library})
-             for f in graph_def.library.function}
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-    for root in sorted(calls):
-        if state.get(root):
-            continue
-        state[root] = 1
-        stack = [(root, iter(calls[root]))]
-        while stack:
-            name, pending = stack[-1]
-            callee = next(pending, None)
-            if callee is None:
-                state[name] = 2
-                stack.pop()
-            elif state.get(callee) == 1:
-                path = [n for n, _ in stack]
-                cycle = path[path.index(callee):] + [callee]
-                return "function " + " -> ".join(cycle) + " calls itself, which TensorFlow cannot import"
-            elif not state.get(callee):
-                state[callee] = 1
-                stack.append((callee, iter(calls[callee])))
-    return None

@@ -1,4 +1,4 @@
-"""Folds rewritten function instances back into the GraphDef's function library.
+"""The function library: rewritten instances folded back in, and calls that reach an entry function.
 
 Each call got its own instance of the function it runs (see
 :mod:`amp_rewrite.graph.instances`), and each instance was rewritten by the same
@@ -15,6 +15,12 @@ rules as the main graph. Here the instances are written back:
 Functions no call reaches are left untouched, and so is every function some
 node names in a way the view does not follow (a tf.data ``f`` attr, a
 recursive or otherwise opaque call, a registered gradient).
+
+A function nothing in the main graph calls (a SavedModel's restored
+function, a traced ``tf.function``) is reached through :func:`entry_call`:
+a synthetic call, named under :data:`ENTRY_PREFIX`, that the rewrite
+preserves, so the function's signature keeps its dtypes while its body is
+rewritten.
 """
 
 from __future__ import annotations
@@ -29,6 +35,9 @@ from amp_rewrite.graph.names import unique_name
 from amp_rewrite.graph.typed_graph import TypedGraph
 
 logger = logging.getLogger(__name__)
+
+#: The name (or name scope) of the synthetic calls :func:`entry_call` builds.
+ENTRY_PREFIX = "_amp_rewrite_entry"
 
 
 @dataclass
@@ -221,3 +230,26 @@ def _loop_instances(graph: TypedGraph) -> set[int]:
             inside.add(body_id)
     return inside
 
+
+def entry_call(signature, call_name: str) -> list:
+    """NodeDefs that call the function of ``signature``: ``call_name/arg<k>`` Placeholders, then the call.
+
+    The call, ``call_name``, is a ``StatefulPartitionedCall`` with the
+    signature's own dtypes; fetching or preserving it keeps the function's
+    inputs and outputs in those dtypes, while the rewrite reaches its body.
+    The signature must be monomorphic (no type or number attrs).
+    """
+    from tensorflow.core.framework import node_def_pb2
+
+    nodes = []
+    call = node_def_pb2.NodeDef(name=call_name, op="StatefulPartitionedCall")
+    for k, arg in enumerate(signature.input_arg):
+        placeholder = node_def_pb2.NodeDef(name=f"{call_name}/arg{k}", op="Placeholder")
+        placeholder.attr["dtype"].type = arg.type
+        nodes.append(placeholder)
+        call.input.append(placeholder.name)
+    call.attr["f"].func.name = signature.name
+    call.attr["Tin"].list.type.extend(a.type for a in signature.input_arg)
+    call.attr["Tout"].list.type.extend(a.type for a in signature.output_arg)
+    nodes.append(call)
+    return nodes

@@ -126,7 +126,7 @@ def check_graph_def(graph_def, path: str | os.PathLike = "") -> None:
     """
     from tensorflow.core.framework import types_pb2
 
-    from amp_rewrite.graph.flops import missing_function
+    from amp_rewrite.graph.importable import missing_function
     from amp_rewrite.graph.op_registry import OpRegistry
 
     prefix = f"{path}: " if str(path) else ""

@@ -5,12 +5,16 @@ never changes while they run: each node's list colour and whether it may be
 changed at all (preserved, kept float32, placed on another device, an opaque
 call, a restored function's signature), each vertex's dtype, and whether the
 target type is admitted by the OpDef and has a kernel (cached per op, device
-and dtypes). The rules (:mod:`amp_rewrite.paint.rules`) ask it; they never
-change it.
+and dtypes). What the caller decided about single nodes (preserved, kept
+float32 by name or by pattern, released from deny, fixed signatures) comes
+in as one :class:`NodeChoices`. The rules (:mod:`amp_rewrite.paint.rules`)
+ask the context; they never change it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -27,6 +31,26 @@ _CLEAR = Colour.CLEAR
 _NEVER_FORCED = frozenset({"Const", "SoftmaxCrossEntropyWithLogits"})
 
 
+@dataclass(frozen=True)
+class NodeChoices:
+    """What the caller decided about single nodes, above the op lists.
+
+    Attributes:
+        preserved: main-graph names of nodes never to change (fetched, fed or asked to be preserved).
+        keep_float32: main-graph node name → reason, for nodes to leave float32.
+        kept_by_pattern: node index (any body) → reason, for the nodes a
+            keep-float32 pattern matched; left alone like preserved nodes.
+        fixed_signatures: functions whose arguments and results keep their dtypes.
+        release: main-graph names of nodes a deny op upstream does not taint.
+    """
+
+    preserved: frozenset[str] = frozenset()
+    keep_float32: Mapping[str, str] = field(default_factory=dict)
+    kept_by_pattern: Mapping[int, str] = field(default_factory=dict)
+    fixed_signatures: frozenset[str] = frozenset()
+    release: frozenset[str] = frozenset()
+
+
 class PaintContext:
     """Read-only facts the rules consult: lists, target, and per-vertex predicates.
 
@@ -35,58 +59,55 @@ class PaintContext:
         lists: the effective op lists.
         target_dtype: DataType enum of the half type.
         device_type: the device type the graph runs on.
-        preserved: names of nodes never to change.
+        choices: the caller's decisions about single nodes.
         force_all: the UNSAFE_FORCE_ALL level.
-        keep_float32: main-graph node name → reason, for nodes to leave float32.
-        kept_by_pattern: node index (any body) → reason, for the nodes a
-            keep-float32 pattern matched; left alone like preserved nodes.
         tuner: measures heavy ops (:class:`amp_rewrite.tune.tuner.Tuner`), or None when tuning is off.
     """
 
-    def __init__(self, graph: TypedGraph, lists: OpLists, *, target_dtype: int,
-                 device_type: str, preserved: frozenset[str], force_all: bool = False,
-                 keep_float32: dict[str, str] | None = None, release: frozenset[str] = frozenset(),
-                 fixed_signatures: frozenset[str] = frozenset(), kept_by_pattern: dict[int, str] | None = None,
-                 tuner: Any = None):
+    def __init__(self, graph: TypedGraph, lists: OpLists, *, target_dtype: int, device_type: str,
+                 choices: NodeChoices, force_all: bool = False, tuner: Any = None):
         self.graph = graph
-        self.kept_by_pattern = kept_by_pattern or {}
-        self.tuner = tuner
-        self.fixed_signatures = fixed_signatures
-        self.keep_float32 = keep_float32 or {}
-        self.released = {graph.index[n] for n in release if n in graph.index}
         self.lists = lists
         self.target_dtype = target_dtype
         self.device_type = device_type
-        self.preserved = preserved
+        self.choices = choices
         self.force_all = force_all
+        self.tuner = tuner
+        self.released = {graph.index[n] for n in choices.release if n in graph.index}
         self._supports: list[bool | None] = [None] * len(graph.vertex_node)
         self.boundary = set(graph.virtual).union(*(b.children for b in graph.bodies))
-        colour_of = lists.colour_of
-        colours: dict[str, Any] = {}  # by op: most of a graph's nodes share a few ops
-        node_list: list[Colour | None] = []
-        self.node_list = node_list
-        for i, op in enumerate(graph.ops):
-            colour = colours.get(op, colours)
-            if colour is colours:
-                colour = colours[op] = colour_of(op)
-            node_list.append(_CLEAR if i in self.boundary else colour)
+        self.node_list: list[Colour | None] = self._node_colours()
         self.skip_reason: list[str | None] = self._skip_reasons()
         # The rules never retype, so the dtypes read once hold while painting.
         self.dtypes = graph.dtypes()
         self.vertex_list = [self.node_list[node] for node in graph.vertex_node]
         self._kernel_checks: dict[tuple, bool] = {}
 
+    def _node_colours(self) -> list[Colour | None]:
+        """Each node's list colour; args, results and calls (the boundary) are clear."""
+        colour_of = self.lists.colour_of
+        colours: dict[str, Any] = {}  # by op: most of a graph's nodes share a few ops
+        node_list: list[Colour | None] = []
+        for i, op in enumerate(self.graph.ops):
+            colour = colours.get(op, colours)
+            if colour is colours:
+                colour = colours[op] = colour_of(op)
+            node_list.append(_CLEAR if i in self.boundary else colour)
+        return node_list
+
     def _skip_reasons(self) -> list[str | None]:
         graph = self.graph
         reasons: list[str | None] = []
         append = reasons.append
-        special = set(self.preserved).union(self.keep_float32)
+        choices = self.choices
+        special = set(choices.preserved).union(choices.keep_float32)
         opaque = graph.opaque_calls
+        fixed_signatures = choices.fixed_signatures
         fixed = {i for i in graph.virtual
-                 if graph.bodies[graph.body_of[i]].function in self.fixed_signatures} if self.fixed_signatures else ()
+                 if graph.bodies[graph.body_of[i]].function in fixed_signatures} if fixed_signatures else ()
         index = graph.bodies[0].index
         special_nodes = {index[name] for name in special if name in index}  # main-graph nodes, by index
-        special_nodes.update(self.kept_by_pattern)  # any body's nodes, by index
+        special_nodes.update(choices.kept_by_pattern)  # any body's nodes, by index
         for i, node in enumerate(graph.nodes):
             if i in special_nodes or i in opaque or i in fixed:
                 append(self._skip_reason(i))
@@ -97,17 +118,17 @@ class PaintContext:
         return reasons
 
     def _skip_reason(self, i: int) -> str | None:
-        graph = self.graph
+        graph, choices = self.graph, self.choices
         node = graph.nodes[i]
-        if graph.body_of[i] == 0 and node.name in self.preserved:
+        if graph.body_of[i] == 0 and node.name in choices.preserved:
             return "fetched or preserved: keeps its dtype"
-        if graph.body_of[i] == 0 and node.name in self.keep_float32:
-            return self.keep_float32[node.name]
-        if i in self.kept_by_pattern:
-            return self.kept_by_pattern[i]
+        if graph.body_of[i] == 0 and node.name in choices.keep_float32:
+            return choices.keep_float32[node.name]
+        if i in choices.kept_by_pattern:
+            return choices.kept_by_pattern[i]
         if i in graph.opaque_calls:
             return f"call not rewritten: {graph.opaque_calls[i]}"
-        if i in graph.virtual and graph.bodies[graph.body_of[i]].function in self.fixed_signatures:
+        if i in graph.virtual and graph.bodies[graph.body_of[i]].function in choices.fixed_signatures:
             return "argument or result of a restored function: keeps its dtype"
         dev = device_type_of(node.device)
         if dev is not None and dev != self.device_type:
@@ -116,7 +137,7 @@ class PaintContext:
 
     def is_preserved(self, i: int) -> bool:
         """Whether node ``i`` must keep every attr (fetched, fed or asked to be preserved)."""
-        return self.graph.body_of[i] == 0 and self.graph.nodes[i].name in self.preserved
+        return self.graph.body_of[i] == 0 and self.graph.nodes[i].name in self.choices.preserved
 
     def processable(self, vid: int) -> bool:
         """Whether the vertex's node may be changed at all (not preserved, on our device type)."""

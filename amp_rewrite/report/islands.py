@@ -13,8 +13,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from amp_rewrite.graph.facts import DT_BFLOAT16, DT_FLOAT, DT_HALF
-from amp_rewrite.report.html import flat_nodes
+from amp_rewrite.graph.facts import DT_BFLOAT16, DT_FLOAT, DT_HALF, flat_nodes, functions_of
 
 _HALF = (DT_HALF, DT_BFLOAT16)
 
@@ -36,7 +35,7 @@ def float32_islands(graph_def, outcomes: dict[str, dict], casts: list[str]) -> l
         outcomes: the rewrite's per-node outcomes (``precision`` is read).
         casts: the names of the Casts the rewrite inserted.
     """
-    flat = flat_nodes(graph_def, {"nodes": outcomes, "casts": casts})
+    flat = flat_nodes(graph_def, functions_of([*outcomes, *casts]))
     order = {item.name: k for k, item in enumerate(flat)}
     inputs = {item.name: [src for src, control in item.inputs if not control] for item in flat}
     consumers: dict[str, list[str]] = defaultdict(list)

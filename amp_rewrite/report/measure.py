@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from amp_rewrite.errors import AmpRewriteError
-from amp_rewrite.graph.facts import parse_input
+from amp_rewrite.graph.facts import tensor_name
 
 #: CPU features that decide whether half math is fast, in the order the benchmark line names them.
 HALF_CPU_FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512_fp16", "avx512_bf16", "amx_bf16", "amx_fp16")
@@ -97,7 +97,7 @@ class _Step:
             with self.graph.as_default():
                 tf.compat.v1.import_graph_def(graph_def, name="")
             self.fetches = [self._fetch(name) for name in fetches]
-            self.feed_dict = {self.graph.get_tensor_by_name(_tensor_name(k)): np.asarray(v) for k, v in feeds.items()}
+            self.feed_dict = {self.graph.get_tensor_by_name(tensor_name(k)): np.asarray(v) for k, v in feeds.items()}
         except (KeyError, ValueError, tf.errors.OpError) as exc:
             raise BenchmarkError(f"cannot run the {label} graph: {_first_line(exc)}") from None
         self.session = tf.compat.v1.Session(graph=self.graph,
@@ -126,11 +126,6 @@ class _Step:
 
     def close(self) -> None:
         self.session.close()
-
-
-def _tensor_name(ref: str) -> str:
-    name, port, _ = parse_input(ref)
-    return f"{name}:{port}"
 
 
 def _first_line(exc: BaseException) -> str:

@@ -28,7 +28,7 @@ import numpy as np
 
 from amp_rewrite import tf_internals
 from amp_rewrite.graph.facts import DT_FLOAT, DTYPE_NAMES
-from amp_rewrite.graph.flops import import_blocker
+from amp_rewrite.graph.importable import import_blocker
 
 logger = logging.getLogger(__name__)
 

@@ -1,11 +1,11 @@
-"""Graph facts several modules share: dtype numbers, input references, sinks, called functions."""
+"""Graph facts several modules share: dtype numbers, input references, sinks, called functions, flat nodes."""
 
 import json
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import tf1
+from helpers import function_call_graph, tf1
 
 from amp_rewrite.errors import first_line
 from amp_rewrite.graph import facts as graph_facts
@@ -70,6 +70,22 @@ def test_called_functions_through_op_and_every_function_attr():
     direct = cond.__class__(name="direct", op=called[0])
     assert graph_facts.called_functions(direct, library) == [called[0]]
     assert graph_facts.called_functions(direct, set()) == []
+
+
+def test_flat_nodes_list_the_main_graph_then_the_functions_asked_for():
+    graph_def = function_call_graph()
+    function = graph_def.library.function[0]
+    fname = function.signature.name
+    function.node_def[-1].input.append("^mul")
+    assert graph_facts.functions_of(["out", f"{fname}::allow_in_fn", "x", f"{fname}::mul"]) == [fname]
+    main = graph_facts.flat_nodes(graph_def)
+    assert [item.name for item in main] == [node.name for node in graph_def.node]
+    assert next(item for item in main if item.name == "allow_main").inputs == (("x", False), ("mul", False))
+    flat = {item.name: item for item in graph_facts.flat_nodes(graph_def, [fname, "no_such_function"])}
+    assert list(flat)[len(main):] == [f"{fname}::{node.name}" for node in function.node_def]
+    assert flat[f"{fname}::mul"].node_def.op == "Mul"
+    assert flat[f"{fname}::allow_in_fn"].inputs == ((f"{fname}::mul", False),)  # the argument x is no node
+    assert flat[f"{fname}::Identity"].inputs == ((f"{fname}::clr_in_fn", False), (f"{fname}::mul", True))
 
 
 def test_first_line_of_an_exception():

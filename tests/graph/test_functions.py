@@ -316,3 +316,26 @@ def test_each_call_gets_its_own_numbered_instance_and_unfit_calls_stay_opaque():
         main["polymorphic"]: "function poly has a polymorphic signature",
         rec.index["again"]: "function rec calls itself",
     }
+
+
+def test_entry_call_runs_the_function_and_its_rewrite_keeps_the_signature():
+    from amp_rewrite.graph.functions import entry_call
+
+    graph_def = helpers.function_call_graph()
+    entry = graph_def.library.function[0]
+    called = tf.compat.v1.GraphDef()
+    called.library.CopyFrom(graph_def.library)
+    call_name = "entry/block"  # ENTRY_PREFIX starts with "_", which TensorFlow does not import
+    called.node.extend(entry_call(entry.signature, call_name))
+    assert [(n.name, n.op) for n in called.node] == [(f"{call_name}/arg0", "Placeholder"),
+                                                    (call_name, "StatefulPartitionedCall")]
+    assert called.node[0].attr["dtype"].type == F32
+    x = R.standard_normal((4, 8)).astype(np.float32)
+    expected = np.maximum(x @ (np.ones((8, 8), np.float32) * 0.1), 0)
+    (out,) = helpers.run(called, [call_name], {f"{call_name}/arg0": x})
+    np.testing.assert_allclose(out, expected, rtol=1e-6)
+    result = amp(called, [call_name])
+    body = functions(result.graph_def)[entry.signature.name]
+    assert [a.type for a in body.signature.input_arg] == [F32] and [a.type for a in body.signature.output_arg] == [F32]
+    assert half_ops(body, "MatMul")
+    assert_same_outputs_within_half(called, result.graph_def, [call_name], {f"{call_name}/arg0": x})

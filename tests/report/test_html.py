@@ -1,4 +1,4 @@
-"""html_report: one self-contained page, every node in its data, deterministic, laid out left to right."""
+"""The HTML report: one self-contained page, every node in its data, deterministic."""
 
 import importlib.resources
 import json
@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 from helpers import amp, function_call_graph, rng, tf1, v1_control_flow
 
-from amp_rewrite.report.html import CATEGORIES, layered_layout, render_html
+from amp_rewrite.report.html import CATEGORIES, render_html
 
 
 def loop_graph():
@@ -111,23 +111,6 @@ def test_same_result_gives_the_same_page_and_the_title_is_escaped(result):
     again = render_html(amp(loop_graph(), ["logits", "loss"]), title=title)
     assert first == again
     assert "<b>" not in first and "graph &lt;b&gt;&quot;&amp;&lt;/b&gt;" in first
-
-
-def test_layout_goes_left_to_right_and_breaks_loops():
-    edges = [(0, 1), (1, 2), (2, 3), (3, 1), (0, 4), (4, 3)]  # 3 -> 1 closes a loop
-    column, row = layered_layout(5, edges)
-    for src, dst in edges:
-        if (src, dst) != (3, 1):
-            assert column[src] < column[dst], (src, dst)
-    assert layered_layout(5, edges) == (column, row)
-
-
-def test_tall_layers_are_split_and_sources_sit_next_to_their_consumer():
-    fan = [(k, 40) for k in range(40)] + [(40, 41), (41, 42), (42, 43), (44, 43)]
-    column, row = layered_layout(45, fan, max_column=16)
-    assert max(row) < 16
-    assert len({column[k] for k in range(40)}) == 3  # 40 inputs over three columns
-    assert column[44] == column[42]  # a source moves up to its consumer
 
 
 def test_page_size_per_node_stays_small():

@@ -42,8 +42,8 @@ from typing import Any
 from amp_rewrite import tf_internals
 from amp_rewrite.config import Config
 from amp_rewrite.graph.facts import called_functions, function_input_source
+from amp_rewrite.graph.functions import ENTRY_PREFIX, entry_call
 from amp_rewrite.pipeline import RewriteResult, rewrite
-from amp_rewrite.saved_model import ENTRY_PREFIX, entry_call
 
 logger = logging.getLogger(__name__)
 
