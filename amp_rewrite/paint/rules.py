@@ -263,7 +263,7 @@ def keep_read_outs_float32(ctx: PaintContext, painting: Painting) -> None:
     if ctx.force_all:
         return
     graph = ctx.graph
-    for node in sorted(read_out_tail(graph, ctx.dtypes, ctx.preserved)):
+    for node in sorted(read_out_tail(graph, ctx.dtypes, ctx.choices.preserved)):
         if graph.ops[node] == "Cast":
             continue  # a Cast computes nothing; its neighbours decide its types
         for vid in (*(graph.in_vids[node] or ()), *(graph.out_vids[node] or ())):
