@@ -42,6 +42,13 @@ The hooks are :class:`TracingHook` values: the runtime's, held by its
 :class:`~amp_rewrite.runtime.core.Runtime`, and one for marked functions.
 TensorFlow's list of callbacks is the one record of which are installed
 (:func:`installed_hooks`); this module keeps no state of its own.
+
+The runtime's hook does not know the Runtime that holds it: it is made with
+a :class:`RuntimeInputs` (the requested settings, a function returning the
+rewrite configuration, and the TF2 loss scaling, made before it). The
+Runtime names this module's types, so it sits above; this module sits above
+the fallback and the table of swaps they share
+(:mod:`~amp_rewrite.runtime.tf2.swaps`), neither of which imports this module.
 """
 
 from __future__ import annotations
@@ -51,18 +58,27 @@ import logging
 import sys
 import time
 import weakref
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from amp_rewrite import tf_internals
 from amp_rewrite.config import Config
 from amp_rewrite.errors import NO_MESSAGE, RuntimeRewriteError, first_line
-from amp_rewrite.runtime.core import Runtime
-from amp_rewrite.runtime.ledger import LOCK
+from amp_rewrite.runtime.ledger import LOCK, Ledger
 from amp_rewrite.runtime.records import ObjectTable
+from amp_rewrite.runtime.settings import RuntimeSettings
 from amp_rewrite.runtime.tf2 import fallback as tf2_fallback
+from amp_rewrite.runtime.tf2.swaps import FunctionReport, SwapRecord, SwapTable
+
+if TYPE_CHECKING:
+    from amp_rewrite.runtime.tf2.loss_scale_state import TF2LossScaling
 
 logger = logging.getLogger(__name__)
+
+__all__ = ["LEDGER_NAME", "FunctionReport", "RuntimeInputs", "SwapRecord", "TracingHook", "default_config",
+           "install", "install_for_marked", "installed_hooks", "marked", "record_of", "restore",
+           "rewritten_functions", "swapped", "xla_keeps_float32"]
 
 TF_DATA_ATTR = "_tf_data_function"
 XLA_ON_CPU = ("XLA-compiled (jit_compile=True) on a CPU, and XLA's CPU backend has no fast bfloat16 kernels; "
@@ -72,35 +88,18 @@ LEDGER_NAME = "tf.function"
 
 
 @dataclass(frozen=True)
-class FunctionReport:
-    """What the hook did to one traced ConcreteFunction.
+class RuntimeInputs:
+    """What the runtime gives its tracing hook when it makes it; the hook knows no more of the runtime.
 
     Attributes:
-        name: the traced function's name.
-        summary: the rewrite's numbers.
-        nodes_total: nodes of the function and of the functions it calls.
-        seconds: time spent rewriting and reloading it.
-        rewrite_seconds: the part of ``seconds`` the rewrite itself took.
-        is_explicit: traced by :func:`amp_rewrite.function`, not by the runtime.
-        is_inference_only: calls under a tape run the traced float32 function.
+        requested: the settings the runtime was enabled with (the target as asked: ``auto`` stays ``auto``).
+        config: returns the runtime's rewrite configuration (read at its first call, for the target chosen).
+        loss_scaling: the runtime's TF2 loss scaling, made before the hook; None when loss is not scaled.
     """
 
-    name: str
-    summary: str
-    nodes_total: int
-    seconds: float
-    rewrite_seconds: float
-    is_explicit: bool
-    is_inference_only: bool
-
-
-@dataclass
-class SwapRecord:
-    """A swapped ConcreteFunction: its report, its traced state, and the rewritten function."""
-
-    report: FunctionReport
-    traced_state: dict = field(repr=False)
-    rewritten: object = field(repr=False)
+    requested: RuntimeSettings
+    config: Callable[[], Config]
+    loss_scaling: TF2LossScaling | None = None
 
 
 class TracingHook:
@@ -118,30 +117,30 @@ class TracingHook:
       installed (that one does it then).
 
     Attributes:
-        runtime: the runtime whose switch this hook is; None for marked functions only.
+        runtime: what the runtime gave its hook; None for marked functions only.
         is_strict: raise instead of running a function whose rewrite failed as traced.
         swapped: the ConcreteFunctions running rewritten now, with their records.
         traced_graphs: rewritten function name → the graph traced for it (node names agree), for the tuner.
         history: a report of every swap this hook made, oldest first.
         profiles: a :class:`~amp_rewrite.runtime.profile.FunctionProfiles` with ``AMP_REWRITE_PROFILE``.
         fallback: what the loss-scale floor fallback keeps
-            (:class:`~amp_rewrite.runtime.tf2.fallback.FloorFallback`).
+            (:class:`~amp_rewrite.runtime.tf2.fallback.FloorFallback`, given the table ``swapped``).
         marked: on the marked functions' hook, each graph :func:`marked` traced → its
             :class:`~amp_rewrite.Config` (the runtime's hook reads this table too).
     """
 
-    def __init__(self, runtime: Runtime | None = None, *, is_strict: bool = False):
+    def __init__(self, runtime: RuntimeInputs | None = None, *, is_strict: bool = False):
         self.runtime = runtime
-        self.is_strict = runtime.settings.is_strict if runtime is not None else is_strict
-        self.swapped: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.is_strict = runtime.requested.is_strict if runtime is not None else is_strict
+        self.swapped = SwapTable()
         self.traced_graphs: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self.history: list[FunctionReport] = []
         self.profiles: Any = None
-        if runtime is not None and runtime.settings.profile_after is not None:
+        if runtime is not None and runtime.requested.profile_after is not None:
             from amp_rewrite.runtime.profile import FunctionProfiles
 
-            self.profiles = FunctionProfiles(runtime.settings.profile_after)
-        self.fallback = tf2_fallback.FloorFallback(self)
+            self.profiles = FunctionProfiles(runtime.requested.profile_after)
+        self.fallback = tf2_fallback.FloorFallback(self.loss_scaling, self.swapped, is_strict=self.is_strict)
         self.marked: ObjectTable[Config] = ObjectTable()
 
     # --- registration -----------------------------------------------------
@@ -164,29 +163,19 @@ class TracingHook:
             marked_hook = _marked_hook()
             for cf, record in list(self.swapped.items()):
                 if not record.report.is_explicit:
-                    self.restore(cf)
+                    self.swapped.restore(cf)
                 elif marked_hook is not None:
                     marked_hook.swapped[cf] = self.swapped.pop(cf)
             self.fallback.forget()
 
     # --- queries ----------------------------------------------------------
 
-    def record_of(self, concrete_function) -> SwapRecord | None:
-        return self.swapped.get(concrete_function)
-
-    def restore(self, concrete_function) -> None:
-        """Puts the traced state back into ``concrete_function``."""
-        with LOCK:
-            record = self.swapped.pop(concrete_function, None)
-            if record is not None:
-                tf_internals.set_concrete_function_state(concrete_function, record.traced_state)
-
     def default_config(self) -> Config:
         """The configuration for functions traced without one."""
-        return self.runtime.rewrite_config() if self.runtime is not None else _env_config()
+        return self.runtime.config() if self.runtime is not None else _env_config()
 
     @property
-    def loss_scaling(self):
+    def loss_scaling(self) -> TF2LossScaling | None:
         """The runtime's TF2 loss scaling, or None (then nothing is guarded or watched)."""
         return self.runtime.loss_scaling if self.runtime is not None else None
 
@@ -235,11 +224,9 @@ class TracingHook:
         functions that fell back because no loss scale helped (Keras 3's train
         function, traced again, calls such a one-step function).
         """
-        from amp_rewrite.runtime.tf2.concrete import library_functions
-
         setting = self._setting()
         opaque = []
-        for name, function in sorted(library_functions(concrete_function.graph).items()):
+        for name, function in sorted(tf_internals.graph_functions(concrete_function.graph).items()):
             reason = xla_keeps_float32(function.definition, setting=setting, device_type=config.device_type)
             if reason is None and self.fallback.fell_back.has_body(name):
                 reason = tf2_fallback.FELL_BACK
@@ -285,7 +272,7 @@ class TracingHook:
         tf_internals.set_concrete_function_state(concrete_function, {**traced_state, **new_state})
         then = self.fallback.floor_watch(concrete_function) if is_guarded else None
         tf_internals.override_call(concrete_function, self._first_eager_call_guard(concrete_function, record,
-                                                                                   then=then))
+                                                                                   then))
         if self.profiles is not None:
             self.profiles.watch(concrete_function)
         self.swapped[concrete_function] = record
@@ -297,11 +284,11 @@ class TracingHook:
                         "since the gradient would reach the custom gradient of %s", name,
                         rewritten.custom_gradient_ops[0])
 
-    def _first_eager_call_guard(self, concrete_function, record: SwapRecord, *, then=None):
+    def _first_eager_call_guard(self, concrete_function, record: SwapRecord, then):
         """A ``_call_flat`` that checks the first eager run of the rewritten function.
 
         Once a run succeeds the guard removes itself, so later calls cost nothing,
-        or gives its place to ``then`` (the loss-scale floor watch).
+        or gives its place to ``then`` (the loss-scale floor watch; None: nothing).
         """
         function_ref = weakref.ref(concrete_function)
 
@@ -348,7 +335,7 @@ class TracingHook:
 # --- installing, and the process's hooks ---------------------------------------
 
 
-def install(runtime: Runtime) -> TracingHook | None:
+def install(runtime: RuntimeInputs, ledger: Ledger) -> TracingHook | None:
     """Rewrites every ConcreteFunction traced from now on with ``runtime``'s configuration (the runtime's switch).
 
     With the settings' ``profile_after``, one eager call after that many
@@ -356,16 +343,16 @@ def install(runtime: Runtime) -> TracingHook | None:
 
     When this TensorFlow lacks an internal the hook needs, nothing is
     installed and None returned: a warning names it (strict mode raises
-    instead). Otherwise the runtime's ledger records the hook's
+    instead). Otherwise the runtime's ``ledger`` records the hook's
     :meth:`TracingHook.uninstall` as the way back.
     """
     with LOCK:
-        if not _has_tracing_internals(is_strict=runtime.settings.is_strict):
+        if not _has_tracing_internals(is_strict=runtime.requested.is_strict):
             return None
         hook = TracingHook(runtime)
         hook.register()
-        runtime.ledger.record(LEDGER_NAME, "transform.CONCRETE_FUNCTION_CALLBACKS and the functions it swaps",
-                              hook.uninstall)
+        ledger.record(LEDGER_NAME, "transform.CONCRETE_FUNCTION_CALLBACKS and the functions it swaps",
+                      hook.uninstall)
         return hook
 
 
@@ -450,13 +437,13 @@ def swapped() -> list[tuple[object, FunctionReport]]:
 def record_of(concrete_function) -> SwapRecord | None:
     """The swap record of ``concrete_function``, or None when it runs as traced."""
     return next((record for hook in installed_hooks()
-                 if (record := hook.record_of(concrete_function)) is not None), None)
+                 if (record := hook.swapped.record_of(concrete_function)) is not None), None)
 
 
 def restore(concrete_function) -> None:
     """Puts the traced state back into ``concrete_function``."""
     for hook in installed_hooks():
-        hook.restore(concrete_function)
+        hook.swapped.restore(concrete_function)
 
 
 def default_config() -> Config:
@@ -481,8 +468,6 @@ def _summary(result) -> str:
     return result.summary(with_flops=False)
 
 
-
-
 def xla_keeps_float32(function_def, *, setting: str | None, device_type: str | None) -> str | None:
     """Why an XLA-compiled function stays float32 under the runtime, or None when it is rewritten.
 
@@ -493,6 +478,3 @@ def xla_keeps_float32(function_def, *, setting: str | None, device_type: str | N
     if not tf_internals.is_xla_compiled(function_def):
         return None
     return XLA_ON_CPU if setting == "auto" and device_type == "CPU" else None
-
-
-
