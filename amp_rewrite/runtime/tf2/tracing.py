@@ -47,8 +47,10 @@ The runtime's hook does not know the Runtime that holds it: it is made with
 a :class:`RuntimeInputs` (the requested settings, a function returning the
 rewrite configuration, and the TF2 loss scaling, made before it). The
 Runtime names this module's types, so it sits above; this module sits above
-the fallback and the table of swaps they share
-(:mod:`~amp_rewrite.runtime.tf2.swaps`), neither of which imports this module.
+the swap steps (:mod:`~amp_rewrite.runtime.tf2.swap`), the fallback, and the
+table of swaps they share (:mod:`~amp_rewrite.runtime.tf2.swaps`), none of
+which imports this module (the steps get what they use of the hook in a
+:class:`~amp_rewrite.runtime.tf2.swap.SwapTools`).
 """
 
 from __future__ import annotations
@@ -56,7 +58,6 @@ from __future__ import annotations
 import functools
 import logging
 import sys
-import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -69,16 +70,13 @@ from amp_rewrite.runtime.ledger import LOCK, Ledger
 from amp_rewrite.runtime.records import ObjectTable
 from amp_rewrite.runtime.settings import RuntimeSettings
 from amp_rewrite.runtime.tf2 import fallback as tf2_fallback
+from amp_rewrite.runtime.tf2.swap import Swap, SwapTools, swap_in
 from amp_rewrite.runtime.tf2.swaps import FunctionReport, SwapRecord, SwapTable
 
 if TYPE_CHECKING:
     from amp_rewrite.runtime.tf2.loss_scale_state import TF2LossScaling
 
 logger = logging.getLogger(__name__)
-
-__all__ = ["LEDGER_NAME", "FunctionReport", "RuntimeInputs", "SwapRecord", "TracingHook", "default_config",
-           "install", "install_for_marked", "installed_hooks", "marked", "record_of", "restore",
-           "rewritten_functions", "swapped", "xla_keeps_float32"]
 
 TF_DATA_ATTR = "_tf_data_function"
 XLA_ON_CPU = ("XLA-compiled (jit_compile=True) on a CPU, and XLA's CPU backend has no fast bfloat16 kernels; "
@@ -116,6 +114,9 @@ class TracingHook:
       only graphs :func:`marked` traced, and only while no runtime hook is
       installed (that one does it then).
 
+    Each swap runs as the named steps of :mod:`amp_rewrite.runtime.tf2.swap`;
+    the hook keeps their record here.
+
     Attributes:
         runtime: what the runtime gave its hook; None for marked functions only.
         is_strict: raise instead of running a function whose rewrite failed as traced.
@@ -125,6 +126,7 @@ class TracingHook:
         profiles: a :class:`~amp_rewrite.runtime.profile.FunctionProfiles` with ``AMP_REWRITE_PROFILE``.
         fallback: what the loss-scale floor fallback keeps
             (:class:`~amp_rewrite.runtime.tf2.fallback.FloorFallback`, given the table ``swapped``).
+        tools: what the swap steps use (:class:`~amp_rewrite.runtime.tf2.swap.SwapTools`).
         marked: on the marked functions' hook, each graph :func:`marked` traced → its
             :class:`~amp_rewrite.Config` (the runtime's hook reads this table too).
     """
@@ -141,6 +143,8 @@ class TracingHook:
 
             self.profiles = FunctionProfiles(runtime.requested.profile_after)
         self.fallback = tf2_fallback.FloorFallback(self.loss_scaling, self.swapped, is_strict=self.is_strict)
+        self.tools = SwapTools(self.loss_scaling, self.fallback, self.traced_graphs, self.profiles,
+                               self._first_eager_call_guard)
         self.marked: ObjectTable[Config] = ObjectTable()
 
     # --- registration -----------------------------------------------------
@@ -237,52 +241,18 @@ class TracingHook:
     # --- swapping ---------------------------------------------------------
 
     def _swap_in(self, concrete_function, config: Config, *, is_explicit: bool, calls_guarded: bool = False) -> None:
-        from amp_rewrite.runtime.tf2.concrete import rewrite_concrete
-
-        start = time.perf_counter()
-        name = tf2_fallback.function_name(concrete_function)
-        scaling = self.loss_scaling
-        if scaling is not None:
-            scaling.check_traced(concrete_function.graph, name)
-        # XLA-compiled functions record no skip cause, so a skip there says nothing about the floor.
-        is_guarded = not tf_internals.is_xla_compiled(concrete_function.function_def) and (
-            calls_guarded or self.fallback.has_guarded_apply(concrete_function.graph))
-        extra: dict[str, Any] = {"is_probing_overflow": True} if scaling is not None and \
-            scaling.is_finding_overflow else {}
-        if config.is_tuning:
-            extra["traced_graphs"] = self.traced_graphs
-        rewritten = rewrite_concrete(concrete_function, config, **extra)
-        if rewritten.concrete_function is None:
-            logger.debug("tf.function %s: nothing to run in %s", name, config.target)
+        """Runs the swap steps (:func:`~amp_rewrite.runtime.tf2.swap.swap_in`) and keeps their record."""
+        swap = Swap(concrete_function, tf2_fallback.function_name(concrete_function), config,
+                    is_explicit=is_explicit, calls_guarded=calls_guarded)
+        record = swap_in(self.tools, swap)
+        if record is None:
             return
-        traced_state = tf_internals.concrete_function_state(concrete_function)
-        tf_internals.take_over_graph_collection(traced_state)
-        # With custom gradients, calls under a tape, and calls from another
-        # function's trace, keep the traced (float32) forward and backward functions.
-        new_state = tf_internals.runnable_state(tf_internals.concrete_function_state(rewritten.concrete_function),
-                                                inference_only=rewritten.has_custom_gradients)
-        report = FunctionReport(name=name, summary=_summary(rewritten.result),
-                                nodes_total=rewritten.result.nodes_total,
-                                seconds=time.perf_counter() - start,
-                                rewrite_seconds=rewritten.result.seconds, is_explicit=is_explicit,
-                                is_inference_only=rewritten.has_custom_gradients)
-        record = SwapRecord(report, traced_state, rewritten)
-        new_function: Any = rewritten.concrete_function
-        self.traced_graphs[new_function.function_def.signature.name] = concrete_function.graph
-        tf_internals.set_concrete_function_state(concrete_function, {**traced_state, **new_state})
-        then = self.fallback.floor_watch(concrete_function) if is_guarded else None
-        tf_internals.override_call(concrete_function, self._first_eager_call_guard(concrete_function, record,
-                                                                                   then))
-        if self.profiles is not None:
-            self.profiles.watch(concrete_function)
+        # A later trace calling the rewritten body is tuned with the shapes of the traced graph
+        # (the function's own graph is the rewritten one now).
+        new_function: Any = swap.rewritten.concrete_function
+        self.traced_graphs[new_function.function_def.signature.name] = tf_internals.graph_in_state(record.traced_state)
         self.swapped[concrete_function] = record
-        self.history.append(report)
-        logger.info("amp-rewrite: tf.function %s: %s (rewrite %.3f s, reload %.3f s)", name,
-                    report.summary, report.rewrite_seconds, report.seconds - report.rewrite_seconds)
-        if report.is_inference_only:
-            logger.info("amp-rewrite: tf.function %s: calls under a GradientTape run it in float32, "
-                        "since the gradient would reach the custom gradient of %s", name,
-                        rewritten.custom_gradient_ops[0])
+        self.history.append(record.report)
 
     def _first_eager_call_guard(self, concrete_function, record: SwapRecord, then):
         """A ``_call_flat`` that checks the first eager run of the rewritten function.
@@ -461,11 +431,6 @@ def _env_config() -> Config:
     from amp_rewrite.graph.op_registry import default_device_type
 
     return Config.from_env(device_type=default_device_type(runs_here=True), target="float16")
-
-
-def _summary(result) -> str:
-    """The rewrite's numbers, without the FLOP share (which would build every body again)."""
-    return result.summary(with_flops=False)
 
 
 def xla_keeps_float32(function_def, *, setting: str | None, device_type: str | None) -> str | None:
