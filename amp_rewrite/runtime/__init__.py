@@ -236,17 +236,24 @@ def _patch_table(active: Runtime):
 
 
 def _install_tf2_patches(active: Runtime) -> None:
-    """``tf.function`` traces run rewritten; the tape and Keras optimizers scale the loss."""
+    """``tf.function`` traces run rewritten; the tape and Keras optimizers scale the loss.
+
+    The loss scaling is made first, for the tracing hook is given it; its
+    patches go in after the hook, which they turn off if Keras lacks a part
+    the guarded apply needs.
+    """
     from amp_rewrite.runtime.tf2 import loss_scale as tf2_loss_scale
     from amp_rewrite.runtime.tf2 import tracing as tf_function
 
-    active.tracing = tf_function.install(active)
+    scaling = tf2_loss_scale.TF2LossScaling(active.settings, active.objects) if scales_loss(active.settings) else None
+    active.tracing = tf_function.install(tf_function.RuntimeInputs(active.requested, active.rewrite_config, scaling),
+                                         active.ledger)
     if active.tracing is not None:
         active.ledger.record(tf_function.LEDGER_NAME, "the runtime's tracing hook", lambda: _forget_tracing(active))
-    if scales_loss(active.settings):
+    if scaling is not None:
         stop_tracing = active.tracing.uninstall if active.tracing is not None else lambda: None
-        active.loss_scaling = tf2_loss_scale.install(active.settings, active.ledger, active.objects,
-                                                     stop_tracing=stop_tracing)
+        tf2_loss_scale.install(scaling, active.ledger, stop_tracing=stop_tracing)
+        active.loss_scaling = scaling
         active.ledger.record(tf2_loss_scale.LEDGER_NAME, "the runtime's loss scaling",
                              lambda: _forget_loss_scaling(active))
 

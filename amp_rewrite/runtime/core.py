@@ -14,6 +14,12 @@ the patches learn about TensorFlow's objects (its records). None of the
 runtime's modules reaches back into the runtime package for its settings or
 state. :func:`amp_rewrite.runtime.disable` undoes its ledger, forgets its records
 and drops it.
+
+This module sits above the parts it holds: it names the tracing hook's and
+the loss scaling's types, and neither knows the Runtime. The hook is given
+what it needs when made (:class:`~amp_rewrite.runtime.tf2.tracing.RuntimeInputs`:
+the requested settings, :meth:`Runtime.rewrite_config`, the loss scaling).
+The TF1 session patches, above this module, are given the value itself.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A traced ``tf.function`` is a FunctionDef (the *entry*) plus the library it
 calls. The entry is rewritten the way :mod:`amp_rewrite.saved_model` rewrites a
 SavedModel's entries, with the same synthetic call
-(:func:`amp_rewrite.saved_model.entry_call`): fetched, it keeps the entry's
+(:func:`amp_rewrite.graph.functions.entry_call`): fetched, it keeps the entry's
 inputs and outputs in their dtypes, while its body and everything it calls are
 rewritten.
 
@@ -44,6 +44,7 @@ from amp_rewrite.config import Config
 from amp_rewrite.graph.facts import called_functions, function_input_source
 from amp_rewrite.graph.functions import ENTRY_PREFIX, entry_call
 from amp_rewrite.pipeline import RewriteResult, rewrite
+from amp_rewrite.runtime.overflow_probe import add_probes
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ def rewrite_concrete(concrete_function, config: Config, *,
                        "probes (trace it with jit_compile=False to find the op)",
                        _GENERATED_NAME.match(entry.signature.name).group(1))  # type: ignore[union-attr]
         is_probing_overflow = False
-    originals = library_functions(concrete_function.graph)
+    originals = tf_internals.graph_functions(concrete_function.graph)
     graph_def = _entry_graph_def(entry, [f.definition for f in originals.values()])
     result = rewrite(graph_def, config=replace(config, fetches=(ENTRY_CALL,), preserve=()), in_place=True,
                      tuner=_tuner(config, concrete_function, originals, traced_graphs or {}))
@@ -132,7 +133,7 @@ def reload_calling(concrete_function, replacements: Mapping[str, Any]):
     Returns:
         The new ConcreteFunction, or None when the body reaches none of the names.
     """
-    originals = library_functions(concrete_function.graph)
+    originals = tf_internals.graph_functions(concrete_function.graph)
     entry = concrete_function.function_def
     library = {name: f.definition for name, f in originals.items()}
     library[entry.signature.name] = entry
@@ -171,11 +172,6 @@ def _tuner(config: Config, concrete_function, originals: dict, known: Mapping[st
     traced.update((name, known[name]) for name in originals if name in known)
     traced[concrete_function.function_def.signature.name] = concrete_function.graph
     return tuner_for(config, traced_graphs=traced)
-
-
-def library_functions(graph) -> dict:
-    """Name → the function object (AtomicFunction) of everything the graph can call."""
-    return tf_internals.graph_functions(graph)
 
 
 def _entry_graph_def(entry, library):
@@ -343,8 +339,6 @@ class _Loader:
                 callee = _text(op.get_attr("f").name)
                 tf_internals.set_gradient_function(op, self.callees.gradient_function(callee))
         if self.is_probing_overflow:
-            from amp_rewrite.runtime.overflow_probe import add_probes
-
             add_probes(graph, _GENERATED_NAME.match(name).group(1))  # type: ignore[union-attr]
         return graph
 

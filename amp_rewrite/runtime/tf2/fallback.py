@@ -8,7 +8,7 @@ each eager call, the installed loss scaling's state
 (:class:`~amp_rewrite.runtime.tf2.loss_scale_state.TF2LossScaling`) says whether the call skipped a
 step at scale 1. If it did, the gradients are not finite even unscaled, so no
 scale helps; the function gets its traced float32 body back for the next call
-(:func:`amp_rewrite.runtime.tf2.tracing.restore`), with one warning naming
+(:meth:`~amp_rewrite.runtime.tf2.swaps.SwapTable.restore`), with one warning naming
 why. Variables and optimizer slots are captured by the function, not copied,
 so training goes on from their values. ``AMP_REWRITE_STRICT=1`` raises
 instead.
@@ -33,6 +33,11 @@ watched.
 Each tracing hook (:class:`~amp_rewrite.runtime.tf2.tracing.TracingHook`) has
 one :class:`FloorFallback`, which holds its :class:`Callers` and
 :class:`FellBack` and does the falling back for the functions the hook swapped.
+It is given what it works on when the hook makes it: the loss scaling whose
+skips it watches and the hook's table of swapped functions
+(:class:`~amp_rewrite.runtime.tf2.swaps.SwapTable`), not the hook. So this
+module knows the table and the loss scaling's state, both below it, and the
+hook above it imports it; nothing here reaches back up.
 """
 
 from __future__ import annotations
@@ -45,10 +50,11 @@ from typing import TYPE_CHECKING, Any
 from amp_rewrite import tf_internals
 from amp_rewrite.errors import NO_MESSAGE, RuntimeRewriteError, first_line
 from amp_rewrite.runtime.ledger import LOCK
+from amp_rewrite.runtime.tf2.concrete import reload_calling
 
 if TYPE_CHECKING:
     from amp_rewrite.runtime.tf2.loss_scale_state import TF2LossScaling
-    from amp_rewrite.runtime.tf2.tracing import SwapRecord, TracingHook
+    from amp_rewrite.runtime.tf2.swaps import SwapRecord, SwapTable
 
 logger = logging.getLogger(__name__)
 
@@ -130,9 +136,7 @@ class Callers:
 
     def note(self, concrete_function, rewritten_names: set[str]) -> bool:
         """Keeps ``concrete_function`` if its graph calls one of ``rewritten_names``; whether it does."""
-        from amp_rewrite.runtime.tf2.concrete import library_functions
-
-        names = frozenset(library_functions(concrete_function.graph)) & rewritten_names
+        names = frozenset(tf_internals.graph_functions(concrete_function.graph)) & rewritten_names
         if names:
             self._calls[concrete_function] = names
         return bool(names)
@@ -152,8 +156,6 @@ class Callers:
             Any error of TensorFlow while loading a caller's new body (the
             callers before it have theirs).
         """
-        from amp_rewrite.runtime.tf2.concrete import reload_calling
-
         changed = []
         for caller, names in list(self._calls.items()):
             wanted = {name: replacements[name] for name in sorted(names) if name in replacements}
@@ -232,14 +234,20 @@ def called_name(concrete_function) -> str:
 class FloorFallback:
     """A tracing hook's fallback to float32 when no loss scale helps (this module's algorithm).
 
+    The marked functions' hook has no loss scaling: its fallback never acts.
+
     Attributes:
-        hook: the hook whose swapped functions fall back.
+        scaling: the installed TF2 loss scaling whose skips are watched; None: none is.
+        swapped: the hook's swapped functions, the ones that fall back (the hook's own table).
+        is_strict: raise instead of falling back.
         callers: functions calling a rewritten guarded function.
         fell_back: functions no loss scale helped.
     """
 
-    def __init__(self, hook: TracingHook):
-        self.hook = hook
+    def __init__(self, scaling: TF2LossScaling | None, swapped: SwapTable, *, is_strict: bool):
+        self.scaling = scaling
+        self.swapped = swapped
+        self.is_strict = is_strict
         self.callers = Callers()
         self.fell_back = FellBack()
 
@@ -248,23 +256,23 @@ class FloorFallback:
         self.fell_back.clear()
 
     def is_wanted(self) -> bool:
-        return is_wanted(self.hook.loss_scaling)
+        return is_wanted(self.scaling)
 
     def has_guarded_apply(self, graph) -> bool:
-        scaling = self.hook.loss_scaling
-        return scaling is not None and scaling.has_guarded_apply(graph)
+        return self.scaling is not None and self.scaling.has_guarded_apply(graph)
 
     def floor_watch(self, concrete_function):
         """The ``_call_flat`` that watches a function holding a guarded apply for skips at the scale floor, or None."""
-        if not self.is_wanted():
+        scaling = self.scaling
+        if scaling is None or not is_wanted(scaling):
             return None
-        return FloorWatch(concrete_function, self.hook.loss_scaling, self.fall_back_hopeless)
+        return FloorWatch(concrete_function, scaling, self.fall_back_hopeless)
 
     def note_guarded_calls(self, concrete_function) -> bool:
         """Whether a just-traced function calls the rewritten body of a watched one (kept in ``callers``)."""
         if not self.is_wanted():
             return False
-        rewritten = {called_name(cf) for cf, record in self.hook.swapped.items()
+        rewritten = {called_name(cf) for cf, record in self.swapped.items()
                      if not record.report.is_inference_only and self._holds_guarded_apply(record)
                      and not tf_internals.is_xla_compiled(cf.function_def)}
         return self.callers.note(concrete_function, rewritten)
@@ -290,24 +298,24 @@ class FloorFallback:
         functions it calls. Every function whose graph calls one of those bodies
         gets a float32 body (:class:`Callers`).
         """
-        hook = self.hook
-        record = hook.record_of(concrete_function)
+        swapped = self.swapped
+        record = swapped.record_of(concrete_function)
         callees = self.callers.calls_of(concrete_function)
         if record is None and not callees:
             return
         name = record.report.name if record is not None else function_name(concrete_function)
-        if hook.is_strict:
+        if self.is_strict:
             raise RuntimeRewriteError(f"tf.function {name}: {reason}")
         with LOCK:
-            names = {name} | {other.report.name for cf, other in hook.swapped.items()
+            names = {name} | {other.report.name for cf, other in swapped.items()
                               if called_name(cf) in callees}
-            hopeless = [cf for cf, other in hook.swapped.items()
+            hopeless = [cf for cf, other in swapped.items()
                         if other.report.name in names and self._holds_guarded_apply(other)]
             replacements: dict[str, Any] = {}
             for cf in dict.fromkeys([concrete_function, *hopeless]):
                 rewritten_name = called_name(cf)
-                if hook.record_of(cf) is not None:
-                    hook.restore(cf)
+                if swapped.record_of(cf) is not None:
+                    swapped.restore(cf)
                     replacements[rewritten_name] = tf_internals.inference_function(cf)
                     self.fell_back.add(function_name(cf), cf.graph)
                     self.fell_back.add_body(called_name(cf))
@@ -317,7 +325,7 @@ class FloorFallback:
     def _fall_back_callers(self, name: str, replacements: dict) -> None:
         """Gives the functions calling the replaced bodies float32 bodies (a warning if one fails)."""
         try:
-            changed = self.callers.fall_back(replacements, self.hook.restore)
+            changed = self.callers.fall_back(replacements, self.swapped.restore)
         except Exception as exc:
             reason = first_line(exc, with_type=True, if_empty=NO_MESSAGE)
             logger.warning("amp-rewrite: tf.function %s: a function calling it keeps its half body: "

@@ -61,8 +61,6 @@ from collections.abc import Callable
 
 import _amp_rewrite_import_hook as import_hook
 from amp_rewrite.runtime.ledger import Ledger, bound
-from amp_rewrite.runtime.records import ObjectRecords
-from amp_rewrite.runtime.settings import RuntimeSettings
 from amp_rewrite.runtime.tf2 import keras_optimizers as tf2_keras_optimizers
 from amp_rewrite.runtime.tf2 import tape as tf2_tape
 from amp_rewrite.runtime.tf2.keras_optimizers import KERAS3_MODULE, TF_KERAS_MODULE
@@ -71,23 +69,25 @@ from amp_rewrite.runtime.tf2.loss_scale_state import LEDGER_NAME, TF2LossScaling
 __all__ = ["LEDGER_NAME", "TF2LossScaling", "install"]
 
 
-def install(runtime_settings: RuntimeSettings, ledger: Ledger, records: ObjectRecords, *,
-            stop_tracing: Callable[[], None] = lambda: None) -> TF2LossScaling:
-    """Patches the tape now and Keras' optimizers once their modules are imported; returns what they share.
+def install(scaling: TF2LossScaling, ledger: Ledger, *,
+            stop_tracing: Callable[[], None] = lambda: None) -> None:
+    """Patches the tape now and Keras' optimizers once their modules are imported, all sharing ``scaling``.
 
-    ``stop_tracing`` is called when Keras lacks a part its guarded apply
-    needs: new traces must then run float32 rather than apply steps whose
-    scaled gradients overflowed (the runtime passes its tracing hook's
+    The runtime makes ``scaling`` first (its settings, and the records where
+    the patches note what they learn about optimizers) and gives it to its
+    tracing hook too. ``stop_tracing`` is called when Keras lacks a part its
+    guarded apply needs, at once when Keras is imported already: new traces
+    must then run float32 rather than apply steps whose scaled gradients
+    overflowed (the runtime passes its tracing hook's
     :meth:`~amp_rewrite.runtime.tf2.tracing.TracingHook.uninstall`).
 
-    What the patches learn about optimizers goes into ``records``; every change goes into ``ledger``, which undoes it on
-    :func:`amp_rewrite.disable`: the methods are restored, and the returned
-    :class:`TF2LossScaling` is marked uninstalled (its variables stay with
-    the optimizers that track them; the next installation starts afresh).
+    Every change goes into ``ledger``, which undoes it on
+    :func:`amp_rewrite.disable`: the methods are restored, and ``scaling``
+    is marked uninstalled (its variables stay with the optimizers that
+    track them; the next installation starts afresh).
     """
     import tensorflow as tf
 
-    scaling = TF2LossScaling(runtime_settings, records)
     with ledger.lock:
         ledger.record(LEDGER_NAME, "the loss-scale settings and state", scaling.uninstall)
         tape = tf.GradientTape
@@ -101,8 +101,7 @@ def install(runtime_settings: RuntimeSettings, ledger: Ledger, records: ObjectRe
             import_hook.after_import(functools.partial(patch, ledger=ledger, scaling=scaling,
                                                        stop_tracing=stop_tracing),
                                      owner=import_hook.RUNTIME, name=module,
-                                     is_strict=lambda: runtime_settings.is_strict)
-    return scaling
+                                     is_strict=lambda: scaling.is_strict)
 
 
 def _remove_keras_hooks() -> None:

@@ -42,6 +42,15 @@ The hooks are :class:`TracingHook` values: the runtime's, held by its
 :class:`~amp_rewrite.runtime.core.Runtime`, and one for marked functions.
 TensorFlow's list of callbacks is the one record of which are installed
 (:func:`installed_hooks`); this module keeps no state of its own.
+
+The runtime's hook does not know the Runtime that holds it: it is made with
+a :class:`RuntimeInputs` (the requested settings, a function returning the
+rewrite configuration, and the TF2 loss scaling, made before it). The
+Runtime names this module's types, so it sits above; this module sits above
+the swap steps (:mod:`~amp_rewrite.runtime.tf2.swap`), the fallback, and the
+table of swaps they share (:mod:`~amp_rewrite.runtime.tf2.swaps`), none of
+which imports this module (the steps get what they use of the hook in a
+:class:`~amp_rewrite.runtime.tf2.swap.SwapTools`).
 """
 
 from __future__ import annotations
@@ -49,18 +58,23 @@ from __future__ import annotations
 import functools
 import logging
 import sys
-import time
 import weakref
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from amp_rewrite import tf_internals
 from amp_rewrite.config import Config
 from amp_rewrite.errors import NO_MESSAGE, RuntimeRewriteError, first_line
-from amp_rewrite.runtime.core import Runtime
-from amp_rewrite.runtime.ledger import LOCK
+from amp_rewrite.runtime.ledger import LOCK, Ledger
 from amp_rewrite.runtime.records import ObjectTable
+from amp_rewrite.runtime.settings import RuntimeSettings
 from amp_rewrite.runtime.tf2 import fallback as tf2_fallback
+from amp_rewrite.runtime.tf2.swap import Swap, SwapTools, swap_in
+from amp_rewrite.runtime.tf2.swaps import FunctionReport, SwapRecord, SwapTable
+
+if TYPE_CHECKING:
+    from amp_rewrite.runtime.tf2.loss_scale_state import TF2LossScaling
 
 logger = logging.getLogger(__name__)
 
@@ -72,35 +86,18 @@ LEDGER_NAME = "tf.function"
 
 
 @dataclass(frozen=True)
-class FunctionReport:
-    """What the hook did to one traced ConcreteFunction.
+class RuntimeInputs:
+    """What the runtime gives its tracing hook when it makes it; the hook knows no more of the runtime.
 
     Attributes:
-        name: the traced function's name.
-        summary: the rewrite's numbers.
-        nodes_total: nodes of the function and of the functions it calls.
-        seconds: time spent rewriting and reloading it.
-        rewrite_seconds: the part of ``seconds`` the rewrite itself took.
-        is_explicit: traced by :func:`amp_rewrite.function`, not by the runtime.
-        is_inference_only: calls under a tape run the traced float32 function.
+        requested: the settings the runtime was enabled with (the target as asked: ``auto`` stays ``auto``).
+        config: returns the runtime's rewrite configuration (read at its first call, for the target chosen).
+        loss_scaling: the runtime's TF2 loss scaling, made before the hook; None when loss is not scaled.
     """
 
-    name: str
-    summary: str
-    nodes_total: int
-    seconds: float
-    rewrite_seconds: float
-    is_explicit: bool
-    is_inference_only: bool
-
-
-@dataclass
-class SwapRecord:
-    """A swapped ConcreteFunction: its report, its traced state, and the rewritten function."""
-
-    report: FunctionReport
-    traced_state: dict = field(repr=False)
-    rewritten: object = field(repr=False)
+    requested: RuntimeSettings
+    config: Callable[[], Config]
+    loss_scaling: TF2LossScaling | None = None
 
 
 class TracingHook:
@@ -117,31 +114,37 @@ class TracingHook:
       only graphs :func:`marked` traced, and only while no runtime hook is
       installed (that one does it then).
 
+    Each swap runs as the named steps of :mod:`amp_rewrite.runtime.tf2.swap`;
+    the hook keeps their record here.
+
     Attributes:
-        runtime: the runtime whose switch this hook is; None for marked functions only.
+        runtime: what the runtime gave its hook; None for marked functions only.
         is_strict: raise instead of running a function whose rewrite failed as traced.
         swapped: the ConcreteFunctions running rewritten now, with their records.
         traced_graphs: rewritten function name → the graph traced for it (node names agree), for the tuner.
         history: a report of every swap this hook made, oldest first.
         profiles: a :class:`~amp_rewrite.runtime.profile.FunctionProfiles` with ``AMP_REWRITE_PROFILE``.
         fallback: what the loss-scale floor fallback keeps
-            (:class:`~amp_rewrite.runtime.tf2.fallback.FloorFallback`).
+            (:class:`~amp_rewrite.runtime.tf2.fallback.FloorFallback`, given the table ``swapped``).
+        tools: what the swap steps use (:class:`~amp_rewrite.runtime.tf2.swap.SwapTools`).
         marked: on the marked functions' hook, each graph :func:`marked` traced → its
             :class:`~amp_rewrite.Config` (the runtime's hook reads this table too).
     """
 
-    def __init__(self, runtime: Runtime | None = None, *, is_strict: bool = False):
+    def __init__(self, runtime: RuntimeInputs | None = None, *, is_strict: bool = False):
         self.runtime = runtime
-        self.is_strict = runtime.settings.is_strict if runtime is not None else is_strict
-        self.swapped: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.is_strict = runtime.requested.is_strict if runtime is not None else is_strict
+        self.swapped = SwapTable()
         self.traced_graphs: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self.history: list[FunctionReport] = []
         self.profiles: Any = None
-        if runtime is not None and runtime.settings.profile_after is not None:
+        if runtime is not None and runtime.requested.profile_after is not None:
             from amp_rewrite.runtime.profile import FunctionProfiles
 
-            self.profiles = FunctionProfiles(runtime.settings.profile_after)
-        self.fallback = tf2_fallback.FloorFallback(self)
+            self.profiles = FunctionProfiles(runtime.requested.profile_after)
+        self.fallback = tf2_fallback.FloorFallback(self.loss_scaling, self.swapped, is_strict=self.is_strict)
+        self.tools = SwapTools(self.loss_scaling, self.fallback, self.traced_graphs, self.profiles,
+                               self._first_eager_call_guard)
         self.marked: ObjectTable[Config] = ObjectTable()
 
     # --- registration -----------------------------------------------------
@@ -164,29 +167,19 @@ class TracingHook:
             marked_hook = _marked_hook()
             for cf, record in list(self.swapped.items()):
                 if not record.report.is_explicit:
-                    self.restore(cf)
+                    self.swapped.restore(cf)
                 elif marked_hook is not None:
                     marked_hook.swapped[cf] = self.swapped.pop(cf)
             self.fallback.forget()
 
     # --- queries ----------------------------------------------------------
 
-    def record_of(self, concrete_function) -> SwapRecord | None:
-        return self.swapped.get(concrete_function)
-
-    def restore(self, concrete_function) -> None:
-        """Puts the traced state back into ``concrete_function``."""
-        with LOCK:
-            record = self.swapped.pop(concrete_function, None)
-            if record is not None:
-                tf_internals.set_concrete_function_state(concrete_function, record.traced_state)
-
     def default_config(self) -> Config:
         """The configuration for functions traced without one."""
-        return self.runtime.rewrite_config() if self.runtime is not None else _env_config()
+        return self.runtime.config() if self.runtime is not None else _env_config()
 
     @property
-    def loss_scaling(self):
+    def loss_scaling(self) -> TF2LossScaling | None:
         """The runtime's TF2 loss scaling, or None (then nothing is guarded or watched)."""
         return self.runtime.loss_scaling if self.runtime is not None else None
 
@@ -235,11 +228,9 @@ class TracingHook:
         functions that fell back because no loss scale helped (Keras 3's train
         function, traced again, calls such a one-step function).
         """
-        from amp_rewrite.runtime.tf2.concrete import library_functions
-
         setting = self._setting()
         opaque = []
-        for name, function in sorted(library_functions(concrete_function.graph).items()):
+        for name, function in sorted(tf_internals.graph_functions(concrete_function.graph).items()):
             reason = xla_keeps_float32(function.definition, setting=setting, device_type=config.device_type)
             if reason is None and self.fallback.fell_back.has_body(name):
                 reason = tf2_fallback.FELL_BACK
@@ -250,58 +241,24 @@ class TracingHook:
     # --- swapping ---------------------------------------------------------
 
     def _swap_in(self, concrete_function, config: Config, *, is_explicit: bool, calls_guarded: bool = False) -> None:
-        from amp_rewrite.runtime.tf2.concrete import rewrite_concrete
-
-        start = time.perf_counter()
-        name = tf2_fallback.function_name(concrete_function)
-        scaling = self.loss_scaling
-        if scaling is not None:
-            scaling.check_traced(concrete_function.graph, name)
-        # XLA-compiled functions record no skip cause, so a skip there says nothing about the floor.
-        is_guarded = not tf_internals.is_xla_compiled(concrete_function.function_def) and (
-            calls_guarded or self.fallback.has_guarded_apply(concrete_function.graph))
-        extra: dict[str, Any] = {"is_probing_overflow": True} if scaling is not None and \
-            scaling.is_finding_overflow else {}
-        if config.is_tuning:
-            extra["traced_graphs"] = self.traced_graphs
-        rewritten = rewrite_concrete(concrete_function, config, **extra)
-        if rewritten.concrete_function is None:
-            logger.debug("tf.function %s: nothing to run in %s", name, config.target)
+        """Runs the swap steps (:func:`~amp_rewrite.runtime.tf2.swap.swap_in`) and keeps their record."""
+        swap = Swap(concrete_function, tf2_fallback.function_name(concrete_function), config,
+                    is_explicit=is_explicit, calls_guarded=calls_guarded)
+        record = swap_in(self.tools, swap)
+        if record is None:
             return
-        traced_state = tf_internals.concrete_function_state(concrete_function)
-        tf_internals.take_over_graph_collection(traced_state)
-        # With custom gradients, calls under a tape, and calls from another
-        # function's trace, keep the traced (float32) forward and backward functions.
-        new_state = tf_internals.runnable_state(tf_internals.concrete_function_state(rewritten.concrete_function),
-                                                inference_only=rewritten.has_custom_gradients)
-        report = FunctionReport(name=name, summary=_summary(rewritten.result),
-                                nodes_total=rewritten.result.nodes_total,
-                                seconds=time.perf_counter() - start,
-                                rewrite_seconds=rewritten.result.seconds, is_explicit=is_explicit,
-                                is_inference_only=rewritten.has_custom_gradients)
-        record = SwapRecord(report, traced_state, rewritten)
-        new_function: Any = rewritten.concrete_function
-        self.traced_graphs[new_function.function_def.signature.name] = concrete_function.graph
-        tf_internals.set_concrete_function_state(concrete_function, {**traced_state, **new_state})
-        then = self.fallback.floor_watch(concrete_function) if is_guarded else None
-        tf_internals.override_call(concrete_function, self._first_eager_call_guard(concrete_function, record,
-                                                                                   then=then))
-        if self.profiles is not None:
-            self.profiles.watch(concrete_function)
+        # A later trace calling the rewritten body is tuned with the shapes of the traced graph
+        # (the function's own graph is the rewritten one now).
+        new_function: Any = swap.rewritten.concrete_function
+        self.traced_graphs[new_function.function_def.signature.name] = tf_internals.graph_in_state(record.traced_state)
         self.swapped[concrete_function] = record
-        self.history.append(report)
-        logger.info("amp-rewrite: tf.function %s: %s (rewrite %.3f s, reload %.3f s)", name,
-                    report.summary, report.rewrite_seconds, report.seconds - report.rewrite_seconds)
-        if report.is_inference_only:
-            logger.info("amp-rewrite: tf.function %s: calls under a GradientTape run it in float32, "
-                        "since the gradient would reach the custom gradient of %s", name,
-                        rewritten.custom_gradient_ops[0])
+        self.history.append(record.report)
 
-    def _first_eager_call_guard(self, concrete_function, record: SwapRecord, *, then=None):
+    def _first_eager_call_guard(self, concrete_function, record: SwapRecord, then):
         """A ``_call_flat`` that checks the first eager run of the rewritten function.
 
         Once a run succeeds the guard removes itself, so later calls cost nothing,
-        or gives its place to ``then`` (the loss-scale floor watch).
+        or gives its place to ``then`` (the loss-scale floor watch; None: nothing).
         """
         function_ref = weakref.ref(concrete_function)
 
@@ -348,7 +305,7 @@ class TracingHook:
 # --- installing, and the process's hooks ---------------------------------------
 
 
-def install(runtime: Runtime) -> TracingHook | None:
+def install(runtime: RuntimeInputs, ledger: Ledger) -> TracingHook | None:
     """Rewrites every ConcreteFunction traced from now on with ``runtime``'s configuration (the runtime's switch).
 
     With the settings' ``profile_after``, one eager call after that many
@@ -356,16 +313,16 @@ def install(runtime: Runtime) -> TracingHook | None:
 
     When this TensorFlow lacks an internal the hook needs, nothing is
     installed and None returned: a warning names it (strict mode raises
-    instead). Otherwise the runtime's ledger records the hook's
+    instead). Otherwise the runtime's ``ledger`` records the hook's
     :meth:`TracingHook.uninstall` as the way back.
     """
     with LOCK:
-        if not _has_tracing_internals(is_strict=runtime.settings.is_strict):
+        if not _has_tracing_internals(is_strict=runtime.requested.is_strict):
             return None
         hook = TracingHook(runtime)
         hook.register()
-        runtime.ledger.record(LEDGER_NAME, "transform.CONCRETE_FUNCTION_CALLBACKS and the functions it swaps",
-                              hook.uninstall)
+        ledger.record(LEDGER_NAME, "transform.CONCRETE_FUNCTION_CALLBACKS and the functions it swaps",
+                      hook.uninstall)
         return hook
 
 
@@ -450,13 +407,13 @@ def swapped() -> list[tuple[object, FunctionReport]]:
 def record_of(concrete_function) -> SwapRecord | None:
     """The swap record of ``concrete_function``, or None when it runs as traced."""
     return next((record for hook in installed_hooks()
-                 if (record := hook.record_of(concrete_function)) is not None), None)
+                 if (record := hook.swapped.record_of(concrete_function)) is not None), None)
 
 
 def restore(concrete_function) -> None:
     """Puts the traced state back into ``concrete_function``."""
     for hook in installed_hooks():
-        hook.restore(concrete_function)
+        hook.swapped.restore(concrete_function)
 
 
 def default_config() -> Config:
@@ -476,13 +433,6 @@ def _env_config() -> Config:
     return Config.from_env(device_type=default_device_type(runs_here=True), target="float16")
 
 
-def _summary(result) -> str:
-    """The rewrite's numbers, without the FLOP share (which would build every body again)."""
-    return result.summary(with_flops=False)
-
-
-
-
 def xla_keeps_float32(function_def, *, setting: str | None, device_type: str | None) -> str | None:
     """Why an XLA-compiled function stays float32 under the runtime, or None when it is rewritten.
 
@@ -493,6 +443,3 @@ def xla_keeps_float32(function_def, *, setting: str | None, device_type: str | N
     if not tf_internals.is_xla_compiled(function_def):
         return None
     return XLA_ON_CPU if setting == "auto" and device_type == "CPU" else None
-
-
-
