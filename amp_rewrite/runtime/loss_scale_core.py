@@ -23,6 +23,13 @@ process, tracked by every guarded optimizer. Both do what is here:
   take one decision; ``cond(finite, apply, skip)``; then the schedule moves.
   What a skip says is the adapter's: a TF1 session reads a report tensor
   after the step, a TF2 step prints a line from the graph.
+- **When no scale helps** (:func:`hopeless_reason`): steps whose loss
+  itself was not finite (:func:`is_finite_loss`; the loss is computed before
+  any scale, so no scale changes it) :data:`LOSS_REPEATS` times in a row, or
+  a skip with the scale already at its floor of 1. Either way the adapter
+  falls back to float32: after the second step, not after halving the scale
+  all the way down. One bad batch (a non-finite loss once) is skipped and
+  training goes on in half.
 """
 
 from __future__ import annotations
@@ -116,6 +123,49 @@ def unscale(grad, inverse):
         values = tf.math.multiply_no_nan(grad.values, tf.cast(inverse, grad.values.dtype))
         return tf.IndexedSlices(values, grad.indices, grad.dense_shape)
     return tf.math.multiply_no_nan(grad, tf.cast(inverse, grad.dtype))
+
+
+# --- when no scale helps ---------------------------------------------------------------
+
+FIX_HINT = ("AMP_REWRITE_FIND_OVERFLOW=1 names the op; keep it float32 with "
+            "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_DENYLIST_ADD or AMP_REWRITE_KEEP_FLOAT32")
+#: How many steps in a row must have a non-finite loss before no scale is said to help (one is a bad batch).
+LOSS_REPEATS = 2
+LOSS_NOT_FINITE = (f"{LOSS_REPEATS} steps in a row were skipped and their loss itself was not finite: the loss is "
+                   "computed before the loss scale, so no scale helps; an op overflows in half in the forward pass "
+                   "(" + FIX_HINT + ")")
+FLOOR_REASON = ("a step was skipped with the loss scale at its floor of 1: the gradients are not finite even "
+                "unscaled, so no scale helps; an op overflows in half whatever the scale (" + FIX_HINT + ")")
+
+
+def is_finite_loss(loss):
+    """A float32 scalar: 1 when every value of ``loss`` is finite, else 0 (what a step's report carries)."""
+    import tensorflow as tf
+
+    return tf.cast(tf.reduce_all(tf.math.is_finite(loss)), tf.float32)
+
+
+def hopeless_reason(*, skipped: bool, scale: float, non_finite_losses: int) -> str | None:
+    """Why no loss scale can make a step finite, or None while one may.
+
+    Args:
+        skipped: a step was skipped.
+        scale: the scale that step used.
+        non_finite_losses: how many steps in a row, that one last, had a loss
+            (before scaling) that was not finite.
+    """
+    if not skipped:
+        return None
+    if non_finite_losses >= LOSS_REPEATS:
+        return LOSS_NOT_FINITE
+    return FLOOR_REASON if scale <= 1.0 else None
+
+
+def count_non_finite_losses(count, loss_is_finite):
+    """The count of non-finite losses in a row after one more loss: 0 when it is finite, else ``count + 1``."""
+    import tensorflow as tf
+
+    return tf.where(loss_is_finite > 0.5, tf.zeros_like(count), count + 1)
 
 
 # --- the schedule -------------------------------------------------------------------

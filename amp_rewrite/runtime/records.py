@@ -98,6 +98,8 @@ class ObjectRecords:
             (members); they run unpatched.
         loss_scale_reports: a ``tf.Graph`` → the
             :class:`~amp_rewrite.runtime.tf1.loss_scale.Report` of each guarded step built in it.
+        scaled_losses: a ``tf.Graph`` → whether the last loss whose gradients
+            were scaled in it is finite (a float32 scalar tensor of that graph).
         scaled_elsewhere: the optimizers a loss-scale wrapper (TensorFlow's or
             Keras') already scales (members).
         restore_savers: a ``Saver`` → a Saver over the same variables minus
@@ -108,6 +110,7 @@ class ObjectRecords:
     runners: ObjectTable[Any] = field(default_factory=ObjectTable)
     shadow_sessions: ObjectTable[bool] = field(default_factory=ObjectTable)
     loss_scale_reports: ObjectTable[tuple] = field(default_factory=ObjectTable)
+    scaled_losses: ObjectTable[Any] = field(default_factory=ObjectTable)
     scaled_elsewhere: ObjectTable[bool] = field(default_factory=ObjectTable)
     restore_savers: ObjectTable[Any] = field(default_factory=ObjectTable)
 

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from amp_rewrite.runtime import loss_scale_core as core
 from amp_rewrite.runtime.loss_scale_core import (
     GuardedStep,
     count_nonfinite,
@@ -92,3 +93,27 @@ def test_a_guarded_step_applies_only_finite_steps_and_moves_the_schedule_either_
     # finite: 1 good step; skip: halve; finite, finite: the 2nd in a row doubles; skip: halve.
     assert seen == [(4.0, 1, 0, 1.0, 0), (2.0, 0, 1, 1.0, 1), (2.0, 1, 1, 2.0, 1), (4.0, 0, 1, 3.0, 1),
                     (2.0, 0, 2, 3.0, 2)]
+
+
+@pytest.mark.parametrize("skipped, scale, non_finite_losses, reason", [
+    (False, 1.0, 5, None),  # no skip: nothing to judge
+    (True, 4.0, 0, None),  # a finite loss and a scale to halve: a smaller scale may help
+    (True, 4.0, 1, None),  # one non-finite loss: a bad batch
+    (True, 1.0, 0, core.FLOOR_REASON),  # at the floor: none smaller
+    (True, 32768.0, 2, core.LOSS_NOT_FINITE),  # the loss comes before any scale: at the second
+])
+def test_no_scale_helps_after_non_finite_losses_in_a_row_or_at_the_floor(skipped, scale, non_finite_losses, reason):
+    assert core.hopeless_reason(skipped=skipped, scale=scale, non_finite_losses=non_finite_losses) == reason
+
+
+def test_non_finite_losses_are_counted_in_a_row():
+    count = tf.constant(0, tf.int64)
+    for finite, want in [(0.0, 1), (0.0, 2), (1.0, 0), (0.0, 1)]:
+        count = core.count_non_finite_losses(count, tf.constant(finite))
+        assert int(count) == want
+
+
+def test_the_loss_finiteness_a_report_carries():
+    assert float(core.is_finite_loss(tf.constant([1.0, 2.0]))) == 1.0
+    assert float(core.is_finite_loss(tf.constant([1.0, float("inf")]))) == 0.0
+    assert float(core.is_finite_loss(tf.constant(float("nan")))) == 0.0

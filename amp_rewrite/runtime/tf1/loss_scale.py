@@ -50,6 +50,7 @@ from amp_rewrite.runtime.loss_scale_core import (
     create_state,
     in_cross_replica_context,
     inverse_of,
+    is_finite_loss,
     seed_gradient,
     unscale,
 )
@@ -63,7 +64,11 @@ STATE_COLLECTION = SCOPE
 
 @dataclass(frozen=True)
 class Report:
-    """A tensor ``[scale, skipped_steps, good_steps]`` read after the guarded update ``op``."""
+    """A tensor ``[scale, skipped_steps, good_steps, loss_is_finite]`` read after the guarded update ``op``.
+
+    ``loss_is_finite`` is 1 when the loss whose gradients were scaled last in
+    the graph was finite (1 too when none was scaled there), else 0.
+    """
 
     op: Any
     tensor: Any
@@ -118,6 +123,8 @@ def scaled_compute_gradients(original, scaling: TF1LossScaling, optimizer, loss,
     positional, kwargs = list(args), dict(kwargs)
     user_grad_loss = _pop_argument(positional, kwargs, "grad_loss", position=5)
     state = state_for_graph(scaling.settings)
+    with tf.compat.v1.name_scope(SCOPE + "/"):
+        scaling.records.scaled_losses[loss.graph] = is_finite_loss(loss)
     grad_loss = seed_gradient(loss, state.scale, user_grad_loss)
     grads_and_vars = original(optimizer, loss, *positional, grad_loss=grad_loss, **kwargs)
     inverse = inverse_of(state.scale)
@@ -191,9 +198,12 @@ def update_state(state: LossScaleState, is_finite, settings: LossScaleSettings):
 def _add_report(records: ObjectRecords, state: LossScaleState, step) -> None:
     import tensorflow as tf
 
+    graph = step.graph
+    loss_is_finite = records.scaled_losses.get(graph)
     with tf.control_dependencies([step]), tf.compat.v1.name_scope(SCOPE + "/"):
         tensor = tf.stack([tf.identity(state.scale),
                            tf.cast(tf.identity(state.skipped_steps), tf.float32),
-                           tf.cast(tf.identity(state.good_steps), tf.float32)], name="report")
-    graph = tensor.graph
+                           tf.cast(tf.identity(state.good_steps), tf.float32),
+                           tf.constant(1.0) if loss_is_finite is None else tf.identity(loss_is_finite)],
+                          name="report")
     records.loss_scale_reports[graph] = (*records.loss_scale_reports.get(graph, ()), Report(step, tensor))

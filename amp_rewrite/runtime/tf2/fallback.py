@@ -1,13 +1,18 @@
 """Falling back to float32 in TF2 when no loss scale helps.
 
-A TF1 session switches to its float32 graph after a step is skipped with the
-loss scale at its floor of 1 (:mod:`amp_rewrite.runtime.tf1.session`). Here the
-same happens to a rewritten ``tf.function`` that applies a guarded optimizer
-(a custom training loop, or the train function Keras' ``fit`` traces): after
-each eager call, the installed loss scaling's state
+A TF1 session switches to its float32 graph once a skipped step shows that no
+loss scale helps (:mod:`amp_rewrite.runtime.tf1.session`). Here the same
+happens to a rewritten ``tf.function`` that applies a guarded optimizer (a
+custom training loop, or the train function Keras' ``fit`` traces): after each
+eager call, the installed loss scaling's state
 (:class:`~amp_rewrite.runtime.tf2.loss_scale_state.TF2LossScaling`) says whether the call skipped a
-step at scale 1. If it did, the gradients are not finite even unscaled, so no
-scale helps; the function gets its traced float32 body back for the next call
+step, at which scale, and how many losses in a row were not finite. Skipped
+steps whose loss itself was not finite twice in a row (the forward pass
+overflows half: no scale changes the loss; once is a bad batch), or a step
+skipped at the scale's floor of 1 (the gradients are not finite even
+unscaled), end the rewrite
+(:func:`~amp_rewrite.runtime.loss_scale_core.hopeless_reason`); other skips
+only halve the scale. The function gets its traced float32 body back for the next call
 (:meth:`~amp_rewrite.runtime.tf2.swaps.SwapTable.restore`), with one warning naming
 why. Variables and optimizer slots are captured by the function, not copied,
 so training goes on from their values. ``AMP_REWRITE_STRICT=1`` raises
@@ -20,12 +25,12 @@ calls (``one_step_on_iterator``, ``multi_step_on_iterator``) runs the
 one-step ``tf.function`` ``one_step_on_data`` inside its graph, once, or
 ``steps_per_execution`` times (unrolled, or in a ``tf.while_loop``,
 depending on the Keras release). :class:`Callers` keeps those callers; each
-is watched like the callee, and when either hits the floor the callee gets
+is watched like the callee, and when either finds no scale helps the callee gets
 its traced body back and every caller a float32 body of its own, the same
 FunctionDefs with the calls sent to the traced callee
 (:func:`amp_rewrite.runtime.tf2.concrete.reload_calling`).
 
-The watch costs two scalar variable reads per call, and only functions that
+The watch costs one scalar variable read per call (three after a skip), and only functions that
 hold a guarded apply, or call one that does, get it, under dynamic loss
 scaling. XLA-compiled functions record no skip cause, so they are not
 watched.
@@ -50,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 from amp_rewrite import tf_internals
 from amp_rewrite.errors import NO_MESSAGE, RuntimeRewriteError, first_line
 from amp_rewrite.runtime.ledger import LOCK
+from amp_rewrite.runtime.loss_scale_core import hopeless_reason
 from amp_rewrite.runtime.tf2.concrete import reload_calling
 
 if TYPE_CHECKING:
@@ -57,11 +63,6 @@ if TYPE_CHECKING:
     from amp_rewrite.runtime.tf2.swaps import SwapRecord, SwapTable
 
 logger = logging.getLogger(__name__)
-
-FLOOR_REASON = ("a step was skipped with the loss scale at its floor of 1: the gradients are not finite even "
-                "unscaled, so no scale helps; the loss itself is not finite, or an op overflows in half whatever "
-                "the scale (AMP_REWRITE_FIND_OVERFLOW=1 names it; keep it float32 with "
-                "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_DENYLIST_ADD or AMP_REWRITE_KEEP_FLOAT32)")
 
 FELL_BACK = "an earlier trace of it fell back, since no loss scale helped"
 
@@ -77,7 +78,10 @@ def is_wanted(scaling: TF2LossScaling | None) -> bool:
 
 
 class FloorWatch:
-    """The ``_call_flat`` of a watched function: calls it, then calls ``on_hopeless(cf, reason)`` after a skip at 1.
+    """The ``_call_flat`` of a watched function: calls it, then ``on_hopeless(cf, reason)`` when no scale helps.
+
+    No scale helps (:func:`~amp_rewrite.runtime.loss_scale_core.hopeless_reason`)
+    after skipped steps whose loss was not finite twice in a row, or a skip at the scale's floor of 1.
 
     ``on_hopeless`` runs after the call returned its outputs (which are still
     returned), so the step that skipped is not run again. The first-call
@@ -108,16 +112,19 @@ class FloorWatch:
         return int(self.scaling.state().skipped_steps.numpy())
 
     def check(self, concrete_function, before: int | None) -> None:
-        """Calls ``on_hopeless`` if a step was skipped at the floor since the count was ``before``."""
-        if self._skipped_at_floor_since(before):
-            self.on_hopeless(concrete_function, FLOOR_REASON)
+        """Calls ``on_hopeless`` if a step skipped since the count was ``before`` shows that no scale helps."""
+        reason = self._hopeless_since(before)
+        if reason is not None:
+            self.on_hopeless(concrete_function, reason)
 
-    def _skipped_at_floor_since(self, before: int | None) -> bool:
-        """Whether a step was skipped since the count was ``before``, the last one with the scale at 1."""
+    def _hopeless_since(self, before: int | None) -> str | None:
+        """Why no scale helps, judged by the last step skipped since the count was ``before``; or None."""
         after = self.count()
         if after is None or after == (before or 0):
-            return False
-        return float(self.scaling.state().last_skip.scale.numpy()) <= 1.0
+            return None
+        last = self.scaling.state().last_skip
+        return hopeless_reason(skipped=True, scale=float(last.scale.numpy()),
+                               non_finite_losses=int(last.non_finite_losses.numpy()))
 
 
 class Callers:

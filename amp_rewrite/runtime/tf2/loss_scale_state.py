@@ -43,11 +43,17 @@ CHECKPOINT_NAME = SCOPE
 
 @dataclass(frozen=True)
 class LastSkip:
-    """Variables: the cause of the last skipped step (scale, hash of the names at fault), its repeats."""
+    """Variables: the cause of the last skipped step (scale, hash of the names at fault), its repeats.
+
+    ``non_finite_losses`` counts the scaled gradients in a row whose loss
+    was not finite: a loss that stays so needs no other scale to tell that
+    none helps.
+    """
 
     scale: Any
     cause: Any
     repeats: Any
+    non_finite_losses: Any
 
 
 @dataclass(frozen=True)
@@ -167,7 +173,8 @@ class TF2LossScaling:
                 module.skipped_steps = variables.skipped_steps
                 last_skip = LastSkip(variable(-1.0, "last_skip_scale", tf.float32),
                                      variable(-1, "last_skip_cause", tf.int64),
-                                     variable(0, "last_skip_repeats", tf.int64))
+                                     variable(0, "last_skip_repeats", tf.int64),
+                                     variable(0, "non_finite_losses", tf.int64))
             self._state = ProcessState(scale=variables.scale, good_steps=variables.good_steps,
                                        skipped_steps=variables.skipped_steps, module=module, last_skip=last_skip)
             logger.debug("created the TF2 loss-scale state, initial scale %s", scaling.initial_scale)

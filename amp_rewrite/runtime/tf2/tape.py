@@ -13,7 +13,13 @@ from __future__ import annotations
 import contextlib
 
 from amp_rewrite import tf_internals
-from amp_rewrite.runtime.loss_scale_core import inverse_of, seed_gradient, unscale
+from amp_rewrite.runtime.loss_scale_core import (
+    count_non_finite_losses,
+    inverse_of,
+    is_finite_loss,
+    seed_gradient,
+    unscale,
+)
 from amp_rewrite.runtime.tf2.loss_scale_state import TF2LossScaling
 
 
@@ -39,6 +45,8 @@ def scaled_gradient(original, scaling: TF2LossScaling, tape, target, sources, ou
     with _not_recorded(tape):
         inverse = inverse_of(scale)
         grads = tf.nest.map_structure(lambda g: unscale(g, inverse), grads)
+        losses = loss_scale.last_skip.non_finite_losses
+        losses.assign(count_non_finite_losses(losses, is_finite_loss(target)))
     scaling.note_scaled_gradient()
     return grads
 

@@ -161,11 +161,11 @@ def test_a_loss_that_is_never_finite_is_named_once_not_every_step(amp_runtime, c
         scale = sess.run(graph.get_collection(loss_scale.STATE_COLLECTION)[0])
         step = sess.run(tf1.train.get_global_step(graph))
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    halving = [m for m in warnings if "loss scale now" in m]
-    floor = [m for m in warnings if "floor of 1" in m]
-    assert scale == 1.0 and step == 0
-    assert len(halving) == 2  # 4 -> 2 -> 1
-    assert len(floor) == 1 and "not finite even unscaled" in floor[0], warnings
+    named = [m for m in warnings if "loss itself was not finite" in m]
+    assert step == 0  # every step skipped, in half and then in float32
+    assert scale == 1.0  # the float32 graph's skips went on halving it
+    assert len(named) == 1 and "no scale helps" in named[0], warnings
+    assert len([m for m in warnings if "loss scale now" in m]) == 1, warnings  # 4 -> 2, then said at the second
 
 
 def run_momentum_steps(steps, x):
@@ -186,10 +186,11 @@ def test_half_that_no_scale_can_train_falls_back_to_float32_keeping_values(amp_r
     float32_w, float32_step, _ = run_momentum_steps(5, x)
     amp_runtime(RuntimeSettings(loss_scale=LossScaleSettings(initial_scale=4.0), target="float16"))
     with caplog.at_level(logging.WARNING, logger="amp_rewrite"):
-        w, step, runner = run_momentum_steps(8, x)  # skipped at scale 4, 2, then at the floor of 1
+        w, step, runner = run_momentum_steps(7, x)  # the losses of two in a row are not finite: no scale helps
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     fallback = [m for m in warnings if "running the float32 graph" in m]
-    assert len(fallback) == 1 and "floor of 1" in fallback[0] and "DENYLIST_ADD" in fallback[0], warnings
+    assert len(fallback) == 1 and "loss itself was not finite" in fallback[0], warnings
+    assert "DENYLIST_ADD" in fallback[0] and "2 steps skipped in all" in fallback[0], warnings
     assert step == float32_step == 5
     assert np.all(np.isfinite(w))
     np.testing.assert_allclose(w, float32_w, rtol=1e-5)  # five float32 steps from the same start
@@ -200,6 +201,20 @@ def test_strict_mode_raises_when_no_scale_can_train(amp_runtime):
     from amp_rewrite.errors import RuntimeRewriteError
 
     amp_runtime(RuntimeSettings(loss_scale=LossScaleSettings(initial_scale=2.0), target="float16", is_strict=True))
-    with pytest.raises(RuntimeRewriteError, match="floor of 1"):
+    with pytest.raises(RuntimeRewriteError, match="no scale helps"):
         run_momentum_steps(4, np.full((2, 4), 1e5, np.float32))
+
+
+def test_gradients_that_overflow_with_a_finite_loss_walk_the_scale_down_to_the_floor(amp_runtime, caplog):
+    # loss * 1e9 is finite (the loss is reduced in float32); its gradients overflow half at any scale.
+    amp_runtime(RuntimeSettings(loss_scale=LossScaleSettings(initial_scale=4.0), target="float16"))
+    graph, _, _, train, init = training_graph("momentum")
+    with tf1.Session(graph=graph) as sess, caplog.at_level(logging.WARNING, logger="amp_rewrite"):
+        sess.run(init)
+        for _ in range(4):
+            sess.run(train, {"x:0": np.ones((2, 4), np.float32), "multiplier:0": 1e9})
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len([m for m in warnings if "loss scale now" in m]) == 2, warnings  # 4 -> 2 -> 1
+    fallback = [m for m in warnings if "running the float32 graph" in m]
+    assert len(fallback) == 1 and "floor of 1" in fallback[0] and "not finite even unscaled" in fallback[0], warnings
 

@@ -1,7 +1,10 @@
-"""TF2: a rewritten function whose steps are skipped at the loss-scale floor runs float32 from the next call.
+"""TF2: a rewritten function whose skipped steps show that no loss scale helps runs float32 from the next call.
 
-Custom loops, tf_keras ``fit``, and Keras 3 ``fit``, whose train function
-calls the rewritten one-step function inside its own graph.
+No scale helps when the loss itself was not finite in two skipped steps in a
+row (the forward pass overflows half, as ``X @ w`` does here); one such step
+is a bad batch, skipped like any other. Gradients that overflow with a finite loss halve the scale first, down
+to its floor of 1. Custom loops, tf_keras ``fit``, and Keras 3 ``fit``, whose
+train function calls the rewritten one-step function inside its own graph.
 """
 
 import logging
@@ -11,13 +14,15 @@ import pytest
 import tensorflow as tf
 from fixtures.harness import Script, run_scripts
 
+from amp_rewrite import runtime
 from amp_rewrite.errors import RuntimeRewriteError
 from amp_rewrite.runtime.settings import LossScaleSettings, RuntimeSettings
 
 # x @ w = 4 * 300 * 300 = 360000: beyond float16 whatever the loss scale; fine in float32.
 X = np.full((8, 4), 300.0, np.float32)
 STEPS = 8
-SKIPPED = 3  # at scales 4 and 2, then at the floor of 1
+SKIPPED = 2  # the losses of the first two steps are not finite: no scale helps
+LOSS_NOT_FINITE = "their loss itself was not finite"
 
 
 def custom_loop(steps, *, is_nested=False):
@@ -75,7 +80,66 @@ def test_custom_loop_ends_with_float32_loss(amp_runtime, caplog, is_nested):
     np.testing.assert_allclose(w, float32_w, rtol=1e-6)
     assert not np.allclose(w, 300.0)  # the float32 steps trained
     fallback = [m for m in warnings_of(caplog) if "runs in float32 from the next call" in m]
+    assert len(fallback) == 1 and LOSS_NOT_FINITE in fallback[0], warnings_of(caplog)
+
+
+def gradient_overflow_loop(steps):
+    """Steps whose loss is finite but whose weight gradient overflows float16 at every scale: (losses, w).
+
+    Forward: x @ w = 300 * 4 * 0.001 = 1.2. Backward: the gradient of the sum
+    of squares w.r.t. w sums 2 * 1.2 * 300 over 256 rows: 184320 > 65504.
+    """
+    import keras
+
+    w = tf.Variable(np.full((4, 3), 0.001, np.float32))
+    optimizer = keras.optimizers.SGD(1e-9)
+    x = tf.constant(np.full((256, 4), 300.0, np.float32))
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.square(tf.matmul(x, w)))
+        optimizer.apply_gradients(zip(tape.gradient(loss, [w]), [w]))
+        return loss
+
+    return [float(step()) for _ in range(steps)], w.numpy()
+
+
+def test_gradients_that_overflow_with_a_finite_loss_walk_the_scale_down_first(amp_runtime, caplog):
+    float32_losses, float32_w = gradient_overflow_loop(STEPS - 3)
+    amp_runtime(float16_from_scale_4())
+    with caplog.at_level(logging.WARNING, logger="amp_rewrite"):
+        losses, w = gradient_overflow_loop(STEPS)
+    assert all(np.isfinite(losses))
+    np.testing.assert_allclose(w, float32_w, rtol=1e-6)  # three skips (scales 4, 2, 1), then float32
+    state = runtime.current_runtime().loss_scaling.state()
+    assert int(state.skipped_steps.numpy()) == 3 and float(state.scale.numpy()) == 1.0
+    fallback = [m for m in warnings_of(caplog) if "runs in float32 from the next call" in m]
     assert len(fallback) == 1 and "floor of 1" in fallback[0], warnings_of(caplog)
+
+
+def test_one_bad_batch_is_skipped_and_keeps_the_rewrite(amp_runtime, caplog):
+    """A non-finite loss once (a bad batch) halves the scale; the next steps train in half."""
+    import keras
+
+    amp_runtime(float16_from_scale_4())
+    w = tf.Variable(np.full((4, 3), 0.01, np.float32))
+    optimizer = keras.optimizers.SGD(1e-3)
+
+    @tf.function
+    def step(multiplier):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(tf.matmul(tf.ones((8, 4)), w))) * multiplier
+        optimizer.apply_gradients(zip(tape.gradient(loss, [w]), [w]))
+        return loss
+
+    with caplog.at_level(logging.WARNING, logger="amp_rewrite"):
+        losses = [float(step(tf.constant(m))) for m in (1.0, float("inf"), 1.0, 1.0)]
+    assert np.isfinite(losses[0]) and not np.isfinite(losses[1]) and all(np.isfinite(losses[2:]))
+    assert int(optimizer.iterations) == 3
+    assert not [m for m in warnings_of(caplog) if "runs in float32" in m], warnings_of(caplog)
+    ops = step.get_concrete_function(tf.TensorSpec([])).graph.get_operations()
+    assert any(op.type == "MatMul" and op.get_attr("T") == tf.float16 for op in ops)
 
 
 def test_tf_keras_fit_train_function_falls_back_keeping_values(amp_runtime, caplog):
@@ -86,7 +150,7 @@ def test_tf_keras_fit_train_function_falls_back_keeping_values(amp_runtime, capl
     np.testing.assert_allclose(kernel, float32_kernel, rtol=1e-6)
     assert not np.allclose(kernel, 300.0)
     fallback = [m for m in warnings_of(caplog) if "runs in float32 from the next call" in m]
-    assert len(fallback) == 1 and "floor of 1" in fallback[0], warnings_of(caplog)
+    assert len(fallback) == 1 and LOSS_NOT_FINITE in fallback[0], warnings_of(caplog)
 
 
 def test_steps_that_recover_keep_the_rewrite(amp_runtime, caplog):
@@ -113,7 +177,7 @@ def test_steps_that_recover_keep_the_rewrite(amp_runtime, caplog):
 
 def test_strict_mode_raises(amp_runtime):
     amp_runtime(float16_from_scale_4(is_strict=True))
-    with pytest.raises(RuntimeRewriteError, match="floor of 1"):
+    with pytest.raises(RuntimeRewriteError, match=LOSS_NOT_FINITE):
         custom_loop(STEPS)
 
 
@@ -172,8 +236,8 @@ def fallback_warnings(caplog):
 
 @pytest.mark.parametrize("steps_per_execution, skipped", [
     (1, SKIPPED),
-    (2, 4),  # the call that reaches the floor runs its second step in half too: 4, 2 | 1, 1
-    (3, SKIPPED),  # 4, 2, 1 in the first call
+    (2, 2),  # both steps of the first call
+    (3, 3),  # 4, 2, 1 in the first call
 ])
 def test_keras3_fit_runs_float32_from_the_next_call(amp_runtime, caplog, steps_per_execution, skipped):
     float32_model = keras3_model(steps_per_execution)
@@ -188,7 +252,7 @@ def test_keras3_fit_runs_float32_from_the_next_call(amp_runtime, caplog, steps_p
     # skipped steps do not count: the iterations are the float32 steps'
     assert int(model.optimizer.iterations) == int(float32_model.optimizer.iterations) == STEPS - skipped
     fallback = fallback_warnings(caplog)
-    assert len(fallback) == 1 and "floor of 1" in fallback[0], warnings_of(caplog)
+    assert len(fallback) == 1 and LOSS_NOT_FINITE in fallback[0], warnings_of(caplog)
 
 
 def test_keras3_later_fit_and_train_on_batch_stay_float32(amp_runtime, caplog):
@@ -224,7 +288,7 @@ def test_keras3_train_on_batch_falls_back_and_fit_follows(amp_runtime, caplog):
 
 def test_keras3_fit_strict_mode_raises(amp_runtime):
     amp_runtime(float16_from_scale_4(is_strict=True))
-    with pytest.raises(RuntimeRewriteError, match="floor of 1"):
+    with pytest.raises(RuntimeRewriteError, match=LOSS_NOT_FINITE):
         keras3_fit(keras3_model(), STEPS)
 
 

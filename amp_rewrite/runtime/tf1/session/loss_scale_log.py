@@ -1,14 +1,17 @@
 """What a session's loss-scale reports said, logged as its steps run.
 
 A step that fetches a guarded update also fetches its report (scale,
-skipped steps, good steps); :class:`LossScaleLog` turns those into the
-runtime's loss-scale lines and says when half arithmetic cannot train.
+skipped steps, good steps, whether the loss was finite); :class:`LossScaleLog`
+turns those into the runtime's loss-scale lines and says when half arithmetic
+cannot train (:func:`~amp_rewrite.runtime.loss_scale_core.hopeless_reason`).
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+
+from amp_rewrite.runtime.loss_scale_core import hopeless_reason
 
 # One logger for the whole package: its lines keep the name they have always had.
 logger = logging.getLogger(__package__)
@@ -22,42 +25,44 @@ class LossScaleLog:
         every: an INFO line every this many steps with reports (0: only on skips).
         steps: steps whose reports were recorded.
         skipped, scales: per report, the last skipped-step count and loss scale.
-        at_floor: reports already warned about at scale 1.
+        non_finite_losses: per report, how many steps in a row had a loss that was not finite.
+        hopeless: reports already said to show that no scale helps.
     """
 
     every: int = 0
     steps: int = 0
     skipped: dict = field(default_factory=dict)
     scales: dict = field(default_factory=dict)
-    at_floor: set = field(default_factory=set)
+    non_finite_losses: dict = field(default_factory=dict)
+    hopeless: set = field(default_factory=set)
 
     def record(self, reports) -> str | None:
-        """Logs what one step's (scale, skipped, good steps) reports say.
+        """Logs what one step's (scale, skipped, good steps, loss is finite) reports say.
 
-        Returns why half arithmetic cannot train this graph, the first time
-        a step is skipped with the loss scale already at its floor of 1:
-        then no scale helps, and the caller falls back to float32.
+        Returns why half arithmetic cannot train this graph, the first time a
+        skipped step shows that no scale helps (its loss was not finite, as
+        was the step's before, or the scale was already at its floor of 1):
+        the caller falls back to float32.
         """
         if not len(reports):
             return None
         self.steps += 1
         hopeless = None
-        for index, (scale, skipped, _good) in enumerate(reports):
-            before = self.skipped.get(index, 0.0)
-            self.skipped[index] = skipped
-            was_at_floor = self.scales.get(index, 2.0) <= 1.0
-            self.scales[index] = scale
-            if skipped > before and was_at_floor and index in self.at_floor:
+        for index, (scale, skipped, _good, loss_is_finite) in enumerate(reports):
+            before, used = self.skipped.get(index, 0.0), self.scales.get(index, 2.0)
+            self.skipped[index], self.scales[index] = skipped, scale
+            is_skip = skipped > before
+            losses = 0 if loss_is_finite > 0.5 else self.non_finite_losses.get(index, 0) + 1
+            self.non_finite_losses[index] = losses
+            reason = hopeless_reason(skipped=is_skip, scale=used, non_finite_losses=losses)
+            if reason is not None and index in self.hopeless:
                 # Said once below; a NaN loss would otherwise warn on every step.
-                logger.debug("amp-rewrite: step skipped at loss scale 1, %d steps skipped so far", skipped)
-            elif skipped > before and was_at_floor:
-                self.at_floor.add(index)
-                hopeless = (f"a step was skipped with the loss scale at its floor of 1 ({skipped:g} skipped in "
-                            "all): the gradients are not finite even unscaled, so no scale helps; the loss "
-                            "itself is not finite, or an op overflows in half whatever the scale (keep such "
-                            "an op float32 with TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_DENYLIST_ADD)")
-            elif skipped > before:
-                self.at_floor.discard(index)
+                logger.debug("amp-rewrite: step skipped at loss scale %g, %d steps skipped so far", used, skipped)
+            elif reason is not None:
+                self.hopeless.add(index)
+                hopeless = f"{reason}; {skipped:g} steps skipped in all"
+            elif is_skip:
+                self.hopeless.discard(index)
                 logger.warning("amp-rewrite: step skipped, gradients not finite; "
                                "loss scale now %g, %d steps skipped so far", scale, skipped)
             elif self.every and self.steps % self.every == 0:
