@@ -3,10 +3,16 @@
 For a TF1 session, :func:`watch_session` puts a counting ``run`` on the
 session's runner; step N + 1 runs with ``RunOptions(trace_level=FULL_TRACE)``
 and its ``RunMetadata`` step stats (op time, output dtype per node) make the
-table. For a rewritten ``tf.function``, :func:`watch_function` puts a
+table. For a rewritten ``tf.function``, :meth:`FunctionProfiles.watch` puts a
 counting ``_call_flat`` on the ConcreteFunction; eager call N + 1 runs under
 ``tf.profiler.experimental`` and the op events of the trace it writes make the
-table, each op's precision read from the function's graph. Either way the
+table, each op's precision read from the function's graph. A rewritten
+function that another function calls inside its graph is never called
+eagerly (Keras 3's ``fit`` calls its one-step function from its train
+function): the caller, traced after it, is watched the same way, so the
+profiled call is the first eager call after N that runs a rewritten body. If
+no step was profiled by the time the runtime is disabled or the process
+exits, one line says why. Either way the
 watcher removes itself after that step, so later steps run exactly as
 without it, and with the variable unset nothing is installed at all.
 
@@ -17,6 +23,7 @@ profile that fails logs one warning and training goes on.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import sys
@@ -123,16 +130,54 @@ def step_stats_ops(step_stats) -> list[OpTime]:
 
 
 class FunctionProfiles:
-    """The one profile a process takes of its rewritten tf.functions: the first to reach ``after`` calls."""
+    """The one profile a process takes of its rewritten tf.functions: the first to reach ``after`` calls.
+
+    Attributes:
+        after: the calls not profiled, per watched function.
+        is_done: the profile was taken.
+        callers: the graphs (of functions being traced) in which a watched function was called.
+        most_calls: the most eager calls any watched function has had, to say why no profile was taken.
+    """
 
     def __init__(self, after: int):
         self.after = after
         self.is_done = False
+        self.callers: weakref.WeakSet = weakref.WeakSet()
+        self.most_calls: int | None = None
+        atexit.register(self.say_if_missed)
 
     def watch(self, concrete_function) -> None:
         """Counts the function's eager calls; profiles one call after ``after`` of them."""
         if not self.is_done:
+            self.most_calls = self.most_calls or 0
             _FunctionWatch(self, concrete_function).install()
+
+    def watch_if_caller(self, concrete_function) -> None:
+        """Watches a function traced with a call of a watched one in its graph (it runs the rewritten body)."""
+        if not self.is_done and concrete_function.graph in self.callers:
+            self.watch(concrete_function)
+
+    def note_call_in_graph(self) -> None:
+        """A watched function was called while a graph is built: a function calling it is being traced."""
+        import tensorflow as tf
+
+        graph = tf.compat.v1.get_default_graph()
+        if getattr(graph, "building_function", False):
+            self.callers.add(graph)
+
+    def note_eager_calls(self, calls: int) -> None:
+        self.most_calls = max(self.most_calls or 0, calls)
+
+    def say_if_missed(self) -> None:
+        """One line when functions were watched but no step was profiled; then never again."""
+        atexit.unregister(self.say_if_missed)
+        if self.is_done or self.most_calls is None:
+            return
+        self.is_done = True
+        why = (f"the rewritten tf.functions ran {self.most_calls} eager calls at most, not more than "
+               f"{self.after}" if self.most_calls else "no rewritten tf.function was called eagerly, nor one "
+               "calling it")
+        logger.warning("amp-rewrite: AMP_REWRITE_PROFILE=%d: no step was profiled: %s", self.after, why)
 
 
 class _FunctionWatch:
@@ -156,9 +201,12 @@ class _FunctionWatch:
 
         cf: Any = self.function()
         run = self.inner or functools.partial(tf_internals.call_concrete_function, cf)
+        if not self.profiles.is_done and not tf.executing_eagerly():
+            self.profiles.note_call_in_graph()
         if self.profiles.is_done or not tf.executing_eagerly():
             return self._finish(cf, run(tensor_inputs, captured_inputs))
         self.calls += 1
+        self.profiles.note_eager_calls(self.calls)
         if self.calls <= self.profiles.after:
             return self._finish(cf, run(tensor_inputs, captured_inputs))
         self.profiles.is_done = True
@@ -222,7 +270,14 @@ def xplane_ops(paths: Iterable[Path], precisions: dict[str, str]) -> list[OpTime
                     if op and meta.name.endswith(":" + op):
                         key = (meta.name[:-len(op) - 1], op)
                         found[key] = found.get(key, 0.0) + event.duration_ps / 1e6
-    return [OpTime(node, op, micros, precisions.get(node, "?")) for (node, op), micros in found.items()]
+    return [OpTime(node, op, micros, _precision_of(node, precisions)) for (node, op), micros in found.items()]
+
+
+def _precision_of(node: str, precisions: dict[str, str]) -> str:
+    """The node's precision; a node of a called function is traced under its call's name (``call/node``)."""
+    while node not in precisions and "/" in node:
+        node = node.split("/", 1)[1]
+    return precisions.get(node, "?")
 
 
 def _precisions(concrete_function) -> dict[str, str]:

@@ -1,5 +1,7 @@
 """AMP_REWRITE_PROFILE=N: one step profiled after N, one table, then never again; nothing when unset."""
 
+import logging
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -88,6 +90,43 @@ def test_traced_function_call_after_n_is_profiled_once(amp_runtime, capfd):
     assert ["float16", "MatMul"] in [row[2:4] for row in rows]
     assert "_call_flat" not in vars(cf)  # the watcher removed itself
     assert all(np.isfinite(losses))
+
+
+def keras_fit(epochs: int):
+    """A Keras 3 ``fit`` of a small MLP, 4 steps an epoch: the one-step function runs inside the train function."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(4)])
+    model.compile(optimizer="sgd", loss="mse")
+    data = np.random.default_rng(0)
+    x, y = data.normal(size=(64, 16)).astype(np.float32), data.normal(size=(64, 4)).astype(np.float32)
+    return model.fit(x, y, batch_size=16, epochs=epochs, verbose=0).history["loss"]
+
+
+def test_keras_fit_is_profiled_through_its_train_function(amp_runtime, capfd):
+    """fit never calls the rewritten one-step function eagerly: the train function calling it is profiled."""
+    amp_runtime(RuntimeSettings(target="float16", profile_after=2))
+    losses = keras_fit(1)
+    err = capfd.readouterr().err
+    assert len(tables(err)) == 1, err[-3000:]
+    assert "step_on_" in tables(err)[0] and ", call 3: " in tables(err)[0]  # one_ or multi_step_on_iterator
+    rows = [line.split() for line in err.splitlines() if line.startswith("  ") and "%" in line]
+    assert ["float16", "MatMul"] in [row[2:4] for row in rows]
+    assert all(np.isfinite(losses))
+
+
+def test_a_profile_not_reached_says_so_once(amp_runtime, caplog):
+    amp_runtime(RuntimeSettings(target="float16", profile_after=50))
+    keras_fit(1)
+    from amp_rewrite import runtime
+
+    with caplog.at_level(logging.WARNING, logger="amp_rewrite"):
+        runtime.disable()
+        runtime.disable()
+    lines = [r.getMessage() for r in caplog.records if "no step was profiled" in r.getMessage()]
+    assert lines == ["amp-rewrite: AMP_REWRITE_PROFILE=50: no step was profiled: the rewritten tf.functions ran "
+                     "4 eager calls at most, not more than 50"]
 
 
 def test_table_ranks_ops_and_gives_the_casts_share():

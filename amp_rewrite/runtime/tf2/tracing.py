@@ -171,6 +171,8 @@ class TracingHook:
                 elif marked_hook is not None:
                     marked_hook.swapped[cf] = self.swapped.pop(cf)
             self.fallback.forget()
+            if self.profiles is not None:
+                self.profiles.say_if_missed()
 
     # --- queries ----------------------------------------------------------
 
@@ -216,6 +218,8 @@ class TracingHook:
                 logger.warning("amp-rewrite: tf.function %s runs in float32: rewrite failed: %s", name, reason)
             if calls_guarded and concrete_function not in self.swapped:
                 tf_internals.override_call(concrete_function, self.fallback.floor_watch(concrete_function))
+            if self.profiles is not None and concrete_function not in self.swapped:
+                self.profiles.watch_if_caller(concrete_function)
 
     def _setting(self) -> str | None:
         """The target the runtime was asked for (``auto``, ``float16``, ``bfloat16``); None for marked functions."""
