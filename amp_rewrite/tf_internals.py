@@ -178,6 +178,19 @@ def base_session_class():
     return session.BaseSession
 
 
+def run_unpatched(session, fetches, feed_dict=None):
+    """``session.run`` as TensorFlow defines it, past any wrapper put on it (the runtime's patch).
+
+    amp-rewrite's own sessions (timing an op for the tuner, validating or
+    measuring a rewrite) must run the graph they were given: under
+    ``ENABLE_AUTO_MP=1`` the patched ``run`` would rewrite a float32
+    reference graph into half.
+    """
+    import inspect
+
+    return inspect.unwrap(type(session).run)(session, fetches, feed_dict)
+
+
 def session_is_closed(session) -> bool:
     return bool(session._closed)  # noqa: SLF001
 

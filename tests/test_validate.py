@@ -218,3 +218,21 @@ def test_cli_validate_with_inputs_file_and_failing_budget(tmp_path):
     assert not (tmp_path / "o2.pb").exists()
     proc = run_cli(*args[:-2], cwd=tmp_path)
     assert proc.returncode == 2 and "needs sample inputs" in proc.stderr
+
+
+def test_under_the_runtime_the_reference_runs_the_float32_graph(amp_runtime):
+    """With ENABLE_AUTO_MP on, validation's own sessions run the graphs they were given, unpatched."""
+    from amp_rewrite import runtime
+    from amp_rewrite.runtime.settings import RuntimeSettings
+
+    weights = Weights(34)
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [4, 16], name="x")
+        tf.identity(tf.nn.relu(tf.matmul(tf.tanh(tf.matmul(x, weights((16, 16)))), weights((16, 4)))), name="out")
+    gd = g.as_graph_def()
+    _, alone = validated_rewrite(gd, feeds={"x": inputs((4, 16))}, fetches=["out"], config=CPU)
+    amp_runtime(RuntimeSettings(target="float16"))
+    _, under = validated_rewrite(gd, feeds={"x": inputs((4, 16))}, fetches=["out"], config=CPU)
+    assert len(runtime.current_runtime().objects.runners) == 0  # no session went through the runtime
+    assert under.errors == alone.errors and max(alone.errors.values()) > 0  # float32 against half, not half twice

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from amp_rewrite import tf_internals
 from amp_rewrite.graph.facts import node_name, tensor_name
 from amp_rewrite.validate.feeds import observable_tensors
 from amp_rewrite.validate.report import ValidationError, ValidationReport
@@ -128,7 +129,7 @@ class Runner:
         feed_dict = {graph.get_tensor_by_name(k): v for k, v in self.feeds.items()}
         with tf.compat.v1.Session(graph=graph, config=config) as sess:
             try:
-                return sess.run(fetches, feed_dict)
+                return tf_internals.run_unpatched(sess, fetches, feed_dict)
             except tf.errors.OpError as exc:
                 raise ValidationError(f"{label} run failed at node {getattr(exc.op, 'name', '?')}: "
                                       f"{exc.message.splitlines()[0]}") from None

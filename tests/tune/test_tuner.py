@@ -303,6 +303,20 @@ def test_the_benchmark_graph_runs_both_variants_with_casts_around_the_half_one()
     np.testing.assert_allclose(got_half, got_float, rtol=2e-2, atol=2e-2)
 
 
+def test_timing_under_the_runtime_runs_the_op_as_given(amp_runtime):
+    """With ENABLE_AUTO_MP on, the timing sessions are not rewritten again: no session gets the runtime's runner."""
+    from amp_rewrite import runtime
+    from amp_rewrite.runtime.settings import RuntimeSettings
+    from amp_rewrite.tune.timing import measure
+
+    measure_cases = []
+    tuned(heavy_graph(), lambda case: measure_cases.append(case) or Timing(1.0, 0.1))
+    amp_runtime(RuntimeSettings(target="bfloat16"))
+    timing = measure(next(c for c in measure_cases if c.op == "MatMul"), device_type="CPU")
+    assert timing.float32 > 0 and timing.half > 0
+    assert len(runtime.current_runtime().objects.runners) == 0
+
+
 def test_the_cli_turns_tuning_on_only_with_the_flag(monkeypatch):
     from amp_rewrite.cli.args import build_parser, config_from_args
 
