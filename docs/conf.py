@@ -81,7 +81,11 @@ nitpick_ignore = [
     ("py:exc", "ValidationError"),
 ]
 
+# A block without a language (command lines, program output) is shown as it is.
+highlight_language = "none"
+
 html_theme = "furo"
 html_title = "amp-rewrite"
 html_show_sourcelink = False
-html_static_path: list[str] = []
+html_static_path = ["_static"]
+html_css_files = ["custom.css"]
