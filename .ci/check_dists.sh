@@ -11,7 +11,8 @@
 #      version, runs the README's first command on the example graph the sdist
 #      carries (the summary line must be the one the README shows), writes an
 #      HTML report, and ENABLE_AUTO_MP=1 patches TensorFlow at start-up.
-# Needs `build` and `twine` (the `test` extra) in the Python it runs with.
+# Needs `build` and `twine` (the `test` extra) in the Python it runs with; the fresh
+# virtualenv of step 4 is made from that Python too (in CI, the newest leg's: 3.13).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -71,7 +72,7 @@ fi
 venv=${shm:-$work}/venv
 python -m venv "$venv"
 "$venv/bin/python" -m pip install -q --no-compile "$rebuilt[cpu]"
-note "installed the wheel built from the sdist into a fresh virtualenv"
+note "installed the wheel built from the sdist into a fresh virtualenv ($("$venv/bin/python" --version))"
 run=$work/run
 mkdir "$run"
 cd "$run"

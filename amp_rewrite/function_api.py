@@ -69,7 +69,9 @@ def rewrite_concrete_function(concrete_function, *, target: str | None = None,
 
     Raises:
         AmpRewriteError: the function's graph cannot be rewritten.
-        Errors TensorFlow raises while loading the rewritten functions.
+
+    An error TensorFlow raises while loading the rewritten functions reaches
+    the caller as it is.
     """
     from amp_rewrite.runtime.tf2 import tracing as tf_function
     from amp_rewrite.runtime.tf2.concrete import rewrite_concrete

@@ -14,9 +14,9 @@ METRICS = ("allclose", "cosine", "top1")
 
 @dataclass
 class Tolerance:
-    """When two outputs agree: ``allclose`` (|got - want| <= atol*scale + rtol*|want|), ``cosine``, ``top1``.
+    """When two outputs agree: ``allclose`` (``|got - want| <= atol*scale + rtol*|want|``), ``cosine``, ``top1``.
 
-    ``atol`` is relative to the largest |value| of the float32 output, so one
+    ``atol`` is relative to the largest ``|value|`` of the float32 output, so one
     setting fits outputs of any scale.
     """
 
