@@ -227,6 +227,8 @@ def keras3_fit(model, batches):
 
 
 def keras3_train_on_batch(model):
+    """One step's loss (Keras before 3.13 reports the running mean since the last reset instead)."""
+    model.reset_metrics()
     return model.train_on_batch(X, np.zeros((len(X), 3), np.float32), return_dict=True)["loss"]
 
 
