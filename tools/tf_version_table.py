@@ -4,16 +4,19 @@
     python tools/tf_version_table.py RUN.xml [RUN.xml ...]
 
 Prints one markdown row per run: passed/failed (and skipped) per column, then
-the whole suite. A test belongs to one column, by its module and, for the TF2
-loop tests parametrized by training style, by that style:
+the whole suite. A test belongs to one column, by where it sits in tests/
+(which mirrors the package) and, for the TF2 loop tests parametrized by
+training style, by that style:
 
-- TF1 sessions: tests/test_runtime_*.py (Session.run under ENABLE_AUTO_MP);
-- tf.function: test_tf2_function.py, test_tf_internals.py;
-- Keras fit: test_tf2_keras.py and the ``keras_train_step`` style;
+- TF1 sessions: tests/runtime/ outside tf2/ (Session.run under ENABLE_AUTO_MP,
+  TF1 loss scaling, and the runtime's shared parts: start-up, target, records,
+  multi-worker agreement, profiles);
+- tf.function: tests/runtime/tf2/ (tracing, swaps, XLA) and test_tf_internals.py;
+- Keras fit: tests/runtime/tf2/test_keras.py and the ``keras_train_step`` style;
 - custom loops: the Keras 3 ``keras_function``, ``keras_eager``, ``keras_mirrored`` styles
-  and the loop tests of test_tf2_loss_scale.py without a style;
+  and the rest of tests/runtime/tf2/test_loss_scale.py and test_fallback.py;
 - tf_keras: the ``tf_keras_*`` styles (run with TF_USE_LEGACY_KERAS=1);
-- offline pass: everything else (the rewrite, CLI, SavedModels, validation, reports).
+- offline pass: everything else (the rewrite, CLI, SavedModels, validation, reports, docs).
 """
 
 from __future__ import annotations
@@ -26,23 +29,23 @@ from collections import Counter
 COLUMNS = ("offline pass", "TF1 sessions", "tf.function", "Keras fit", "custom loops", "tf_keras")
 
 
-def column(module: str, name: str) -> str:
-    """The column a test (its module, e.g. ``test_tf2_keras``, and its name with parameters) counts in."""
+def column(classname: str, name: str) -> str:
+    """The column a test counts in: its JUnit class name (``tests.runtime.tf2.test_keras``) and its name."""
     style = re.search(r"\[(keras_\w+|tf_keras_\w+)\]", name)
     if style is not None:
         kind = style.group(1)
         if kind.startswith("tf_keras"):
             return "tf_keras"
         return "Keras fit" if kind == "keras_train_step" else "custom loops"
-    if module.startswith("test_runtime_"):
+    parts = classname.split(".")
+    module = parts[-1]
+    if "tf2" in parts:
+        if module == "test_keras":
+            return "Keras fit"
+        return "custom loops" if module in ("test_loss_scale", "test_fallback") else "tf.function"
+    if "runtime" in parts:
         return "TF1 sessions"
-    if module in ("test_tf2_function", "test_tf_internals"):
-        return "tf.function"
-    if module == "test_tf2_keras":
-        return "Keras fit"
-    if module == "test_tf2_loss_scale":
-        return "custom loops"
-    return "offline pass"
+    return "tf.function" if module == "test_tf_internals" else "offline pass"
 
 
 def outcome(case: ET.Element) -> str:
@@ -57,9 +60,8 @@ def counts(path: str) -> dict[str, Counter]:
     """Outcome counts per column (and ``suite``) of one JUnit XML file."""
     table: dict[str, Counter] = {name: Counter() for name in (*COLUMNS, "suite")}
     for case in ET.parse(path).iter("testcase"):
-        module = case.get("classname", "").split(".")[-1]
         result = outcome(case)
-        table[column(module, case.get("name", ""))][result] += 1
+        table[column(case.get("classname", ""), case.get("name", ""))][result] += 1
         table["suite"][result] += 1
     return table
 
