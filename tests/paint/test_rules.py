@@ -430,6 +430,32 @@ def test_bfloat16_target_uses_its_own_lists():
     assert_same_outputs_within_half(gd, bf16, ["fetch"], feed(scale=0.5), rtol=6e-2, atol=6e-2)
 
 
+def gelu_tanh_ffn():
+    """A feed-forward block with GELU in its tanh form, whose cube is ``Pow(h, 3)``: ``allow1 -> gelu -> allow2``."""
+    g = tf.Graph()
+    with g.as_default():
+        x = placeholder((8, 16))
+        w1 = tf.constant(rng(1).standard_normal((16, 32)).astype(np.float32) * 0.3, name="w1")
+        w2 = tf.constant(rng(2).standard_normal((32, 16)).astype(np.float32) * 0.3, name="w2")
+        h = tf.matmul(x, w1, name="allow1")
+        cube = tf.pow(h, 3.0, name="cube")
+        inner = tf.multiply(tf.add(h, 0.044715 * cube), np.sqrt(2 / np.pi).astype(np.float32), name="inner")
+        gelu = tf.multiply(0.5 * h, 1.0 + tf.tanh(inner, name="tanh"), name="gelu")
+        tf.identity(tf.matmul(gelu, w2, name="allow2"), name="fetch")
+    return g.as_graph_def()
+
+
+def test_gelu_in_tanh_form_leaves_no_float32_island_in_bfloat16():
+    """bfloat16 has float32's exponent range, so GELU's cube cannot overflow: Pow joins the half ops around it."""
+    gd = gelu_tanh_ffn()
+    bf16 = amp(gd, ["fetch"], target="bfloat16").graph_def
+    expect_half(bf16, ["allow1", "cube", "inner", "tanh", "gelu", "allow2"])
+    assert len(casts(bf16)) == 2  # into allow1 and out of allow2 (the weights fold): none around the GELU
+    assert_same_outputs_within_half(gd, bf16, ["fetch"], feed((8, 16)), rtol=6e-2, atol=6e-2)
+    fp16 = amp(gd, ["fetch"]).graph_def
+    expect_half(fp16, ["allow1", "allow2"], f32=["cube", "inner", "tanh", "gelu"])  # float16 can overflow
+
+
 def test_tensor_list_push_and_pop_share_the_element_type():
     g = tf.Graph()
     with g.as_default():
