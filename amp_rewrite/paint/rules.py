@@ -267,7 +267,8 @@ def keep_read_outs_float32(ctx: PaintContext, painting: Painting) -> None:
         if graph.ops[node] == "Cast":
             continue  # a Cast computes nothing; its neighbours decide its types
         for vid in (*(graph.in_vids[node] or ()), *(graph.out_vids[node] or ())):
-            if vid not in painting.deny and ctx.can_convert(vid):
+            # A deny-list op (Sum, Mean for float16) stays float32 for that reason, which explain gives.
+            if vid not in painting.deny and ctx.vertex_list[vid] != _DENY and ctx.can_convert(vid):
                 painting.mark_deny(vid, READ_OUT)
 
 
