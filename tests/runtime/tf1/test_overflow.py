@@ -10,14 +10,20 @@ from amp_rewrite.runtime.settings import LossScaleSettings, RuntimeSettings
 PROBE = "amp-rewrite: session graph: first non-finite half output in graph order: "
 
 
-def train(x_value, steps, w_value=300.0):
-    """``steps`` gradient-descent steps of reduce_sum((x @ w)²); returns w after them."""
+def train(x_value, steps, w_value=300.0, *, through_exp=False, learning_rate=1e-9):
+    """``steps`` gradient-descent steps of reduce_sum((x @ w)²); returns w after them.
+
+    With ``through_exp`` the MatMul reads ``exp(x)``, named ``born``: Exp stays float32
+    (deny list), and its value is cast to float16 for the MatMul, named ``mm``.
+    """
     graph = tf1.Graph()
     with graph.as_default():
         x = tf1.placeholder(tf1.float32, [None, 4], name="x")
         w = tf1.get_variable("w", [4, 3], initializer=tf1.constant_initializer(w_value))
-        loss = tf1.reduce_sum(tf1.square(tf1.matmul(x, w, name="big_mm")), name="loss")
-        step = tf1.train.GradientDescentOptimizer(1e-9).minimize(loss)
+        product = tf1.matmul(tf1.exp(x, name="born"), w, name="mm") if through_exp else \
+            tf1.matmul(x, w, name="big_mm")
+        loss = tf1.reduce_sum(tf1.square(product), name="loss")
+        step = tf1.train.GradientDescentOptimizer(learning_rate).minimize(loss)
         init = tf1.global_variables_initializer()
     with tf1.Session(graph=graph) as sess:
         sess.run(init)
@@ -77,20 +83,8 @@ def test_without_the_variable_a_skip_names_no_op(amp_runtime, caplog):
     assert not [m for m in messages if PROBE in m]
 
 
-def train_through_a_cast(x_value, steps, **settings):
-    """``reduce_sum((exp(x) @ w)²)``: Exp stays float32 (deny list), its value is cast to float16 for the MatMul."""
-    graph = tf1.Graph()
-    with graph.as_default():
-        x = tf1.placeholder(tf1.float32, [None, 4], name="x")
-        w = tf1.get_variable("w", [4, 3], initializer=tf1.constant_initializer(1e-3))
-        born = tf1.exp(x, name="born")
-        loss = tf1.reduce_sum(tf1.square(tf1.matmul(born, w, name="mm")), name="loss")
-        step = tf1.train.GradientDescentOptimizer(1e-12).minimize(loss)
-        init = tf1.global_variables_initializer()
-    with tf1.Session(graph=graph) as sess:
-        sess.run(init)
-        for _ in range(steps):
-            sess.run(step, {x: x_value})
+def train_through_a_cast(x_value, steps):
+    return train(x_value, steps, 1e-3, through_exp=True, learning_rate=1e-12)
 
 
 def test_a_value_cast_to_half_names_its_float32_producer_and_its_half_consumers(amp_runtime, caplog):
