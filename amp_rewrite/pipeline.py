@@ -37,7 +37,12 @@ to that tuple):
 13. ``match_call_boundaries``: a call's ports and its callee's arguments and
     results agree.
 14. ``match_loop_edges``: a NextIteration and its Merges agree.
-15. ``retarget_existing_casts``: an existing Cast feeding only half ops casts
+15. ``keep_float32_where_a_half_region_is_slower``: with tuning on, each
+    connected region of half ops (a MatMul with the elementwise ops that
+    followed it, a recurrent cell in its loop body) measured no faster in
+    half than in float32, its Casts included, stays float32
+    (:mod:`amp_rewrite.tune.regions`).
+16. ``retarget_existing_casts``: an existing Cast feeding only half ops casts
     to half.
 
 Then the batch norms whose ``T`` was not painted turn back into V1;

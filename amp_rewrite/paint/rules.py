@@ -465,6 +465,30 @@ def match_loop_edges(ctx: PaintContext, painting: Painting) -> None:
             painting.mark_allow(nxt, "loop variable: its Merge is half", merges[0])
 
 
+def keep_float32_where_a_half_region_is_slower(ctx: PaintContext, painting: Painting) -> None:
+    """With tuning on, paints DENY every vertex of a half region measured no faster than in float32.
+
+    The colours are final by now, so a region (:mod:`amp_rewrite.tune.regions`)
+    is exactly what would run in half: ``allow(MatMul) → infer(BiasAdd) →
+    Sigmoid → Mul`` in a loop body, with the Casts at its edges. A MatMul
+    measured faster alone can lose once the elementwise ops that followed it
+    into half, and the Casts per iteration, are counted; then the whole
+    region stays float32, and its reason gives both times. A region is
+    connected through calls, loop variables and data structures, so dropping
+    all of it keeps every boundary the rules above matched in agreement.
+    """
+    tuner = ctx.tuner
+    if tuner is None or ctx.force_all or not painting.allow:
+        return
+    for region, decision in tuner.decide_regions(ctx.graph, painting.allow):
+        for vid in region:
+            if not decision.is_half:
+                painting.mark_deny(vid, decision.reason)
+            else:
+                rule = painting.reason(vid)
+                painting.note(vid, f"{rule[0] if rule else 'half'}; {decision.reason}")
+
+
 def retarget_existing_casts(ctx: PaintContext, painting: Painting) -> None:
     """Makes an existing Cast to float32 cast to half when every consumer is ALLOW.
 
@@ -511,6 +535,7 @@ SPREAD_RULES: tuple[Rule, ...] = (
     choose_loop_variable_types,
     match_call_boundaries,
     match_loop_edges,
+    keep_float32_where_a_half_region_is_slower,
     retarget_existing_casts,
 )
 RULES: tuple[Rule, ...] = ROOT_RULES + SPREAD_RULES

@@ -95,6 +95,7 @@ class TuneCache:
         self.path = Path(directory) / f"tune-{digest}.json"
         self._entries: dict[str, Timing] = self._load()
         self._added: dict[str, Timing] = {}
+        self._warned = False  # a place that cannot be written is said once, not at every save
 
     def get(self, key: str) -> Timing | None:
         return self._added.get(key) or self._entries.get(key)
@@ -115,7 +116,9 @@ class TuneCache:
             temporary.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
             os.replace(temporary, self.path)
         except OSError as exc:
-            logger.warning("amp-rewrite: tuning cache %s not written: %s", self.path, exc.strerror or exc)
+            log = logger.debug if self._warned else logger.warning
+            log("amp-rewrite: tuning cache %s not written: %s", self.path, exc.strerror or exc)
+            self._warned = True
             return
         self._entries, self._added = entries, {}
 

@@ -42,15 +42,24 @@ _DTYPES = {"float16": 19, "bfloat16": 14}
 
 
 def measure(case, *, device_type: str = "CPU", clock: Callable[[], float] = time.perf_counter) -> Timing:
-    """Fastest seconds per run of ``case`` in float32, and in half with its Casts, on ``device_type``:0."""
+    """Fastest seconds per run of ``case`` in float32, and in half with its Casts, on ``device_type``:0.
+
+    ``case`` is an :class:`~amp_rewrite.tune.tuner.OpCase`, or a
+    :class:`~amp_rewrite.tune.regions.RegionCase` that brings its own graph.
+    """
     import tensorflow as tf
 
-    graph_def, float_target, half_targets = benchmark_graph(case, device=f"/device:{device_type}:0")
+    device = f"/device:{device_type}:0"
+    if hasattr(case, "benchmark_graph"):  # a half region: it builds its own graph
+        graph_def, float_targets, half_targets = case.benchmark_graph(device)
+    else:
+        graph_def, float_target, half_targets = benchmark_graph(case, device=device)
+        float_targets = [float_target]
     graph = tf.Graph()
     with graph.as_default():
         tf.compat.v1.import_graph_def(graph_def, name="")
     with tf.compat.v1.Session(graph=graph, config=_unoptimized()) as session:
-        float_op = graph.get_operation_by_name(float_target)
+        float_op = [graph.get_operation_by_name(name) for name in float_targets]
         half_ops = [graph.get_operation_by_name(name) for name in half_targets]
         empty = graph.get_operation_by_name(EMPTY_TARGET)
         for _ in range(WARMUP_RUNS):

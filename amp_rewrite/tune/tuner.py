@@ -37,6 +37,7 @@ from typing import Any
 
 from amp_rewrite.errors import first_line
 from amp_rewrite.graph.facts import DTYPE_NAMES
+from amp_rewrite.tune import regions
 from amp_rewrite.tune.cache import Timing, TuneCache
 from amp_rewrite.tune.shapes import InputSpec, input_specs
 
@@ -93,7 +94,7 @@ class Decision:
     is_measured: bool = True
 
 
-Measure = Callable[[OpCase], Timing]
+Measure = Callable[["OpCase | regions.RegionCase"], Timing]
 
 
 class Tuner:
@@ -162,7 +163,65 @@ class Tuner:
             logger.info("tuning: measured %d op(s) in %.1f s", self.measured, spent)
         return decisions
 
-    def _timing(self, case: OpCase, spent: float) -> tuple[Timing | str, float]:
+    def decide_regions(self, graph, allow: set[int]) -> list[tuple[list[int], Decision]]:
+        """A decision per half region (:mod:`amp_rewrite.tune.regions`) of the finished painting ``allow``.
+
+        Only regions that hold an op besides heavy ones (which were timed one
+        by one) and at most :data:`~amp_rewrite.tune.regions.MAX_REGION_OPS`
+        ops are decided; a region that cannot be timed keeps its half and is
+        not listed. Regions share a budget of their own, as large as the ops'.
+        """
+        chosen = []
+        for region in regions.half_regions(graph, allow):
+            parts = regions.region_parts(graph, region)
+            nodes = [n for part in parts.values() for n in part]
+            if 0 < len(nodes) <= regions.MAX_REGION_OPS and any(graph.ops[n] not in self.ops for n in nodes):
+                chosen.append((region, parts))
+        if not chosen:
+            return []
+        wanted = [n for _, parts in chosen for part in parts.values() for n in part if regions.is_standalone(graph, n)]
+        specs, _ = input_specs(graph, wanted, batch=self.batch_hint, traced=self.traced_graphs)
+        decided, spent = [], 0.0
+        for region, parts in chosen:
+            decision, spent = self._region_decision(graph, parts, specs, allow, spent)
+            if decision is not None:
+                decided.append((region, decision))
+        if self.cache is not None:
+            self.cache.save()
+        return decided
+
+    def _region_decision(self, graph, parts: dict[int, list[int]], specs, allow: set[int], spent: float
+                         ) -> tuple[Decision | None, float]:
+        """The decision on one region from its parts' timings (None: not timed), and the budget spent so far."""
+        total_float = total_half = 0.0
+        words = []
+        for body, part in parts.items():
+            timed = [n for n in part if regions.is_standalone(graph, n) and not isinstance(specs.get(n), str)]
+            if any(graph.ops[n] in self.ops and n not in timed for n in part):
+                return None, spent  # a heavy op that cannot be timed: the region's gain is unknown
+            if not timed:
+                continue
+            case = regions.build_case(graph, timed, specs, allow, target=self.target,
+                                      in_loop=regions.in_loop_body(graph, body))
+            timing, used = self._timing(case, spent)
+            spent += used
+            if isinstance(timing, str):
+                return None, spent
+            if case.in_loop and timing.half > timing.float32:
+                return Decision(False, f"kept float32: a loop body's half region ({regions.describe_ops(case.ops)}) "
+                                       f"runs {_ms(timing.half)} per iteration in {self.target} vs "
+                                       f"{_ms(timing.float32)} in float32 on this {self.device_type}"), spent
+            total_float, total_half = total_float + timing.float32, total_half + timing.half
+            words.append(regions.describe_ops(case.ops))
+        if not words:
+            return None, spent
+        timing = Timing(total_float, total_half)
+        sizes = f"{_ms(timing.half)} in {self.target} vs {_ms(timing.float32)} in float32 on this {self.device_type}"
+        if _half_wins(timing):
+            return Decision(True, f"its half region ({'; '.join(words)}) measured faster: {sizes}"), spent
+        return Decision(False, f"kept float32: its half region ({'; '.join(words)}) is no faster: {sizes}"), spent
+
+    def _timing(self, case: OpCase | regions.RegionCase, spent: float) -> tuple[Timing | str, float]:
         """The case's timing (cached, or measured now) and the seconds spent; or why there is none."""
         cached = self.cache.get(case.key) if self.cache is not None else None
         if cached is not None:

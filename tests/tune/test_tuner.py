@@ -12,6 +12,7 @@ from runners import run_cli
 from amp_rewrite import Config, rewrite
 from amp_rewrite.paint import rules as painting
 from amp_rewrite.tune.cache import FORMAT, Timing, TuneCache, default_cache_dir, device_description
+from amp_rewrite.tune.regions import RegionCase
 from amp_rewrite.tune.shapes import InputSpec
 from amp_rewrite.tune.timing import benchmark_graph
 from amp_rewrite.tune.tuner import MARGIN, Tuner, case_for
@@ -40,13 +41,22 @@ TIMINGS = {"mm_fast": (1.0, 0.5), "mm_slow": (1.2, 1.8), "conv_tie": (1.0, 0.95)
 
 
 class FakeMeasure:
-    """Times by the op's first input shape, as the real one would by its key; counts calls."""
+    """Times by the op's first input shape, as the real one would by its key; counts calls.
+
+    A half region (a heavy op with the elementwise ops it took into half) is
+    timed as twice as fast in half, so the regions keep what the ops chose;
+    their keys are kept apart, in ``regions``.
+    """
 
     def __init__(self, by_shape):
         self.by_shape = by_shape
         self.calls = []
+        self.regions = []
 
     def __call__(self, case):
+        if isinstance(case, RegionCase):
+            self.regions.append(case.key)
+            return Timing(2e-3, 1e-3)
         self.calls.append(case.key)
         f32, half = self.by_shape[case.inputs[0].shape]
         return Timing(f32 / 1e3, half / 1e3)
@@ -86,7 +96,8 @@ def test_every_decision_is_a_reason_in_the_report_and_explain_and_at_debug(caplo
         "mm_slow (MatMul) stays float32: kept float32: 1.8 ms in bfloat16 vs 1.2 ms in float32 on this CPU")
     assert nodes["mm_fast"]["reason"] == (
         "mm_fast (MatMul) → bfloat16: allow-list op, measured faster in half: "
-        "0.5 ms in bfloat16 vs 1 ms in float32 on this CPU")
+        "0.5 ms in bfloat16 vs 1 ms in float32 on this CPU; "
+        "its half region (MatMul, Relu) measured faster: 1 ms in bfloat16 vs 2 ms in float32 on this CPU")
     assert "kept float32: 0.95 ms in bfloat16 vs 1 ms in float32" in nodes["conv_tie"]["reason"]
     logged = [r.getMessage() for r in caplog.records]
     assert nodes["mm_slow"]["reason"] in logged and nodes["mm_fast"]["reason"] in logged
@@ -144,7 +155,7 @@ def test_the_budget_bounds_the_first_run_and_says_so():
     result = tuned(heavy_graph(), measure, budget_seconds=1.0, clock=clock)
     assert len(set(measure.calls)) == 2  # 0.6 s, 1.2 s: the third would exceed 1 s
     reason = result.node_outcomes["conv_tie"]["reason"]
-    assert reason.endswith("not measured: the tuning time budget of 1 s was used up")
+    assert "not measured: the tuning time budget of 1 s was used up" in reason
     assert "conv_tie" in half_nodes(result.graph_def)  # the lists' verdict
 
 
@@ -210,7 +221,7 @@ def test_the_second_run_measures_nothing_and_decides_the_same(tmp_path):
     assert two.report()["nodes"] == one.report()["nodes"]
     saved = json.loads(cache_for(tmp_path).path.read_text())
     assert saved["format"] == FORMAT and saved["tensorflow"] == tf.__version__
-    assert sorted(saved["entries"]) == sorted(set(first.calls))
+    assert sorted(saved["entries"]) == sorted(set(first.calls + first.regions))
 
 
 @pytest.mark.parametrize("content, why", [
