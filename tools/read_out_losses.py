@@ -38,6 +38,10 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import profiling  # noqa: E402
+
 MODES = {
     "float32": {},
     "auto": {"ENABLE_AUTO_MP": "1"},
@@ -74,11 +78,9 @@ def image_data(seed=0, n=2048, size=16, classes=10):
 
 def keras_fit(model, x, y) -> dict:
     """``fit`` with a validation split, timing each step and profiling a few of the second epoch's."""
-    import keras
-
-    timer = StepTimer()
+    timer = profiling.step_timer(warmup=5, profile_epoch=1, profile_batch=5, profiled=PROFILED_STEPS)
     history = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, validation_split=0.2, verbose=0, shuffle=False,
-                        callbacks=[timer, keras.callbacks.LambdaCallback(on_train_batch_end=timer.batch_loss)])
+                        callbacks=[timer])
     return {"loss": history.history["loss"], "val_loss": history.history["val_loss"],
             "batch_losses": timer.losses, **timer.summary()}
 
@@ -161,70 +163,6 @@ def _step_stats_ms(step_stats) -> float:
     return sum(node.all_end_rel_micros for device in step_stats.dev_stats for node in device.node_stats) / 1e3
 
 
-class StepTimer:
-    """A Keras callback: wall and CPU time per training step, and the profiler's op time of a few steps."""
-
-    def __new__(cls):
-        import keras
-
-        class _Timer(keras.callbacks.Callback):
-            def __init__(self):
-                super().__init__()
-                self.walls, self.cpus, self.op_ms, self.losses = [], [], [], []
-                self.epoch = 0
-                self.logdir = None
-
-            def on_epoch_begin(self, epoch, logs=None):
-                self.epoch = epoch
-
-            def on_train_batch_begin(self, batch, logs=None):
-                if self.epoch == 1 and batch == 5:
-                    import tensorflow as tf
-
-                    self.logdir = tempfile.mkdtemp(prefix="read_out_profile_")
-                    tf.profiler.experimental.start(self.logdir)
-                self.started = time.perf_counter(), time.process_time()
-
-            def on_train_batch_end(self, batch, logs=None):
-                wall, cpu = time.perf_counter() - self.started[0], time.process_time() - self.started[1]
-                if self.logdir is not None and batch == 5 + PROFILED_STEPS - 1:
-                    import tensorflow as tf
-
-                    tf.profiler.experimental.stop()
-                    self.op_ms.append(_xplane_op_ms(Path(self.logdir)) / PROFILED_STEPS)
-                    self.logdir = None
-                elif self.logdir is None and not (self.epoch == 0 and batch < 5):
-                    self.walls.append(wall)
-                    self.cpus.append(cpu)
-
-            def batch_loss(self, batch, logs=None):
-                self.losses.append(float(logs["loss"]))
-
-            def summary(self):
-                return {"wall_ms": 1e3 * statistics.median(self.walls), "cpu_ms": 1e3 * statistics.median(self.cpus),
-                        "op_ms": self.op_ms[0] if self.op_ms else None}
-
-        return _Timer()
-
-
-def _xplane_op_ms(logdir: Path) -> float:
-    """Op durations summed over a profiler trace (events named ``node:Op``), in milliseconds."""
-    from amp_rewrite.tf_internals import profiler_trace_format
-
-    xplane_pb2 = profiler_trace_format()
-    total = 0.0
-    for path in logdir.rglob("*.xplane.pb"):
-        space = xplane_pb2.XSpace()
-        space.ParseFromString(path.read_bytes())
-        for plane in space.planes:
-            for line in plane.lines:
-                for event in line.events:
-                    meta = plane.event_metadata[event.metadata_id]
-                    if meta.display_name and meta.name.endswith(":" + meta.display_name):
-                        total += event.duration_ps / 1e9
-    return total
-
-
 def worker(name: str, out: str) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     policy = os.environ.get("READ_OUT_KERAS_POLICY")
@@ -265,16 +203,6 @@ def relative(values, reference) -> float:
     return max(abs(v - r) / abs(r) for v, r in zip(values, reference))
 
 
-def cpu_flags() -> str:
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        return "?"
-    wanted = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
-    have = set(flags.split(":", 1)[1].split())
-    return " ".join(f if f in have else f"no {f}" for f in wanted)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -299,7 +227,7 @@ def main() -> None:
                     result = run_one(python, workload, env)
                     if result is not None:
                         runs.setdefault((workload, label), []).append(result)
-    print(f"CPU: {cpu_flags()}; rounds: {args.rounds}\n")
+    print(f"CPU: {profiling.cpu_line()}; rounds: {args.rounds}\n")
     print("| workload | mode | final loss | final val_loss | max rel. diff loss / val_loss vs float32 "
           "| batch losses exact in bfloat16 | wall ms/step | CPU ms/step | op ms/step |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
