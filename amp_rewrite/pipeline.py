@@ -20,29 +20,32 @@ to that tuple):
 5. ``keep_read_outs_float32``: a reduction whose value is read out (fetched,
    returned, written to a variable or a summary: a loss, a metric) and the
    arithmetic after it stay float32 (:mod:`amp_rewrite.paint.read_outs`).
+6. ``keep_normalization_float32``: a norm's mean and variance (a reduction
+   of ``x`` subtracted from ``x``, and the reduction of that difference
+   squared) count as deny-list ops (:mod:`amp_rewrite.paint.normalization`).
    With no vertex painted now, there is nothing to do: :func:`paint` stops.
-6. ``paint_deny_forward``: each deny-list op, and the clear/infer ops on its
+7. ``paint_deny_forward``: each deny-list op, and the clear/infer ops on its
    paths to another deny or infer op, stay float32.
-7. ``match_tensor_list_clusters``: the ops of a data structure get one
+8. ``match_tensor_list_clusters``: the ops of a data structure get one
    element type.
-8. ``paint_between_allow``: clear and infer ops on a path between two allow
+9. ``paint_between_allow``: clear and infer ops on a path between two allow
    ops join them.
-9. ``paint_infer_after_allow``: an infer op fed by a half op (and no deny op)
+10. ``paint_infer_after_allow``: an infer op fed by a half op (and no deny op)
    joins it, repeated to a fixed point.
-10. ``paint_clear_around_allow``: clear ops connected to a half op through
+11. ``paint_clear_around_allow``: clear ops connected to a half op through
    clear ops join it.
-11. ``match_tensor_list_clusters``: again, for the ops step 10 painted.
-12. ``choose_loop_variable_types``: each While loop variable takes the dtype
+12. ``match_tensor_list_clusters``: again, for the ops step 11 painted.
+13. ``choose_loop_variable_types``: each While loop variable takes the dtype
     that needs fewer Casts per iteration.
-13. ``match_call_boundaries``: a call's ports and its callee's arguments and
+14. ``match_call_boundaries``: a call's ports and its callee's arguments and
     results agree.
-14. ``match_loop_edges``: a NextIteration and its Merges agree.
-15. ``keep_float32_where_a_half_region_is_slower``: with tuning on, each
+15. ``match_loop_edges``: a NextIteration and its Merges agree.
+16. ``keep_float32_where_a_half_region_is_slower``: with tuning on, each
     connected region of half ops (a MatMul with the elementwise ops that
     followed it, a recurrent cell in its loop body) measured no faster in
     half than in float32, its Casts included, stays float32
     (:mod:`amp_rewrite.tune.regions`).
-16. ``retarget_existing_casts``: an existing Cast feeding only half ops casts
+17. ``retarget_existing_casts``: an existing Cast feeding only half ops casts
     to half.
 
 Then the batch norms whose ``T`` was not painted turn back into V1;

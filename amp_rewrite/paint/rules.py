@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from amp_rewrite.paint.context import PaintContext
+from amp_rewrite.paint.normalization import statistics_nodes
 from amp_rewrite.paint.op_lists import Colour
 from amp_rewrite.paint.read_outs import read_out_tail
 from amp_rewrite.paint.tensor_lists import TensorListCluster
@@ -270,6 +271,32 @@ def keep_read_outs_float32(ctx: PaintContext, painting: Painting) -> None:
             # A deny-list op (Sum, Mean for float16) stays float32 for that reason, which explain gives.
             if vid not in painting.deny and ctx.vertex_list[vid] != _DENY and ctx.can_convert(vid):
                 painting.mark_deny(vid, READ_OUT)
+
+
+NORMALIZATION = ("normalization statistics (the mean and variance of one tensor, as a batch or layer norm takes "
+                 "them): kept float32 like a deny-list op, as Keras's mixed policies and PyTorch's autocast keep norms")
+
+
+def keep_normalization_float32(ctx: PaintContext, painting: Painting) -> None:
+    """Treats a norm's mean and variance as deny-list ops, so the norm stays float32.
+
+    ``infer(Mean(x)) -> clear(StopGradient) -> infer(SquaredDifference(x, .))
+    -> infer(Mean)`` become ``DENY``, and :func:`paint_deny_forward` then
+    keeps float32 what follows from them up to the next allow op: the
+    normalization ``x * Rsqrt(variance + eps) * gamma + ...``, and in a
+    training graph its gradient. What counts is
+    :func:`~amp_rewrite.paint.normalization.statistics_nodes`'s. The float16
+    lists deny ``Mean`` already; for bfloat16 this keeps a norm in one
+    precision instead of a patchwork of Casts.
+    """
+    if ctx.force_all:
+        return
+    graph = ctx.graph
+    for node in sorted(statistics_nodes(graph)):
+        for vid in graph.node_vertices[node]:
+            if ctx.vertex_list[vid] != _DENY and ctx.can_convert(vid):
+                ctx.vertex_list[vid] = _DENY
+                painting.mark_deny(vid, NORMALIZATION)
 
 
 def paint_deny_forward(ctx: PaintContext, painting: Painting) -> None:
@@ -522,6 +549,7 @@ ROOT_RULES: tuple[Rule, ...] = (
     keep_float32_where_half_is_slower,
     keep_variable_updates_float32,
     keep_read_outs_float32,
+    keep_normalization_float32,
 )
 #: The rules that spread the roots' colours and then make them agree where
 #: values must hold one dtype, in the order they run.
