@@ -4,7 +4,10 @@ A loss or a metric is a reduction (``Sum``, ``Mean``) followed by a little
 scalar arithmetic (``DivNoNan`` by the number of examples, ``AddN`` of the
 regularisation terms), ending where the user reads it: a fetched tensor, a
 function's result, a variable written with it (a metric's running total, a
-loss tracker), a summary. Reduced in half, such a value is rounded to half's
+loss tracker), a summary. A write of the model's own state is no read-out:
+a weight (its value feeds the model) or an optimizer's moment (its value
+updates a weight) receives a gradient, which no user reads, and a bias's
+gradient summed over the batch in half is cast once, after the sum. Reduced in half, such a value is rounded to half's
 8 (bfloat16) or 11 (float16) bits, so a reported loss moves in steps of 0.4%
 and callbacks that compare losses (early stopping, keeping the best
 checkpoint) see ties and jumps float32 would not show.
@@ -57,6 +60,11 @@ _CONSTANT_OPS = frozenset({"Const", "OnesLike", "ReadVariableOp", "ZerosLike"})
 _SHAPING_OPS = {"BroadcastTo": 0, "ExpandDims": 0, "Fill": 1, "Identity": 0, "Reshape": 0, "Squeeze": 0, "Tile": 0}
 _SHAPING_DEPTH = 8
 _CONTROL_FLOW_OPS = WHILE_OPS | {"If", "StatelessIf", "Case", "StatelessCase"}
+# How a variable's value is read, and the ops through which a value is returned as it is.
+_READ_OPS = frozenset({"ReadVariableOp", "Identity"})
+_RESULT_OPS = frozenset({"_Retval", "IdentityN", "NoOp"})
+#: How many ops after a variable's read :func:`_is_model_state` looks for a use by the model.
+_STATE_DEPTH = 8
 
 
 def read_out_tail(graph: TypedGraph, dtypes: list[int], preserved: frozenset[str]) -> set[int]:
@@ -110,11 +118,44 @@ def _read_out_sources(graph: TypedGraph, preserved: frozenset[str]) -> Iterator[
             readers.append(node)
         elif op in VARIABLE_WRITES:
             inputs = graph.inputs(node)
-            if len(inputs) > 1:
+            if len(inputs) > 1 and not _is_model_state(graph, inputs[0]):
                 yield inputs[1][0]
     for reader in readers:
         for src, _ in graph.inputs(reader):
             yield src
+
+
+def _is_model_state(graph: TypedGraph, variable: tuple[int, int]) -> bool:
+    """Whether the variable is the model's or its optimizer's: its value reaches an op that computes with it.
+
+    A weight's value feeds a MatMul; an optimizer's moment feeds the update
+    of a weight (another variable's write). A metric's total, a loss
+    tracker's, a batch norm's moving average feed only their own update and
+    what the user reads: those are read-outs. Writes of model state carry a
+    gradient, which is no value a user reads: reduced in half (a bias's
+    gradient summed over the batch) it is cast once, after the reduction.
+    """
+    reads = [consumer for port, consumer, k in graph.edges.out_edges(variable[0])
+             if port == variable[1] and graph.ops[consumer] in _READ_OPS and k == 0]
+    seen: set[int] = set()
+    frontier = reads
+    for _ in range(_STATE_DEPTH):
+        following = []
+        for node in frontier:
+            for _, consumer, k in graph.edges.out_edges(node):
+                op = graph.ops[consumer]
+                if consumer in seen:
+                    continue
+                seen.add(consumer)
+                if op in VARIABLE_WRITES:
+                    if k == 1 and graph.inputs(consumer)[0] != variable:
+                        return True  # the value updates another variable
+                elif op not in PASS_OPS and op not in SUMMARY_OPS and op not in _RESULT_OPS:
+                    return True  # the model computes with it
+                else:
+                    following.append(consumer)
+        frontier = following
+    return False
 
 
 class _Reduced:

@@ -199,3 +199,45 @@ def test_keras_losses_under_the_runtime_carry_float32_precision(amp_runtime):
     assert runtime.current_runtime().tracing.history, "the test step was not rewritten"
     assert not all(is_bfloat16(v) for v in got)
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def trained_dense_with_a_metric():
+    """``y = x @ w + b`` trained by SGD written as Keras 3 writes it (``v.assign_sub(lr * g)``), and a loss total."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [32, 4], name="x")
+        w = tf1.get_variable("w", initializer=exact_data(3, (4, 4)), use_resource=True)
+        b = tf1.get_variable("b", initializer=np.zeros(4, np.float32), use_resource=True)
+        total = tf1.get_variable("total", [], initializer=tf1.zeros_initializer(), use_resource=True,
+                                 trainable=False)
+        y = tf.add(tf.matmul(x, w, name="allow1"), b, name="biased")
+        loss = tf.reduce_mean(tf.square(y, name="square"), name="loss")
+        updates = [v.assign_sub(0.01 * g, read_value=False) for v, g in zip((w, b), tf.gradients(loss, [w, b]))]
+        with tf.control_dependencies(updates):
+            total.assign_add(loss, read_value=False, name="train")
+        tf1.variables_initializer(tf1.global_variables(), name="init")
+    return graph.as_graph_def()
+
+
+def test_a_gradient_written_into_the_model_is_no_read_out():
+    """The bias's gradient (a Sum over the batch) updates a weight: no read-out; the loss and its total are."""
+    graph_def = trained_dense_with_a_metric()
+    result = amp(graph_def, ["loss", "train"], target="bfloat16")
+    reasons = {name: outcome["reason"] for name, outcome in result.node_outcomes.items()}
+    bias_gradient = "gradients/biased_grad/Sum"
+    assert bias_gradient in half_nodes(result.graph_def), reasons[bias_gradient]
+    assert "loss" not in half_nodes(result.graph_def)
+    want, got = (losses_over_steps(g, exact_data(4, (32, 4))) for g in (graph_def, result.graph_def))
+    np.testing.assert_allclose(got, want, rtol=1e-2)
+    assert got[-1] < got[0]
+
+
+def losses_over_steps(graph_def, x, steps=3):
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.import_graph_def(graph_def, name="")
+    with tf1.Session(graph=graph) as session:
+        session.run(graph.get_operation_by_name("init"))
+        feed = {graph.get_tensor_by_name("x:0"): x}
+        loss, train = graph.get_tensor_by_name("loss:0"), graph.get_operation_by_name("train")
+        return [session.run([loss, train], feed)[0] for _ in range(steps)]
