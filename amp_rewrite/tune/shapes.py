@@ -72,7 +72,9 @@ def input_specs(graph, nodes: list[int], *, batch: int | None = None, traced: Ma
             by_function.setdefault(graph.bodies[graph.body_of[i]].function, []).append(i)
     for name in [name for name in by_function if name in traced]:
         members = by_function.pop(name)
-        found.update(_traced_specs(traced[name], graph, members))
+        specs = _traced_specs(traced[name], graph, members, batch)
+        found.update({i: spec for i, (spec, _) in specs.items()})
+        hinted.update(i for i, (_, was_hinted) in specs.items() if was_hinted)
     if by_function:
         with _library_graph(graph.graph_def).as_default():
             for name, members in by_function.items():
@@ -82,14 +84,32 @@ def input_specs(graph, nodes: list[int], *, batch: int | None = None, traced: Ma
     return found, hinted
 
 
-def _traced_specs(traced_graph, graph, nodes: list[int]) -> dict[int, tuple[InputSpec, ...] | str]:
-    found: dict[int, tuple[InputSpec, ...] | str] = {}
+def _traced_specs(traced_graph, graph, nodes: list[int], batch: int | None
+                  ) -> dict[int, tuple[tuple[InputSpec, ...] | str, bool]]:
+    """Per node: its specs read off the traced graph, and whether an unknown first dimension was given ``batch``.
+
+    A traced graph's shapes are inferred already, so the hint cannot be fed
+    to inference as for a rebuilt body; an input whose only unknown
+    dimension is the first (the batch a Keras step is traced with) is timed
+    at ``batch`` instead.
+    """
+    found: dict[int, tuple[tuple[InputSpec, ...] | str, bool]] = {}
     for i in nodes:
         try:
-            found[i] = _specs(traced_graph.get_operation_by_name(graph.nodes[i].name))
+            op = traced_graph.get_operation_by_name(graph.nodes[i].name)
         except (KeyError, ValueError):
-            found[i] = "input shapes unknown (not in the traced graph)"
+            found[i] = ("input shapes unknown (not in the traced graph)", False)
+            continue
+        found[i] = (_specs(op, batch=batch), batch is not None and any(_batch_only(t.shape) for t in op.inputs))
     return found
+
+
+def _batch_only(shape) -> bool:
+    """Whether the first dimension is the only unknown one of a shape of known rank."""
+    if shape.rank is None or shape.rank == 0 or shape.is_fully_defined():
+        return False
+    dims = shape.as_list()
+    return dims[0] is None and all(d is not None for d in dims[1:])
 
 
 def _library_graph(graph_def):
@@ -168,14 +188,18 @@ def _give_batch_to_attrs(attrs, batch: int) -> bool:
     return changed
 
 
-def _specs(op) -> tuple[InputSpec, ...] | str:
+def _specs(op, *, batch: int | None = None) -> tuple[InputSpec, ...] | str:
+    """The op's input specs; with ``batch``, an input whose only unknown dimension is the first is given it."""
     import tensorflow as tf
 
     specs = []
     for k, tensor in enumerate(op.inputs):
-        if not tensor.shape.is_fully_defined():
+        dims = tensor.shape.as_list() if tensor.shape.rank is not None else None
+        if batch is not None and _batch_only(tensor.shape):
+            dims = [batch, *dims[1:]]
+        elif not tensor.shape.is_fully_defined():
             return f"input shapes unknown (input {k} is {tensor.shape})"
-        shape = tuple(int(d) for d in tensor.shape.as_list())
+        shape = tuple(int(d) for d in dims)
         if math.prod(shape) > MAX_ELEMENTS:
             return f"input {k} is too large to time ({list(shape)})"
         dtype = tensor.dtype.as_datatype_enum
