@@ -52,7 +52,7 @@ def statistics_nodes(graph: TypedGraph) -> set[int]:
 
 def _centerings(graph: TypedGraph, reduction: int, x: tuple[int, int]):
     """(centering node, pass nodes on the way) for each ``Sub``/``SquaredDifference`` of ``x`` and the mean."""
-    frontier = [(reduction, ())]
+    frontier: list[tuple[int, tuple[int, ...]]] = [(reduction, ())]
     for _ in range(_PASS_DEPTH + 1):
         following = []
         for node, path in frontier:

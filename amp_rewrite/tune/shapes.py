@@ -194,10 +194,11 @@ def _specs(op, *, batch: int | None = None) -> tuple[InputSpec, ...] | str:
 
     specs = []
     for k, tensor in enumerate(op.inputs):
-        dims = tensor.shape.as_list() if tensor.shape.rank is not None else None
         if batch is not None and _batch_only(tensor.shape):
-            dims = [batch, *dims[1:]]
-        elif not tensor.shape.is_fully_defined():
+            dims = [batch, *tensor.shape.as_list()[1:]]
+        elif tensor.shape.is_fully_defined():
+            dims = tensor.shape.as_list()
+        else:
             return f"input shapes unknown (input {k} is {tensor.shape})"
         shape = tuple(int(d) for d in dims)
         if math.prod(shape) > MAX_ELEMENTS:
