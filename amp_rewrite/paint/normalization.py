@@ -28,6 +28,9 @@ from __future__ import annotations
 
 from amp_rewrite.graph.typed_graph import TypedGraph
 
+#: The reason the painting gives each statistic it keeps float32 (the doctor recognises it).
+REASON = ("normalization statistics (the mean and variance of one tensor, as a batch or layer norm takes "
+          "them): kept float32 like a deny-list op, as Keras's mixed policies and PyTorch's autocast keep norms")
 #: Reductions that can compute a mean (a Sum, divided after).
 STATISTIC_OPS = frozenset({"Mean", "Sum"})
 #: Ops through which the mean reaches the subtraction unchanged in value.

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from amp_rewrite.paint.context import PaintContext
+from amp_rewrite.paint.normalization import REASON as NORMALIZATION_REASON
 from amp_rewrite.paint.normalization import statistics_nodes
 from amp_rewrite.paint.op_lists import Colour
 from amp_rewrite.paint.read_outs import read_out_tail
@@ -45,6 +46,8 @@ class Painting:
     held in two lists by vertex id (``vertex_count`` long), not as one pair
     per vertex: a large graph has hundreds of thousands of decisions.
     ``tensor_list_clusters`` are the groups whose element types must agree.
+    ``deny_roots`` are vertices that :func:`paint_deny_forward` treats as
+    deny-list ops though their ops are on another list (a norm's statistics).
     ``allowed``, ``denied`` and ``unmarked`` count the vertices that
     :meth:`mark_allow`, :meth:`mark_deny` and :meth:`unmark_allow` changed,
     so a caller can tell what each rule did.
@@ -54,6 +57,7 @@ class Painting:
     allow: set[int] = field(default_factory=set)
     deny: set[int] = field(default_factory=set)
     tensor_list_clusters: list[TensorListCluster] = field(default_factory=list)
+    deny_roots: set[int] = field(default_factory=set)
     allowed: int = 0
     denied: int = 0
     unmarked: int = 0
@@ -273,12 +277,10 @@ def keep_read_outs_float32(ctx: PaintContext, painting: Painting) -> None:
                 painting.mark_deny(vid, READ_OUT)
 
 
-NORMALIZATION = ("normalization statistics (the mean and variance of one tensor, as a batch or layer norm takes "
-                 "them): kept float32 like a deny-list op, as Keras's mixed policies and PyTorch's autocast keep norms")
 
 
 def keep_normalization_float32(ctx: PaintContext, painting: Painting) -> None:
-    """Treats a norm's mean and variance as deny-list ops, so the norm stays float32.
+    """Paints a norm's mean and variance DENY and makes them deny roots, so the norm stays float32.
 
     ``infer(Mean(x)) -> clear(StopGradient) -> infer(SquaredDifference(x, .))
     -> infer(Mean)`` become ``DENY``, and :func:`paint_deny_forward` then
@@ -295,12 +297,14 @@ def keep_normalization_float32(ctx: PaintContext, painting: Painting) -> None:
     for node in sorted(statistics_nodes(graph)):
         for vid in graph.node_vertices[node]:
             if ctx.vertex_list[vid] != _DENY and ctx.can_convert(vid):
-                ctx.vertex_list[vid] = _DENY
-                painting.mark_deny(vid, NORMALIZATION)
+                painting.deny_roots.add(vid)
+                painting.mark_deny(vid, NORMALIZATION_REASON)
 
 
 def paint_deny_forward(ctx: PaintContext, painting: Painting) -> None:
     """Paints DENY each deny op and the clear/infer ops on its paths to a deny or infer op.
+
+    The painting's ``deny_roots`` (a norm's statistics) count as deny ops.
 
     ``deny -> infer -> clear -> infer -> clear -> allow -> infer`` becomes
     ``DENY -> DENY -> DENY -> DENY -> clear -> allow -> infer``: the last clear
@@ -310,12 +314,13 @@ def paint_deny_forward(ctx: PaintContext, painting: Painting) -> None:
         return
     graph = ctx.graph
     listed = ctx.vertex_list
-    deny_or_infer = [v for v, colour in enumerate(listed) if colour == _DENY or colour == _INFER]
+    extra = painting.deny_roots
+    deny_or_infer = [v for v, colour in enumerate(listed) if colour == _DENY or colour == _INFER or v in extra]
     upstream = set(graph.reach(deny_or_infer, forward=False, backward=True,
                                enter=lambda v: listed[v] == _CLEAR))
     if ctx.released:
         upstream = {v for v in upstream if graph.vertex_node[v] not in ctx.released}
-    deny_roots = [v for v in deny_or_infer if listed[v] == _DENY]
+    deny_roots = [v for v in deny_or_infer if listed[v] == _DENY or v in extra]
     for v in deny_roots:
         painting.mark_deny(v, "deny-list op")
     parents: dict[int, int] = {}

@@ -75,6 +75,23 @@ def test_float32_island_forced_by_a_deny_op_names_its_casts_bytes_and_list_entry
     assert_same_outputs_within_half(gd, result.graph_def, ["out"], feeds)
 
 
+def test_a_norm_kept_float32_is_an_island_with_no_list_edit_to_suggest():
+    """A layer norm between two bfloat16 MatMuls: the doctor names it and does not offer to move Mean off a list."""
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [32, 16], name="x")
+        w = tf.constant(R.standard_normal((16, 16)).astype(np.float32) * 0.3)
+        h = tf.matmul(x, w, name="allow1")
+        mean, variance = tf.nn.moments(h, axes=[-1], keepdims=True)
+        normed = tf.multiply(h - mean, tf.math.rsqrt(variance + 1e-3), name="normed")
+        tf.identity(tf.matmul(normed, w, name="allow2"), name="out")
+    result = amp(g.as_graph_def(), ["out"], target="bfloat16")
+    islands = by_kind(diagnose(result), "float32_island")
+    assert len(islands) == 1 and "moments/mean" in islands[0].nodes and "normed" in islands[0].nodes
+    assert "a batch or layer norm" in islands[0].why and "none needed" in islands[0].fix
+    assert "--deny-remove" not in islands[0].fix and islands[0].details["kept_by"] == []
+
+
 def test_the_islands_fix_removes_the_island():
     result = amp(odd_dims_graph(), ["out"], list_edits=_edits(("deny", "Exp", False), ("infer", "Exp", True)))
     assert result.node_outcomes["deny1"]["precision"] == "float16"
