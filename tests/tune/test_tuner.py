@@ -488,8 +488,9 @@ def test_a_half_win_must_hold_in_a_second_pass(tmp_path, passes, is_half, reason
     assert again.calls == 0 and ("mm" in half_nodes(result.graph_def)) is is_half
 
 
-def test_the_runtime_times_a_step_traced_with_an_unknown_batch_at_the_hint(amp_runtime, monkeypatch, tmp_path):
-    """A Keras step is traced with its batch unknown: ``(None, 16)`` is timed as ``(32, 16)``, and said."""
+def test_the_runtime_times_a_step_traced_with_an_unknown_batch_at_the_hint(amp_runtime, monkeypatch, tmp_path,
+                                                                          caplog):
+    """A Keras step is traced with its batch unknown: ``(None, 16)`` is timed as ``(32, 16)``; all float32 is said."""
     from amp_rewrite.runtime.settings import RuntimeSettings
     from amp_rewrite.tune import timing as tune_timing
 
@@ -500,6 +501,7 @@ def test_the_runtime_times_a_step_traced_with_an_unknown_batch_at_the_hint(amp_r
         return Timing(1e-3, 2e-3)  # slower in half: kept float32
 
     monkeypatch.setattr(tune_timing, "measure", fake_measure)
+    caplog.set_level(logging.INFO, logger="amp_rewrite")
     kernel = tf.Variable(rng(7).standard_normal((16, 8)).astype(np.float32) * 0.3)
     amp_runtime(RuntimeSettings(target="bfloat16", is_tuning=True, tune_cache_dir=str(tmp_path)))
     function = tf.function(lambda x: tf.matmul(x, kernel), input_signature=[tf.TensorSpec([None, 16], tf.float32)])
@@ -507,3 +509,5 @@ def test_the_runtime_times_a_step_traced_with_an_unknown_batch_at_the_hint(amp_r
     np.testing.assert_array_equal(function(x).numpy(), (x @ kernel).numpy())
     assert [tuple(spec.shape for spec in case.inputs) for case in cases if not isinstance(case, RegionCase)] == [
         ((32, 16), (16, 8))]
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO and "stays float32" in r.getMessage()]
+    assert len(said) == 1 and "no op measured faster in bfloat16" in said[0]

@@ -106,7 +106,12 @@ def swap_in(tools: SwapTools, swap: Swap) -> SwapRecord | None:
     for step in REWRITE_STEPS:
         step(tools, swap)
     if swap.rewritten.concrete_function is None:
-        logger.debug("tf.function %s: nothing to run in %s", swap.name, swap.config.target)
+        if swap.config.is_tuning and _kept_by_timings(swap.rewritten.result):
+            # said, so that a user who turned tuning on sees what it chose
+            logger.info("amp-rewrite: tf.function %s: stays float32: no op measured faster in %s on this "
+                        "machine (amp-rewrite explain names each op's timings)", swap.name, swap.config.target)
+        else:
+            logger.debug("tf.function %s: nothing to run in %s", swap.name, swap.config.target)
         return None
     for step in SWAP_STEPS:
         step(tools, swap)
@@ -204,6 +209,11 @@ REWRITE_STEPS: tuple[Step, ...] = (check_loss_scaling, find_guarded_apply, rewri
 SWAP_STEPS: tuple[Step, ...] = (keep_traced_state, make_record, swap_state, guard_first_call, watch_profile,
                                 log_swap)
 STEPS: tuple[Step, ...] = REWRITE_STEPS + SWAP_STEPS
+
+
+def _kept_by_timings(result) -> bool:
+    """Whether the tuner kept some op float32 (its reason gives the timings)."""
+    return any("kept float32:" in outcome.get("reason", "") for outcome in result.node_outcomes.values())
 
 
 def _summary(result) -> str:
