@@ -512,7 +512,8 @@ def keep_float32_where_a_half_region_is_slower(ctx: PaintContext, painting: Pain
     tuner = ctx.tuner
     if tuner is None or ctx.force_all or not painting.allow:
         return
-    for region, decision in tuner.decide_regions(ctx.graph, painting.allow):
+    clusters = [cluster.vertices for cluster in painting.tensor_list_clusters]
+    for region, decision in tuner.decide_regions(ctx.graph, painting.allow, clusters):
         for vid in region:
             if not decision.is_half:
                 painting.mark_deny(vid, decision.reason)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from amp_rewrite.graph.facts import DT_FLOAT
@@ -104,8 +105,18 @@ def describe_ops(ops: tuple[tuple[str, int], ...], limit: int = 4) -> str:
     return ", ".join(words)
 
 
-def half_regions(graph, allow: set[int]) -> list[list[int]]:
-    """The connected components of ``allow`` in the view, each as sorted vertex ids, in order of their least."""
+def half_regions(graph, allow: set[int], joined: Iterable[Iterable[int]] = ()) -> list[list[int]]:
+    """The connected components of ``allow`` in the view, each as sorted vertex ids, in order of their least.
+
+    ``joined``: groups of vertices that count as connected whatever the
+    view's edges say (the element types of one data structure, which must
+    stay one dtype: a region dropped to float32 takes all of them along).
+    """
+    partners: dict[int, list[int]] = {}
+    for group in joined:
+        members = list(group)
+        for v in members:
+            partners.setdefault(v, []).extend(members)
     seen: set[int] = set()
     regions = []
     for start in sorted(allow):
@@ -115,7 +126,7 @@ def half_regions(graph, allow: set[int]) -> list[list[int]]:
         stack, members = [start], [start]
         while stack:
             v = stack.pop()
-            for w in (*graph.fanin[v], *graph.fanout[v]):
+            for w in (*graph.fanin[v], *graph.fanout[v], *partners.get(v, ())):
                 if w in allow and w not in seen:
                     seen.add(w)
                     stack.append(w)

@@ -163,16 +163,19 @@ class Tuner:
             logger.info("tuning: measured %d op(s) in %.1f s", self.measured, spent)
         return decisions
 
-    def decide_regions(self, graph, allow: set[int]) -> list[tuple[list[int], Decision]]:
+    def decide_regions(self, graph, allow: set[int], joined: Iterable[Iterable[int]] = ()
+                       ) -> list[tuple[list[int], Decision]]:
         """A decision per half region (:mod:`amp_rewrite.tune.regions`) of the finished painting ``allow``.
 
         Only regions that hold an op besides heavy ones (which were timed one
         by one) and at most :data:`~amp_rewrite.tune.regions.MAX_REGION_OPS`
         ops are decided; a region that cannot be timed keeps its half and is
         not listed. Regions share a budget of their own, as large as the ops'.
+        ``joined`` are groups that must share one dtype (a data structure's
+        element types): each lies in one region.
         """
         chosen = []
-        for region in regions.half_regions(graph, allow):
+        for region in regions.half_regions(graph, allow, joined):
             parts = regions.region_parts(graph, region)
             nodes = [n for part in parts.values() for n in part]
             if 0 < len(nodes) <= regions.MAX_REGION_OPS and any(graph.ops[n] not in self.ops for n in nodes):

@@ -15,8 +15,12 @@ STEPS, BATCH, UNITS = 6, 4, 8
 BODY_OPS = {"MatMul", "AddV2", "Split", "Sigmoid", "Tanh", "Mul"}
 
 
-def recurrent_cell_graph():
-    """A hand-written LSTM cell in a ``tf.while_loop`` over STEPS inputs, as a GraphDef with its library."""
+def recurrent_cell_graph(*, with_gradient=False):
+    """A hand-written LSTM cell in a ``tf.while_loop`` over STEPS inputs, as a GraphDef with its library.
+
+    ``with_gradient``: ``y`` is also differentiated, so the loop keeps what its gradient needs in
+    TensorLists created outside the body (``EmptyTensorList`` accumulators) and pushed inside it.
+    """
     w_value = rng(1).standard_normal((UNITS, 4 * UNITS)).astype(np.float32) * 0.3
     u_value = rng(2).standard_normal((UNITS, 4 * UNITS)).astype(np.float32) * 0.3
 
@@ -31,8 +35,14 @@ def recurrent_cell_graph():
             return t + 1, tf.sigmoid(o) * tf.tanh(c), c
 
         zeros = tf.zeros([BATCH, UNITS])
-        _, h, _ = tf.while_loop(lambda t, h, c: t < STEPS, body, (0, zeros, zeros))
-        return tf.identity(h, name="y")
+        if not with_gradient:
+            _, h, _ = tf.while_loop(lambda t, h, c: t < STEPS, body, (0, zeros, zeros))
+            return tf.identity(h, name="y")
+        with tf.GradientTape() as tape:
+            tape.watch(xs)
+            _, h, _ = tf.while_loop(lambda t, h, c: t < STEPS, body, (0, zeros, zeros))
+            loss = tf.reduce_sum(h * h)
+        return tf.identity(tape.gradient(loss, xs), name="y")
 
     graph = run_cell.get_concrete_function(tf.TensorSpec([STEPS, BATCH, UNITS], tf.float32, name="xs")).graph
     return graph.as_graph_def()
@@ -79,6 +89,15 @@ def test_a_loop_body_slower_in_half_stays_float32_though_its_matmuls_win_alone()
     assert "1.2 ms per iteration in bfloat16 vs 1 ms in float32" in reasons[matmuls[0]]
     want, got = run(gd, ["y"], FEEDS), run(result.graph_def, ["y"], FEEDS)
     np.testing.assert_array_equal(got[0], want[0])  # nothing left in half: float32's numbers exactly
+
+
+def test_a_loop_body_dropped_to_float32_takes_its_data_structures_along():
+    """The gradient's accumulators are created outside the body and pushed inside: all of them stay float32."""
+    gd = recurrent_cell_graph(with_gradient=True)
+    result = tuned(gd, Timings(lambda case: Timing(1e-3, 1.2e-3 if case.in_loop else 0.5e-3)))
+    assert not library_half_ops(result.graph_def) and not half_nodes(result.graph_def)
+    want, got = run(gd, ["y"], FEEDS), run(result.graph_def, ["y"], FEEDS)
+    np.testing.assert_array_equal(got[0], want[0])
 
 
 def test_a_loop_body_faster_in_half_keeps_its_cell_in_half():
