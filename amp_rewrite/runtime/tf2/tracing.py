@@ -218,6 +218,8 @@ class TracingHook:
                 logger.warning("amp-rewrite: tf.function %s runs in float32: rewrite failed: %s", name, reason)
             if calls_guarded and concrete_function not in self.swapped:
                 tf_internals.override_call(concrete_function, self.fallback.floor_watch(concrete_function))
+            elif concrete_function not in self.swapped:
+                self._guard_caller(concrete_function)
             if self.profiles is not None and concrete_function not in self.swapped:
                 self.profiles.watch_if_caller(concrete_function)
 
@@ -285,6 +287,63 @@ class TracingHook:
             return outputs
 
         return call_flat
+
+    def _guard_caller(self, concrete_function) -> None:
+        """Guards the first eager run of a function whose graph calls rewritten bodies.
+
+        Keras 3's ``fit`` never calls its rewritten one-step function eagerly:
+        its outer train function calls it in a graph, so a rewritten body that
+        fails at run time fails the outer call, which the rewritten function's
+        own first-call guard never sees. This guard catches that failure,
+        gives the caller the callees' float32 bodies, and runs it again.
+        """
+        called = {tf2_fallback.called_name(cf): cf for cf in list(self.swapped)}
+        names = set(tf_internals.graph_functions(concrete_function.graph)) & set(called)
+        if not names:
+            return
+        function_ref = weakref.ref(concrete_function)
+
+        def call_flat(tensor_inputs, captured_inputs):
+            import tensorflow as tf
+
+            cf: Any = function_ref()
+            if not tf.executing_eagerly():
+                return tf_internals.call_concrete_function(cf, tensor_inputs, captured_inputs)
+            try:
+                outputs = tf_internals.call_concrete_function(cf, tensor_inputs, captured_inputs)
+            except Exception as exc:
+                return self._callee_failed(cf, names, exc, tensor_inputs, captured_inputs)
+            tf_internals.drop_call_override(cf)
+            return outputs
+
+        tf_internals.override_call(concrete_function, call_flat)
+
+    def _callee_failed(self, caller, names: set[str], exc, tensor_inputs, captured_inputs):
+        """A caller of rewritten bodies failed on its first run: give it their float32 bodies and try again."""
+        callees = {tf2_fallback.called_name(cf): cf for cf in list(self.swapped)}
+        caller_name = tf2_fallback.function_name(caller)
+        replacements: dict[str, Any] = {}
+        reports = []
+        for name in sorted(names & set(callees)):
+            callee = callees[name]
+            record = self.swapped.record_of(callee)
+            self.swapped.restore(callee)
+            replacements[name] = tf_internals.inference_function(callee)
+            if record is not None:
+                reports.append(record.report.name)
+        callers = tf2_fallback.Callers()
+        callers.note(caller, set(replacements))
+        try:
+            callers.fall_back(replacements, lambda _: None)
+            outputs = tf_internals.call_concrete_function(caller, tensor_inputs, captured_inputs)
+        except Exception:
+            raise exc from None  # float32 fails too: the caller's error, not the rewrite's
+        reason = "the rewritten function failed to run: " + first_line(exc, with_type=True, if_empty=NO_MESSAGE)
+        where = f"tf.function {', '.join(reports) or ', '.join(sorted(names))} (called by {caller_name})"
+        if self.is_strict:
+            raise RuntimeRewriteError(f"{where}: {reason}") from exc
+        logger.warning("amp-rewrite: %s runs in float32: %s", where, reason)
+        return outputs
 
     def _first_run_failed(self, cf, record: SwapRecord, exc, tensor_inputs, captured_inputs):
         """The rewritten function failed on its first run: try the traced one."""

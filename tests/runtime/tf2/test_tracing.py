@@ -225,6 +225,36 @@ def test_first_run_failure_falls_back_to_the_traced_function(amp_runtime, monkey
     assert tf_function.record_of(function.get_concrete_function(Y)) is None
 
 
+def test_a_rewritten_function_failing_inside_its_caller_falls_back_there(amp_runtime, monkeypatch, caplog):
+    """Keras 3's ``fit`` calls its one-step function only inside its outer train function's graph."""
+    broken = tf.function(lambda x: tf.debugging.check_numerics(x / 0.0, "rewritten"))
+    broken = broken.get_concrete_function(tf.TensorSpec([4, 5]))  # traced before the hook
+    rewrite_concrete = concrete.rewrite_concrete
+
+    def inner_fails_at_run_time(concrete_function, config):
+        result = rewrite_concrete(concrete_function, config)
+        is_inner = "inner" in str(concrete_function.graph.name)
+        return replace(result, concrete_function=broken) if is_inner else result
+
+    monkeypatch.setattr(concrete, "rewrite_concrete", inner_fails_at_run_time)
+    amp_runtime()
+
+    @tf.function
+    def inner(x):
+        return x * 2.0
+
+    @tf.function
+    def outer(x):
+        return inner(x) + 1.0
+
+    with caplog.at_level(logging.WARNING, "amp_rewrite"):
+        assert np.array_equal(outer(Y).numpy(), Y * 2.0 + 1.0)
+        assert np.array_equal(outer(Y).numpy(), Y * 2.0 + 1.0)
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 1 and "(called by outer)" in messages[0]
+    assert "failed to run: InvalidArgumentError" in messages[0]
+
+
 def test_amp_rewrite_function_needs_no_switch_and_leaves_other_functions_alone():
     runtime.disable()
     net = ConvNet()
