@@ -44,17 +44,12 @@ _DTYPES = {"float16": 19, "bfloat16": 14}
 def measure(case, *, device_type: str = "CPU", clock: Callable[[], float] = time.perf_counter) -> Timing:
     """Fastest seconds per run of ``case`` in float32, and in half with its Casts, on ``device_type``:0.
 
-    ``case`` is an :class:`~amp_rewrite.tune.tuner.OpCase`, or a
-    :class:`~amp_rewrite.tune.regions.RegionCase` that brings its own graph.
+    ``case`` is an :class:`~amp_rewrite.tune.tuner.OpCase` or a
+    :class:`~amp_rewrite.tune.regions.RegionCase`; each builds its graph.
     """
     import tensorflow as tf
 
-    device = f"/device:{device_type}:0"
-    if hasattr(case, "benchmark_graph"):  # a half region: it builds its own graph
-        graph_def, float_targets, half_targets = case.benchmark_graph(device)
-    else:
-        graph_def, float_target, half_targets = benchmark_graph(case, device=device)
-        float_targets = [float_target]
+    graph_def, float_targets, half_targets = case.benchmark_graph(f"/device:{device_type}:0")
     graph = tf.Graph()
     with graph.as_default():
         tf.compat.v1.import_graph_def(graph_def, name="")

@@ -55,6 +55,8 @@ TUNED_OPS = frozenset({
 #: choice inside that noise would flip between first runs on equal
 #: machines, and a near tie is not worth half's precision.
 MARGIN = 0.10
+#: How every reason of an op or region the timings keep float32 begins (the runtime looks for it).
+KEPT_FLOAT32 = "kept float32:"
 DEFAULT_BUDGET_SECONDS = 30.0
 DEFAULT_BATCH_HINT = 32
 
@@ -83,6 +85,13 @@ class OpCase:
         shapes = " ".join(spec.describe() for spec in self.inputs)
         digest = hashlib.sha256(self.node_def + repr((self.inputs, self.half_attrs)).encode()).hexdigest()[:16]
         return f"{self.op} [{shapes}] {','.join(self.half_attrs)}->{self.target} {digest}"
+
+    def benchmark_graph(self, device: str):
+        """The GraphDef holding the op in both variants, and each variant's targets (as a region's case gives)."""
+        from amp_rewrite.tune.timing import benchmark_graph
+
+        graph_def, float_target, half_targets = benchmark_graph(self, device=device)
+        return graph_def, [float_target], half_targets
 
 
 @dataclass(frozen=True)
@@ -211,7 +220,7 @@ class Tuner:
             if isinstance(timing, str):
                 return None, spent
             if case.in_loop and timing.half > timing.float32:
-                return Decision(False, f"kept float32: a loop body's half region ({regions.describe_ops(case.ops)}) "
+                return Decision(False, f"{KEPT_FLOAT32} a loop body's half region ({regions.describe_ops(case.ops)}) "
                                        f"runs {_ms(timing.half)} per iteration in {self.target} vs "
                                        f"{_ms(timing.float32)} in float32 on this {self.device_type}"), spent
             total_float, total_half = total_float + timing.float32, total_half + timing.half
@@ -222,7 +231,7 @@ class Tuner:
         sizes = f"{_ms(timing.half)} in {self.target} vs {_ms(timing.float32)} in float32 on this {self.device_type}"
         if _half_wins(timing):
             return Decision(True, f"its half region ({'; '.join(words)}) measured faster: {sizes}"), spent
-        return Decision(False, f"kept float32: its half region ({'; '.join(words)}) is no faster: {sizes}"), spent
+        return Decision(False, f"{KEPT_FLOAT32} its half region ({'; '.join(words)}) is no faster: {sizes}"), spent
 
     def _timing(self, case: OpCase | regions.RegionCase, spent: float) -> tuple[Timing | str, float]:
         """The case's timing (cached, or measured now) and the seconds spent; or why there is none."""
@@ -253,7 +262,7 @@ class Tuner:
                  f"on this {self.device_type}")
         if _half_wins(timing):
             return Decision(True, f"measured faster in half: {words}")
-        return Decision(False, f"kept float32: {words}")
+        return Decision(False, f"{KEPT_FLOAT32} {words}")
 
 
 def _half_wins(timing: Timing) -> bool:

@@ -213,7 +213,9 @@ STEPS: tuple[Step, ...] = REWRITE_STEPS + SWAP_STEPS
 
 def _kept_by_timings(result) -> bool:
     """Whether the tuner kept some op float32 (its reason gives the timings)."""
-    return any("kept float32:" in outcome.get("reason", "") for outcome in result.node_outcomes.values())
+    from amp_rewrite.tune.tuner import KEPT_FLOAT32
+
+    return any(KEPT_FLOAT32 in outcome.get("reason", "") for outcome in result.node_outcomes.values())
 
 
 def _summary(result) -> str:
