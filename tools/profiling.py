@@ -32,21 +32,13 @@ HALF_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "a
 
 def op_types(logdir: Path | str) -> dict[str, dict[str, float]]:
     """Per op type, ``{"ms": summed duration, "count": events}`` over every trace file under ``logdir``."""
-    from amp_rewrite.tf_internals import profiler_trace_format
+    from amp_rewrite.runtime.profile import op_events
 
-    xplane_pb2 = profiler_trace_format()
     totals: dict[str, dict[str, float]] = {}
-    for path in Path(logdir).rglob("*.xplane.pb"):
-        space = xplane_pb2.XSpace()
-        space.ParseFromString(path.read_bytes())
-        for plane in space.planes:
-            for line in plane.lines:
-                for event in line.events:
-                    meta = plane.event_metadata[event.metadata_id]
-                    if meta.display_name and meta.name.endswith(":" + meta.display_name):
-                        row = totals.setdefault(meta.display_name, {"ms": 0.0, "count": 0})
-                        row["ms"] += event.duration_ps / 1e9
-                        row["count"] += 1
+    for _, op, picos in op_events(Path(logdir).rglob("*.xplane.pb")):
+        row = totals.setdefault(op, {"ms": 0.0, "count": 0})
+        row["ms"] += picos / 1e9
+        row["count"] += 1
     return totals
 
 

@@ -29,7 +29,7 @@ import logging
 import sys
 import tempfile
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -257,8 +257,15 @@ def profile_call(call: Callable, concrete_function, number: int):
 
 def xplane_ops(paths: Iterable[Path], precisions: dict[str, str]) -> list[OpTime]:
     """Per node: summed op time from the trace's ``name:Op`` events; precision from ``precisions``."""
-    xplane_pb2 = tf_internals.profiler_trace_format()
     found: dict[tuple[str, str], float] = {}
+    for node, op, picos in op_events(paths):
+        found[(node, op)] = found.get((node, op), 0.0) + picos / 1e6
+    return [OpTime(node, op, micros, _precision_of(node, precisions)) for (node, op), micros in found.items()]
+
+
+def op_events(paths: Iterable[Path]) -> Iterator[tuple[str, str, int]]:
+    """(node, op type, duration in picoseconds) of every op event (named ``node:Op``) in the trace files."""
+    xplane_pb2 = tf_internals.profiler_trace_format()
     for path in paths:
         space = xplane_pb2.XSpace()
         space.ParseFromString(path.read_bytes())
@@ -268,9 +275,7 @@ def xplane_ops(paths: Iterable[Path], precisions: dict[str, str]) -> list[OpTime
                     meta = plane.event_metadata[event.metadata_id]
                     op = meta.display_name
                     if op and meta.name.endswith(":" + op):
-                        key = (meta.name[:-len(op) - 1], op)
-                        found[key] = found.get(key, 0.0) + event.duration_ps / 1e6
-    return [OpTime(node, op, micros, _precision_of(node, precisions)) for (node, op), micros in found.items()]
+                        yield meta.name[:-len(op) - 1], op, event.duration_ps
 
 
 def _precision_of(node: str, precisions: dict[str, str]) -> str:
