@@ -123,8 +123,10 @@ def casts(nodes: list, sizes: dict) -> dict:
     producers: collections.Counter = collections.Counter()
     megabytes: collections.Counter = collections.Counter()
     for node in nodes:
-        src, dst = node.attr["SrcT"].type if node.op == "Cast" else 0, node.attr["DstT"].type
-        if node.op != "Cast" or {src, dst} != {FLOAT, BFLOAT}:
+        if node.op != "Cast":
+            continue
+        src, dst = node.attr["SrcT"].type, node.attr["DstT"].type
+        if {src, dst} != {FLOAT, BFLOAT}:
             continue
         count += 1
         source, _, port = node.input[0].partition(":")
@@ -142,11 +144,11 @@ def casts(nodes: list, sizes: dict) -> dict:
 
 
 def _cast_elements(node, source: str, port: str, sizes: dict) -> int | None:
+    """The elements a Cast moves: its own traced size, else its input's (an inserted Cast reads a traced tensor)."""
     own = sizes.get(node.name)
     if own:
         return own[0]
-    original = node.name.split("-")[0] if node.name.endswith("-AmpRewrite") else source
-    outputs = sizes.get(original) or sizes.get(source)
+    outputs = sizes.get(source)
     index = int(port) if port.isdigit() else 0
     return outputs[index] if outputs and index < len(outputs) else None
 

@@ -4,13 +4,14 @@ A loss or a metric is a reduction (``Sum``, ``Mean``) followed by a little
 scalar arithmetic (``DivNoNan`` by the number of examples, ``AddN`` of the
 regularisation terms), ending where the user reads it: a fetched tensor, a
 function's result, a variable written with it (a metric's running total, a
-loss tracker), a summary. A write of the model's own state is no read-out:
-a weight (its value feeds the model) or an optimizer's moment (its value
-updates a weight) receives a gradient, which no user reads, and a bias's
-gradient summed over the batch in half is cast once, after the sum. Reduced in half, such a value is rounded to half's
+loss tracker), a summary. Reduced in half, such a value is rounded to half's
 8 (bfloat16) or 11 (float16) bits, so a reported loss moves in steps of 0.4%
 and callbacks that compare losses (early stopping, keeping the best
-checkpoint) see ties and jumps float32 would not show.
+checkpoint) see ties and jumps float32 would not show. A write of the
+model's own state is no read-out: a weight (its value feeds the model) or an
+optimizer's moment (its value updates a weight) receives a gradient, which
+no user reads, so a bias's gradient summed over the batch in half is cast
+once, after the sum.
 
 A node's output is *reduced* when the node is a reduction, or when it is
 elementwise arithmetic or a reshape (:data:`PASS_OPS`) whose float inputs are
