@@ -135,13 +135,18 @@ def test_bfloat16_has_float32_range_so_no_risk_rule_keeps_anything():
     assert result.graph_def == amp(gd, ["out"], target="bfloat16").graph_def
 
 
-def test_graph_that_is_already_fine_costs_two_runs_and_returns_nothing():
+def fine_graph():
+    """``relu(tanh(x @ w1) @ w2)``: nothing in it overflows or loses accuracy in half."""
     weights = Weights(34)
     g = tf.Graph()
     with g.as_default():
         x = tf1.placeholder(tf.float32, [4, 16], name="x")
         tf.identity(tf.nn.relu(tf.matmul(tf.tanh(tf.matmul(x, weights((16, 16)))), weights((16, 4)))), name="out")
-    gd = g.as_graph_def()
+    return g.as_graph_def()
+
+
+def test_graph_that_is_already_fine_costs_two_runs_and_returns_nothing():
+    gd = fine_graph()
     result, report = validated_rewrite(gd, feeds={"x": inputs((4, 16))},
                                        fetches=["out"], config=CPU)
     assert report.passed and report.runs == 2 and report.regions_returned == [] and report.range_kept == {}
@@ -225,12 +230,7 @@ def test_under_the_runtime_the_reference_runs_the_float32_graph(amp_runtime):
     from amp_rewrite import runtime
     from amp_rewrite.runtime.settings import RuntimeSettings
 
-    weights = Weights(34)
-    g = tf.Graph()
-    with g.as_default():
-        x = tf1.placeholder(tf.float32, [4, 16], name="x")
-        tf.identity(tf.nn.relu(tf.matmul(tf.tanh(tf.matmul(x, weights((16, 16)))), weights((16, 4)))), name="out")
-    gd = g.as_graph_def()
+    gd = fine_graph()
     _, alone = validated_rewrite(gd, feeds={"x": inputs((4, 16))}, fetches=["out"], config=CPU)
     amp_runtime(RuntimeSettings(target="float16"))
     _, under = validated_rewrite(gd, feeds={"x": inputs((4, 16))}, fetches=["out"], config=CPU)

@@ -36,6 +36,13 @@ def warnings_of(caplog):
     return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
 
 
+def probe_lines(caplog, *, at_least=1):
+    """The finder's warnings; fails, showing every warning, when there are fewer than ``at_least``."""
+    lines = [m for m in warnings_of(caplog) if m.startswith(PROBE)]
+    assert len(lines) >= at_least, warnings_of(caplog)
+    return lines
+
+
 def probing(**fields):
     return RuntimeSettings(target="float16", is_finding_overflow=True,
                            loss_scale=LossScaleSettings(initial_scale=4.0), **fields)
@@ -47,8 +54,7 @@ def test_forward_overflow_names_the_matmul(amp_runtime, caplog):
     amp_runtime(probing())
     with caplog.at_level(logging.WARNING, logger="amp_rewrite"):
         train(np.full((2, 4), 300.0, np.float32), 3)
-    lines = [m for m in warnings_of(caplog) if m.startswith(PROBE)]
-    assert lines, warnings_of(caplog)
+    lines = probe_lines(caplog)
     assert lines[0] == (PROBE + "output 0 of node 'big_mm' (op MatMul, float16); keep MatMul in float32 with "
                         "--deny-add MatMul or TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_DENYLIST_ADD=MatMul, "
                         "or only this node with --preserve big_mm")
@@ -61,7 +67,7 @@ def test_gradient_overflow_names_the_gradient_op(amp_runtime, caplog):
     amp_runtime(RuntimeSettings(target="float16", is_finding_overflow=True))
     with caplog.at_level(logging.WARNING, logger="amp_rewrite"):
         w = train(np.ones((64, 4), np.float32), 4, w_value=0.01)
-    lines = [m for m in warnings_of(caplog) if m.startswith(PROBE)]
+    lines = probe_lines(caplog, at_least=0)
     assert len(lines) == 2, warnings_of(caplog)  # scales 2**15 and 2**14
     assert "node 'gradients/big_mm_grad/MatMul_1' (op MatMul, float16)" in lines[0]
     assert np.all(np.isfinite(w))
@@ -92,8 +98,7 @@ def test_a_value_cast_to_half_names_its_float32_producer_and_its_half_consumers(
     amp_runtime(probing())
     with caplog.at_level(logging.WARNING, logger="amp_rewrite"):
         train_through_a_cast(np.full((2, 4), 12.0, np.float32), 2)
-    lines = [m for m in warnings_of(caplog) if m.startswith(PROBE)]
-    assert lines, warnings_of(caplog)
+    lines = probe_lines(caplog)
     assert lines[0].startswith(PROBE + "output 0 of node 'born' (op Exp, float32) is not finite in float16, "
                                "where it is cast for its half consumers 'gradients/mm_grad/MatMul_1', 'mm'; "
                                "keep them in float32 so the value stays float32: ")
