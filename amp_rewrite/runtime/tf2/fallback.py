@@ -5,13 +5,13 @@ loss scale helps (:mod:`amp_rewrite.runtime.tf1.session`). Here the same
 happens to a rewritten ``tf.function`` that applies a guarded optimizer (a
 custom training loop, or the train function Keras' ``fit`` traces): after each
 eager call, the installed loss scaling's state
-(:class:`~amp_rewrite.runtime.tf2.loss_scale_state.TF2LossScaling`) says whether the call skipped a
+(:class:`~amp_rewrite.runtime.loss_scale.tf2_state.TF2LossScaling`) says whether the call skipped a
 step, at which scale, and how many losses in a row were not finite. Skipped
 steps whose loss itself was not finite twice in a row (the forward pass
 overflows half: no scale changes the loss; once is a bad batch), or a step
 skipped at the scale's floor of 1 (the gradients are not finite even
 unscaled), end the rewrite
-(:func:`~amp_rewrite.runtime.loss_scale_core.hopeless_reason`); other skips
+(:func:`~amp_rewrite.runtime.loss_scale.core.hopeless_reason`); other skips
 only halve the scale. The function gets its traced float32 body back for the next call
 (:meth:`~amp_rewrite.runtime.tf2.swaps.SwapTable.restore`), with one warning naming
 why. Variables and optimizer slots are captured by the function, not copied,
@@ -55,11 +55,11 @@ from typing import TYPE_CHECKING, Any
 from amp_rewrite import tf_internals
 from amp_rewrite.errors import NO_MESSAGE, RuntimeRewriteError, first_line
 from amp_rewrite.runtime.ledger import LOCK
-from amp_rewrite.runtime.loss_scale_core import hopeless_reason
+from amp_rewrite.runtime.loss_scale.core import hopeless_reason
 from amp_rewrite.runtime.tf2.concrete import reload_calling
 
 if TYPE_CHECKING:
-    from amp_rewrite.runtime.tf2.loss_scale_state import TF2LossScaling
+    from amp_rewrite.runtime.loss_scale.tf2_state import TF2LossScaling
     from amp_rewrite.runtime.tf2.swaps import SwapRecord, SwapTable
 
 logger = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ def is_wanted(scaling: TF2LossScaling | None) -> bool:
 class FloorWatch:
     """The ``_call_flat`` of a watched function: calls it, then ``on_hopeless(cf, reason)`` when no scale helps.
 
-    No scale helps (:func:`~amp_rewrite.runtime.loss_scale_core.hopeless_reason`)
+    No scale helps (:func:`~amp_rewrite.runtime.loss_scale.core.hopeless_reason`)
     after skipped steps whose loss was not finite twice in a row, or a skip at the scale's floor of 1.
 
     ``on_hopeless`` runs after the call returned its outputs (which are still

@@ -41,9 +41,9 @@ from amp_rewrite.runtime.tf2.concrete import RewrittenFunction
 from amp_rewrite.runtime.tf2.swaps import FunctionReport, SwapRecord
 
 if TYPE_CHECKING:
+    from amp_rewrite.runtime.loss_scale.tf2_state import TF2LossScaling
     from amp_rewrite.runtime.profile import FunctionProfiles
     from amp_rewrite.runtime.tf2.fallback import FloorFallback
-    from amp_rewrite.runtime.tf2.loss_scale_state import TF2LossScaling
 
 # The lines are the tracing hook's, under the name they have always carried.
 LOGGER_NAME = "amp_rewrite.runtime.tf2.tracing"

@@ -74,7 +74,7 @@ from amp_rewrite.runtime.tf2.swap import Swap, SwapTools, swap_in
 from amp_rewrite.runtime.tf2.swaps import FunctionReport, SwapRecord, SwapTable
 
 if TYPE_CHECKING:
-    from amp_rewrite.runtime.tf2.loss_scale_state import TF2LossScaling
+    from amp_rewrite.runtime.loss_scale.tf2_state import TF2LossScaling
 
 logger = logging.getLogger(__name__)
 
