@@ -3,9 +3,11 @@
 Internal: nothing here is part of the public API; :func:`amp_rewrite.enable`
 installs the tracing hook and :func:`amp_rewrite.function` uses it.
 
-- :mod:`~amp_rewrite.runtime.tf2.tracing`: the tracing callback that swaps in rewritten bodies;
-- :mod:`~amp_rewrite.runtime.tf2.swap`: the swap of one function, as named steps;
-- :mod:`~amp_rewrite.runtime.tf2.swaps`: what a hook swapped (reports, records, the table);
+- :mod:`~amp_rewrite.runtime.tf2.tracing`: the tracing hook, TensorFlow's callback for each new ConcreteFunction;
+- :mod:`~amp_rewrite.runtime.tf2.swap_steps`: the swap of one function, as named steps;
+- :mod:`~amp_rewrite.runtime.tf2.swap_records`: what a hook swapped (reports, records, the table);
+- :mod:`~amp_rewrite.runtime.tf2.first_call_guard`: a swapped function's first eager call checked,
+  and that of a function calling swapped bodies;
 - :mod:`~amp_rewrite.runtime.tf2.concrete`: a ConcreteFunction rewritten and reloaded;
 - :mod:`~amp_rewrite.runtime.tf2.fallback`: float32 again when no loss scale helps.
 

@@ -13,7 +13,7 @@ skipped at the scale's floor of 1 (the gradients are not finite even
 unscaled), end the rewrite
 (:func:`~amp_rewrite.runtime.loss_scale.core.hopeless_reason`); other skips
 only halve the scale. The function gets its traced float32 body back for the next call
-(:meth:`~amp_rewrite.runtime.tf2.swaps.SwapTable.restore`), with one warning naming
+(:meth:`~amp_rewrite.runtime.tf2.swap_records.SwapTable.restore`), with one warning naming
 why. Variables and optimizer slots are captured by the function, not copied,
 so training goes on from their values. ``AMP_REWRITE_STRICT=1`` raises
 instead.
@@ -40,7 +40,7 @@ one :class:`FloorFallback`, which holds its :class:`Callers` and
 :class:`FellBack` and does the falling back for the functions the hook swapped.
 It is given what it works on when the hook makes it: the loss scaling whose
 skips it watches and the hook's table of swapped functions
-(:class:`~amp_rewrite.runtime.tf2.swaps.SwapTable`), not the hook. So this
+(:class:`~amp_rewrite.runtime.tf2.swap_records.SwapTable`), not the hook. So this
 module knows the table and the loss scaling's state, both below it, and the
 hook above it imports it; nothing here reaches back up.
 """
@@ -60,7 +60,7 @@ from amp_rewrite.runtime.tf2.concrete import reload_calling
 
 if TYPE_CHECKING:
     from amp_rewrite.runtime.loss_scale.tf2_state import TF2LossScaling
-    from amp_rewrite.runtime.tf2.swaps import SwapRecord, SwapTable
+    from amp_rewrite.runtime.tf2.swap_records import SwapRecord, SwapTable
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class FloorWatch:
 
     ``on_hopeless`` runs after the call returned its outputs (which are still
     returned), so the step that skipped is not run again. The first-call
-    guard of :mod:`amp_rewrite.runtime.tf2.tracing` uses :meth:`count` and
+    guard (:class:`~amp_rewrite.runtime.tf2.first_call_guard.FirstCallGuard`) uses :meth:`count` and
     :meth:`check` around the first call, which it runs itself.
     """
 
