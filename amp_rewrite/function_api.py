@@ -43,14 +43,14 @@ def function(func=None, *, target: str | None = None, config: Config | None = No
         return functools.partial(function, target=target, config=config, **tf_function_kwargs)
     import tensorflow as tf
 
-    from amp_rewrite.runtime.tf2 import tracing as tf_function
+    from amp_rewrite.runtime.tf2 import tracing
 
     if target is not None:
-        config = replace(config if config is not None else tf_function.default_config(), target=target)
-    hook = tf_function.install_for_marked(is_strict=is_true(os.environ.get(STRICT_ENV)))
+        config = replace(config if config is not None else tracing.default_config(), target=target)
+    hook = tracing.install_for_marked(is_strict=is_true(os.environ.get(STRICT_ENV)))
     if hook is None:
         return tf.function(func, **tf_function_kwargs)  # untested TensorFlow: plain float32
-    return tf.function(tf_function.marked(func, config, hook), **tf_function_kwargs)
+    return tf.function(tracing.marked(func, config, hook), **tf_function_kwargs)
 
 
 def rewrite_concrete_function(concrete_function, *, target: str | None = None,
@@ -73,10 +73,10 @@ def rewrite_concrete_function(concrete_function, *, target: str | None = None,
     An error TensorFlow raises while loading the rewritten functions reaches
     the caller as it is.
     """
-    from amp_rewrite.runtime.tf2 import tracing as tf_function
+    from amp_rewrite.runtime.tf2 import tracing
     from amp_rewrite.runtime.tf2.concrete import rewrite_concrete
 
-    config = config if config is not None else tf_function.default_config()
+    config = config if config is not None else tracing.default_config()
     if target is not None:
         config = replace(config, target=target)
     rewritten = rewrite_concrete(concrete_function, config)

@@ -38,6 +38,38 @@ def test_every_import_points_down_the_layers():
     assert tool.upward_imports(tool.import_graph(modules)) == []
 
 
+def test_the_runtime_layers_run_from_its_faces_down_to_what_its_parts_share():
+    """enable(), the TF1 sessions, the runtime's value, the TF2 hook, loss scaling, the shared base: top to bottom.
+
+    The value sits between the two paths: the TF1 sessions are given it, and
+    it holds the TF2 tracing hook and loss scaling (a type-only import counts).
+    """
+    tool = structure_tool()
+    order = ["amp_rewrite.runtime", "amp_rewrite.runtime.tf1.session.runner", "amp_rewrite.runtime.core",
+             "amp_rewrite.runtime.tf2.tracing", "amp_rewrite.runtime.loss_scale.core", "amp_rewrite.runtime.settings",
+             "amp_rewrite.saved_model"]
+    layers = [tool.layer_of(module) for module in order]
+    assert layers == sorted(set(layers))
+    graph = tool.import_graph(tool.module_files(ROOT))
+    assert graph.has_edge("amp_rewrite.runtime.tf1.session.runner", "amp_rewrite.runtime.core")
+    assert graph.get_edge_data("amp_rewrite.runtime.core", "amp_rewrite.runtime.tf2.tracing")["kind"] == tool.TYPE_ONLY
+
+
+def test_loss_scaling_is_one_folder_below_the_tf1_and_tf2_paths_and_knows_neither():
+    """One algorithm, one home: every loss-scaling module shares one layer, and none imports tf1/ or tf2/."""
+    tool = structure_tool()
+    modules = tool.module_files(ROOT)
+    graph = tool.import_graph(modules)
+    loss_scale = sorted(m for m in modules if m.startswith("amp_rewrite.runtime.loss_scale"))
+    paths = sorted(m for m in modules if m.startswith(("amp_rewrite.runtime.tf1", "amp_rewrite.runtime.tf2")))
+    assert len(loss_scale) == 9 and len(paths) > 10
+    assert {tool.layer_of(m) for m in loss_scale} == {tool.layer_of("amp_rewrite.runtime.loss_scale")}
+    assert min(tool.layer_of(m) for m in loss_scale) > max(tool.layer_of(m) for m in paths)
+    assert [(a, b) for a, b in graph.edges if a in loss_scale and b in paths] == []
+    # the paths reach it from above: the sessions read the reports its TF1 optimizer builds
+    assert graph.has_edge("amp_rewrite.runtime.tf1.session.plans", "amp_rewrite.runtime.loss_scale.tf1_optimizer")
+
+
 def test_the_package_keeps_few_modules_at_its_top():
     tool = structure_tool()
     assert len(tool.top_level_modules(tool.module_files(ROOT))) <= tool.TOP_LEVEL_MODULES

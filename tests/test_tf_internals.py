@@ -18,7 +18,7 @@ from helpers import mlp_session_graph, rng, runner_of, tf1
 from amp_rewrite import runtime, tf_internals
 from amp_rewrite.errors import RuntimeRewriteError
 from amp_rewrite.runtime.settings import RuntimeSettings
-from amp_rewrite.runtime.tf2 import tracing as tf_function
+from amp_rewrite.runtime.tf2 import tracing
 
 X = rng().normal(size=(4, 8)).astype(np.float32)
 ABSENT = "tensorflow.python.client.session:NoSuchInternal"
@@ -131,21 +131,21 @@ def fit_losses(model):
 def test_missing_keras_optimizer_internals_make_fit_run_float32(amp_runtime, monkeypatch, caplog):
     want = fit_losses(dense_model())
     expected = lacking(monkeypatch, "KERAS3_OPTIMIZERS").format("tf.function traces")
-    before = len(tf_function.rewritten_functions())
+    before = len(tracing.rewritten_functions())
     with caplog.at_level(logging.WARNING, "amp_rewrite"):
         amp_runtime()  # Keras is imported already: its optimizers are checked now
         got = fit_losses(dense_model())
     assert [r.getMessage() for r in caplog.records] == [expected]
-    assert len(tf_function.rewritten_functions()) == before
+    assert len(tracing.rewritten_functions()) == before
     assert got == want
 
 
 def test_keras_optimizer_internals_there_make_fit_run_half(amp_runtime):
     want = fit_losses(dense_model())
-    before = len(tf_function.rewritten_functions())
+    before = len(tracing.rewritten_functions())
     amp_runtime()
     got = fit_losses(dense_model())
-    assert len(tf_function.rewritten_functions()) > before
+    assert len(tracing.rewritten_functions()) > before
     np.testing.assert_allclose(got, want, rtol=5e-2)
     assert got != want
 

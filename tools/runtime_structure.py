@@ -49,8 +49,22 @@ KINDS = (AT_IMPORT, IN_FUNCTION, TYPE_ONLY)
 LAYERS: tuple[tuple[str, ...], ...] = (
     # the faces: the public API, the command line, the start-up bootstrap
     ("amp_rewrite", "amp_rewrite.__main__", "amp_rewrite.cli", "_amp_rewrite_autoload"),
-    # the runtime, and amp_rewrite.function, which installs its tracing hook
+    # the runtime's faces: its enable() (the package's __init__), and
+    # amp_rewrite.function, which installs the tracing hook
     ("amp_rewrite.runtime", "amp_rewrite.function_api"),
+    # what enable() installs beside the TF2 hook: the TF1 sessions, which are
+    # given the runtime's value itself, and the multi-worker agreement
+    ("amp_rewrite.runtime.tf1", "amp_rewrite.runtime.multi_worker"),
+    # the runtime's value, which holds the TF2 tracing hook and the TF2 loss scaling
+    ("amp_rewrite.runtime.core",),
+    # traced tf.function bodies rewritten
+    ("amp_rewrite.runtime.tf2",),
+    # loss scaling: the algorithm, and how TF1 and TF2 hook it in
+    ("amp_rewrite.runtime.loss_scale",),
+    # what the runtime's parts share: settings, the target's choice, the ledger,
+    # the records, profiling, the overflow probes
+    ("amp_rewrite.runtime.settings", "amp_rewrite.runtime.target", "amp_rewrite.runtime.ledger",
+     "amp_rewrite.runtime.records", "amp_rewrite.runtime.profile", "amp_rewrite.runtime.overflow_probe"),
     # what runs the pipeline for a purpose: a SavedModel, a guarded rewrite, a report; stripping casts
     ("amp_rewrite.saved_model", "amp_rewrite.validate", "amp_rewrite.report", "amp_rewrite.strip"),
     ("amp_rewrite.pipeline",),

@@ -12,14 +12,14 @@
   (:mod:`amp_rewrite.runtime.tf1.session` runs the steps and falls back;
   :mod:`amp_rewrite.runtime.tf1.shadow_graph` builds and grows that graph);
 - ``tf.compat.v1.train.Optimizer.compute_gradients``/``apply_gradients`` for
-  dynamic loss scaling (:mod:`amp_rewrite.runtime.tf1.loss_scale`), for float16
+  dynamic loss scaling (:mod:`amp_rewrite.runtime.loss_scale.tf1_optimizer`), for float16
   only unless ``AMP_LOSS_SCALE`` (or non-default loss-scale settings) asks;
 - ``Saver.restore`` so float32 checkpoints restore (:mod:`amp_rewrite.runtime.tf1.checkpoint`);
 - ``MixedPrecisionLossScaleOptimizer`` so an optimizer it wraps is not scaled twice;
 - ``tf.function`` tracing, so each new ConcreteFunction runs its rewritten body
   (:mod:`amp_rewrite.runtime.tf2.tracing`);
 - ``GradientTape.gradient`` and Keras optimizers' apply, for dynamic loss
-  scaling of TF2 loops and ``fit`` (:mod:`amp_rewrite.runtime.tf2.loss_scale`).
+  scaling of TF2 loops and ``fit`` (:mod:`amp_rewrite.runtime.loss_scale.tf2_install`).
 
 Each change is entered in the ledger of the one :class:`~amp_rewrite.runtime.core.Runtime`
 value :func:`enable` makes (:mod:`amp_rewrite.runtime.ledger`) as it is made;
@@ -27,6 +27,22 @@ value :func:`enable` makes (:mod:`amp_rewrite.runtime.ledger`) as it is made;
 attribute is the original object again, and drops the value. Both are
 idempotent.
 Importing this module patches nothing and does not import TensorFlow.
+
+The package, top layer first (a module imports only from its own layer and
+those below):
+
+- this module, the runtime's face;
+- :mod:`~amp_rewrite.runtime.tf1`, the TF1 sessions (given the runtime's
+  value itself), and :mod:`~amp_rewrite.runtime.multi_worker`;
+- :mod:`~amp_rewrite.runtime.core`, the :class:`Runtime` value, which holds
+  the TF2 tracing hook and loss scaling;
+- :mod:`~amp_rewrite.runtime.tf2`, traced ``tf.function`` bodies rewritten;
+- :mod:`~amp_rewrite.runtime.loss_scale`, dynamic loss scaling for TF1 and TF2;
+- what they share: :mod:`~amp_rewrite.runtime.settings` (read once, frozen),
+  :mod:`~amp_rewrite.runtime.target`, :mod:`~amp_rewrite.runtime.ledger`,
+  :mod:`~amp_rewrite.runtime.records`, :mod:`~amp_rewrite.runtime.profile`
+  (``AMP_REWRITE_PROFILE``) and :mod:`~amp_rewrite.runtime.overflow_probe`
+  (``AMP_REWRITE_FIND_OVERFLOW``).
 """
 
 from __future__ import annotations
@@ -47,7 +63,7 @@ from amp_rewrite.runtime.settings import RuntimeSettings, scales_loss
 from amp_rewrite.runtime.target import TargetChoice, choose_target
 
 if TYPE_CHECKING:
-    from amp_rewrite.runtime.tf2.loss_scale_state import TF2LossScaling
+    from amp_rewrite.runtime.loss_scale.tf2_state import TF2LossScaling
 
 logger = logging.getLogger(__name__)
 
@@ -191,7 +207,7 @@ def _tf1_capabilities(settings: RuntimeSettings) -> list[tf_internals.Capability
 
 
 def _tf2_capabilities(settings: RuntimeSettings) -> list[tf_internals.Capability]:
-    """What TF2 needs beyond the tracing hook's own (which :func:`tf_function.install` checks)."""
+    """What TF2 needs beyond the tracing hook's own (which :func:`~amp_rewrite.runtime.tf2.tracing.install` checks)."""
     return [tf_internals.TF2_LOSS_SCALING] if scales_loss(settings) else []
 
 
@@ -206,11 +222,12 @@ def _note_untested_tensorflow() -> None:
 def _patch_table(active: Runtime):
     import tensorflow as tf
 
-    from amp_rewrite.runtime.tf1 import checkpoint, loss_scale, session
+    from amp_rewrite.runtime.loss_scale import tf1_optimizer
+    from amp_rewrite.runtime.tf1 import checkpoint, session
 
     base = tf_internals.base_session_class()
     settings = active.settings
-    scaling = loss_scale.TF1LossScaling(settings.loss_scale, active.objects)
+    scaling = tf1_optimizer.TF1LossScaling(settings.loss_scale, active.objects)
     table: list[tuple[str, Any, str, Callable[..., Any]]] = [
         (SESSION, base, "__init__", bound(session.patched_init, active)),
         (SESSION, base, "run", bound(session.patched_run, active)),
@@ -224,9 +241,9 @@ def _patch_table(active: Runtime):
     if scales_loss(settings):
         table += [
             (TF1_LOSS_SCALING, tf.compat.v1.train.Optimizer, "compute_gradients",
-             bound(loss_scale.scaled_compute_gradients, scaling)),
+             bound(tf1_optimizer.scaled_compute_gradients, scaling)),
             (TF1_LOSS_SCALING, tf.compat.v1.train.Optimizer, "apply_gradients",
-             bound(loss_scale.guarded_apply_gradients, scaling)),
+             bound(tf1_optimizer.guarded_apply_gradients, scaling)),
             (TF1_LOSS_SCALING, tf.compat.v1.train.Saver, "restore",
              bound(checkpoint.tolerant_restore, active.objects)),
             (TF1_LOSS_SCALING, tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer, "__init__",
@@ -242,19 +259,19 @@ def _install_tf2_patches(active: Runtime) -> None:
     patches go in after the hook, which they turn off if Keras lacks a part
     the guarded apply needs.
     """
-    from amp_rewrite.runtime.tf2 import loss_scale as tf2_loss_scale
-    from amp_rewrite.runtime.tf2 import tracing as tf_function
+    from amp_rewrite.runtime.loss_scale import tf2_install
+    from amp_rewrite.runtime.tf2 import tracing
 
-    scaling = tf2_loss_scale.TF2LossScaling(active.settings, active.objects) if scales_loss(active.settings) else None
-    active.tracing = tf_function.install(tf_function.RuntimeInputs(active.requested, active.rewrite_config, scaling),
+    scaling = tf2_install.TF2LossScaling(active.settings, active.objects) if scales_loss(active.settings) else None
+    active.tracing = tracing.install(tracing.RuntimeInputs(active.requested, active.rewrite_config, scaling),
                                          active.ledger)
     if active.tracing is not None:
-        active.ledger.record(tf_function.LEDGER_NAME, "the runtime's tracing hook", lambda: _forget_tracing(active))
+        active.ledger.record(tracing.LEDGER_NAME, "the runtime's tracing hook", lambda: _forget_tracing(active))
     if scaling is not None:
         stop_tracing = active.tracing.uninstall if active.tracing is not None else lambda: None
-        tf2_loss_scale.install(scaling, active.ledger, stop_tracing=stop_tracing)
+        tf2_install.install(scaling, active.ledger, stop_tracing=stop_tracing)
         active.loss_scaling = scaling
-        active.ledger.record(tf2_loss_scale.LEDGER_NAME, "the runtime's loss scaling",
+        active.ledger.record(tf2_install.LEDGER_NAME, "the runtime's loss scaling",
                              lambda: _forget_loss_scaling(active))
 
 

@@ -34,7 +34,7 @@ from amp_rewrite.runtime.settings import RuntimeSettings
 from amp_rewrite.runtime.target import TargetChoice
 
 if TYPE_CHECKING:
-    from amp_rewrite.runtime.tf2.loss_scale_state import TF2LossScaling
+    from amp_rewrite.runtime.loss_scale.tf2_state import TF2LossScaling
     from amp_rewrite.runtime.tf2.tracing import TracingHook
 
 

@@ -97,7 +97,7 @@ class ObjectRecords:
         shadow_sessions: the sessions the runtime made for its shadow graphs
             (members); they run unpatched.
         loss_scale_reports: a ``tf.Graph`` → the
-            :class:`~amp_rewrite.runtime.tf1.loss_scale.Report` of each guarded step built in it.
+            :class:`~amp_rewrite.runtime.loss_scale.tf1_optimizer.Report` of each guarded step built in it.
         scaled_losses: a ``tf.Graph`` → whether the last loss whose gradients
             were scaled in it is finite (a float32 scalar tensor of that graph).
         scaled_elsewhere: the optimizers a loss-scale wrapper (TensorFlow's or

@@ -11,7 +11,7 @@ from tensorflow.core.framework import step_stats_pb2
 from amp_rewrite.errors import UsageError
 from amp_rewrite.runtime.profile import OpTime, render_table, step_stats_ops
 from amp_rewrite.runtime.settings import RuntimeSettings
-from amp_rewrite.runtime.tf2 import tracing as tf_function
+from amp_rewrite.runtime.tf2 import tracing
 
 FEED = {"x:0": np.ones((4, 8), np.float32)}
 
@@ -58,7 +58,7 @@ def test_unset_installs_nothing_and_prints_nothing(amp_runtime, capfd):
     _, runner = run_session(4)
     assert "run" not in vars(runner)
     assert tables(capfd.readouterr().err) == []
-    hooks = tf_function.installed_hooks()
+    hooks = tracing.installed_hooks()
     assert any(hook.runtime is not None for hook in hooks)
     assert all(hook.profiles is None for hook in hooks)
 

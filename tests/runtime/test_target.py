@@ -10,8 +10,8 @@ from helpers import loss_scale_reports, runner_of
 from amp_rewrite import runtime
 from amp_rewrite.errors import UsageError
 from amp_rewrite.runtime import target
+from amp_rewrite.runtime.loss_scale import tf1_optimizer
 from amp_rewrite.runtime.settings import RuntimeSettings
-from amp_rewrite.runtime.tf1 import loss_scale
 
 tf1 = tf.compat.v1
 
@@ -147,7 +147,7 @@ def test_bfloat16_adds_no_loss_scale_ops_and_trains_in_bfloat16(amp_runtime):
     float32, _ = losses(*train_graph())
     amp_runtime(RuntimeSettings(target="bfloat16"))
     graph, loss, train, init = train_graph()
-    assert not graph.get_collection(loss_scale.STATE_COLLECTION)
+    assert not graph.get_collection(tf1_optimizer.STATE_COLLECTION)
     assert not [op.name for op in graph.get_operations() if "amp_loss_scale" in op.name]
     assert not loss_scale_reports(graph)
     got, shadow = losses(graph, loss, train, init)
@@ -164,13 +164,13 @@ def test_amp_loss_scale_still_scales_under_bfloat16(amp_runtime, monkeypatch):
     monkeypatch.setenv("AMP_REWRITE_TARGET", "bfloat16")
     amp_runtime(RuntimeSettings.from_env())  # read once, as enable() reads it
     graph, *_ = train_graph()
-    assert len(graph.get_collection(loss_scale.STATE_COLLECTION)) == 3
+    assert len(graph.get_collection(tf1_optimizer.STATE_COLLECTION)) == 3
 
 
 def test_float16_keeps_dynamic_loss_scaling(amp_runtime):
     amp_runtime(RuntimeSettings(target="float16"))
     graph, *_ = train_graph()
-    assert len(graph.get_collection(loss_scale.STATE_COLLECTION)) == 3
+    assert len(graph.get_collection(tf1_optimizer.STATE_COLLECTION)) == 3
     assert loss_scale_reports(graph)
 
 
@@ -179,27 +179,27 @@ def test_tf2_loss_scaling_is_installed_only_for_float16(amp_runtime, setting, sc
     import keras
 
     from amp_rewrite import runtime
-    from amp_rewrite.runtime.tf2 import loss_scale as tf2_loss_scale
-    from amp_rewrite.runtime.tf2 import tracing as tf_function
+    from amp_rewrite.runtime.loss_scale import tf2_install
+    from amp_rewrite.runtime.tf2 import tracing
 
     amp_runtime(RuntimeSettings(target=setting))
-    assert bool(runtime.installed_changes(tf2_loss_scale.LEDGER_NAME)) is scales
+    assert bool(runtime.installed_changes(tf2_install.LEDGER_NAME)) is scales
     assert (runtime.loss_scaling() is not None) is scales
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
     model.compile(optimizer="sgd", loss="mse")
     assert type(model.optimizer).__name__ == "SGD"
-    assert tf_function.default_config().target == setting
+    assert tracing.default_config().target == setting
 
 
 @pytest.mark.parametrize("gpus, expected", [(["GPU:0"], "GPU"), ([], "CPU")])
 def test_the_runtime_asks_the_offline_pass_which_device_its_graphs_run_on(monkeypatch, gpus, expected):
     from amp_rewrite.graph import op_registry
-    from amp_rewrite.runtime.tf2 import tracing as tf_function
+    from amp_rewrite.runtime.tf2 import tracing
 
     monkeypatch.setattr(op_registry, "visible_gpus", lambda: list(gpus))
     monkeypatch.setattr(target, "cpu_flags", lambda: frozenset())
     assert op_registry.default_device_type(runs_here=True) == expected
-    assert tf_function.default_config().device_type == expected
+    assert tracing.default_config().device_type == expected
     assert target.choose_target("auto").target == ("float16" if gpus else None)
 
 

@@ -349,7 +349,7 @@ def test_a_bad_tune_budget_is_a_one_line_usage_error(tmp_path):
 def test_the_runtime_reads_its_tuning_switches_once(monkeypatch, amp_runtime):
     from amp_rewrite.errors import UsageError
     from amp_rewrite.runtime.settings import RuntimeSettings
-    from amp_rewrite.runtime.tf2 import tracing as tf_function
+    from amp_rewrite.runtime.tf2 import tracing
 
     assert RuntimeSettings.from_env({}).is_tuning is False
     settings = RuntimeSettings.from_env({"AMP_REWRITE_TUNE": "1", "AMP_REWRITE_TUNE_BUDGET": "7.5",
@@ -360,7 +360,7 @@ def test_the_runtime_reads_its_tuning_switches_once(monkeypatch, amp_runtime):
     with pytest.raises(UsageError, match="AMP_REWRITE_TUNE_BUDGET='soon': not a number"):
         RuntimeSettings.from_env({"AMP_REWRITE_TUNE_BUDGET": "soon"})
     amp_runtime(settings)
-    config = tf_function.default_config()
+    config = tracing.default_config()
     assert (config.is_tuning, config.tune_budget_seconds, config.tune_cache_dir, config.tune_batch) == (
         True, 7.5, "/somewhere", 16)
 
@@ -417,7 +417,7 @@ def test_the_runtime_times_function_ops_with_the_traced_variable_shapes(amp_runt
 def test_a_function_the_hook_rewrote_keeps_its_measured_choices_when_a_caller_is_rewritten(
         amp_runtime, monkeypatch, tmp_path):
     from amp_rewrite.runtime.settings import RuntimeSettings
-    from amp_rewrite.runtime.tf2 import tracing as tf_function
+    from amp_rewrite.runtime.tf2 import tracing
     from amp_rewrite.tune import timing as tune_timing
 
     def fake_measure(case, *, device_type):  # the 16-wide MatMul is faster in half, the 8-wide one slower
@@ -438,7 +438,7 @@ def test_a_function_the_hook_rewrote_keeps_its_measured_choices_when_a_caller_is
 
     x = tf.constant(rng(9).standard_normal((4, 16)).astype(np.float32))
     inner.get_concrete_function(x)  # traced, tuned and swapped first, as Keras' inner step is
-    record = tf_function.record_of(outer.get_concrete_function(x))
+    record = tracing.record_of(outer.get_concrete_function(x))
     outcomes = record.rewritten.result.node_outcomes
     slow_reason = next(e["reason"] for name, e in outcomes.items() if name.endswith("::mm_slow"))
     assert "kept float32: 2 ms in bfloat16 vs 1 ms in float32" in slow_reason

@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 
 from amp_rewrite import tf_internals
+from amp_rewrite.runtime.loss_scale import tf1_optimizer
 from amp_rewrite.runtime.records import ObjectRecords
-from amp_rewrite.runtime.tf1 import loss_scale
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def _state_entries(saver) -> list:
     graph = _graph_of(var_list)
     if graph is None:
         return []
-    state = {id(v) for v in graph.get_collection(loss_scale.STATE_COLLECTION)}
+    state = {id(v) for v in graph.get_collection(tf1_optimizer.STATE_COLLECTION)}
     if not state:
         return []
     items = var_list.items() if isinstance(var_list, dict) else ((None, v) for v in var_list)

@@ -18,7 +18,7 @@ import numpy as np
 from amp_rewrite import tf_internals
 from amp_rewrite.graph.facts import parse_input, sinks
 from amp_rewrite.runtime.core import Runtime
-from amp_rewrite.runtime.tf1 import loss_scale
+from amp_rewrite.runtime.loss_scale import tf1_optimizer
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ class ShadowGraph:
 
     def initialise_loss_scale_state(self) -> None:
         """Initialises loss-scale variables that no initialiser the script ran covered."""
-        state = _state_components(self.script_graph.get_collection(loss_scale.STATE_COLLECTION))
+        state = _state_components(self.script_graph.get_collection(tf1_optimizer.STATE_COLLECTION))
         if all(name in self.initialised_state for name, _ in state):
             return
         import tensorflow as tf

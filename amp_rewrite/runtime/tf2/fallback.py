@@ -5,15 +5,15 @@ loss scale helps (:mod:`amp_rewrite.runtime.tf1.session`). Here the same
 happens to a rewritten ``tf.function`` that applies a guarded optimizer (a
 custom training loop, or the train function Keras' ``fit`` traces): after each
 eager call, the installed loss scaling's state
-(:class:`~amp_rewrite.runtime.tf2.loss_scale_state.TF2LossScaling`) says whether the call skipped a
+(:class:`~amp_rewrite.runtime.loss_scale.tf2_state.TF2LossScaling`) says whether the call skipped a
 step, at which scale, and how many losses in a row were not finite. Skipped
 steps whose loss itself was not finite twice in a row (the forward pass
 overflows half: no scale changes the loss; once is a bad batch), or a step
 skipped at the scale's floor of 1 (the gradients are not finite even
 unscaled), end the rewrite
-(:func:`~amp_rewrite.runtime.loss_scale_core.hopeless_reason`); other skips
+(:func:`~amp_rewrite.runtime.loss_scale.core.hopeless_reason`); other skips
 only halve the scale. The function gets its traced float32 body back for the next call
-(:meth:`~amp_rewrite.runtime.tf2.swaps.SwapTable.restore`), with one warning naming
+(:meth:`~amp_rewrite.runtime.tf2.swap_records.SwapTable.restore`), with one warning naming
 why. Variables and optimizer slots are captured by the function, not copied,
 so training goes on from their values. ``AMP_REWRITE_STRICT=1`` raises
 instead.
@@ -40,7 +40,7 @@ one :class:`FloorFallback`, which holds its :class:`Callers` and
 :class:`FellBack` and does the falling back for the functions the hook swapped.
 It is given what it works on when the hook makes it: the loss scaling whose
 skips it watches and the hook's table of swapped functions
-(:class:`~amp_rewrite.runtime.tf2.swaps.SwapTable`), not the hook. So this
+(:class:`~amp_rewrite.runtime.tf2.swap_records.SwapTable`), not the hook. So this
 module knows the table and the loss scaling's state, both below it, and the
 hook above it imports it; nothing here reaches back up.
 """
@@ -55,12 +55,12 @@ from typing import TYPE_CHECKING, Any
 from amp_rewrite import tf_internals
 from amp_rewrite.errors import NO_MESSAGE, RuntimeRewriteError, first_line
 from amp_rewrite.runtime.ledger import LOCK
-from amp_rewrite.runtime.loss_scale_core import hopeless_reason
+from amp_rewrite.runtime.loss_scale.core import hopeless_reason
 from amp_rewrite.runtime.tf2.concrete import reload_calling
 
 if TYPE_CHECKING:
-    from amp_rewrite.runtime.tf2.loss_scale_state import TF2LossScaling
-    from amp_rewrite.runtime.tf2.swaps import SwapRecord, SwapTable
+    from amp_rewrite.runtime.loss_scale.tf2_state import TF2LossScaling
+    from amp_rewrite.runtime.tf2.swap_records import SwapRecord, SwapTable
 
 logger = logging.getLogger(__name__)
 
@@ -80,12 +80,12 @@ def is_wanted(scaling: TF2LossScaling | None) -> bool:
 class FloorWatch:
     """The ``_call_flat`` of a watched function: calls it, then ``on_hopeless(cf, reason)`` when no scale helps.
 
-    No scale helps (:func:`~amp_rewrite.runtime.loss_scale_core.hopeless_reason`)
+    No scale helps (:func:`~amp_rewrite.runtime.loss_scale.core.hopeless_reason`)
     after skipped steps whose loss was not finite twice in a row, or a skip at the scale's floor of 1.
 
     ``on_hopeless`` runs after the call returned its outputs (which are still
     returned), so the step that skipped is not run again. The first-call
-    guard of :mod:`amp_rewrite.runtime.tf2.tracing` uses :meth:`count` and
+    guard (:class:`~amp_rewrite.runtime.tf2.first_call_guard.FirstCallGuard`) uses :meth:`count` and
     :meth:`check` around the first call, which it runs itself.
     """
 

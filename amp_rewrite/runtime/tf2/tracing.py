@@ -27,7 +27,8 @@ Guarantees:
   :func:`amp_rewrite.function` rewrites them as any other.
 - If the rewrite or the reload fails, a warning gives the reason and the
   function stays as traced; the first eager call that fails in the rewritten
-  function, but not in the traced one, does the same. With
+  function, but not in the traced one, does the same
+  (:mod:`~amp_rewrite.runtime.tf2.first_call_guard`). With
   ``AMP_REWRITE_STRICT=1`` a :class:`RuntimeRewriteError` is raised instead.
 - A function holding a loss-scaled optimizer step that is skipped with the
   scale at its floor of 1 runs its traced float32 body from the next call
@@ -47,10 +48,12 @@ The runtime's hook does not know the Runtime that holds it: it is made with
 a :class:`RuntimeInputs` (the requested settings, a function returning the
 rewrite configuration, and the TF2 loss scaling, made before it). The
 Runtime names this module's types, so it sits above; this module sits above
-the swap steps (:mod:`~amp_rewrite.runtime.tf2.swap`), the fallback, and the
-table of swaps they share (:mod:`~amp_rewrite.runtime.tf2.swaps`), none of
-which imports this module (the steps get what they use of the hook in a
-:class:`~amp_rewrite.runtime.tf2.swap.SwapTools`).
+the swap steps (:mod:`~amp_rewrite.runtime.tf2.swap_steps`), the first-call
+guards (:mod:`~amp_rewrite.runtime.tf2.first_call_guard`), the fallback, and
+the table of swaps they share (:mod:`~amp_rewrite.runtime.tf2.swap_records`),
+none of which imports this module (the steps get what they use of the hook
+in a :class:`~amp_rewrite.runtime.tf2.swap_steps.SwapTools`, the guards and
+the fallback its table).
 """
 
 from __future__ import annotations
@@ -70,11 +73,12 @@ from amp_rewrite.runtime.ledger import LOCK, Ledger
 from amp_rewrite.runtime.records import ObjectTable
 from amp_rewrite.runtime.settings import RuntimeSettings
 from amp_rewrite.runtime.tf2 import fallback as tf2_fallback
-from amp_rewrite.runtime.tf2.swap import Swap, SwapTools, swap_in
-from amp_rewrite.runtime.tf2.swaps import FunctionReport, SwapRecord, SwapTable
+from amp_rewrite.runtime.tf2.first_call_guard import FirstCallGuards
+from amp_rewrite.runtime.tf2.swap_records import FunctionReport, SwapRecord, SwapTable
+from amp_rewrite.runtime.tf2.swap_steps import Swap, SwapTools, swap_in
 
 if TYPE_CHECKING:
-    from amp_rewrite.runtime.tf2.loss_scale_state import TF2LossScaling
+    from amp_rewrite.runtime.loss_scale.tf2_state import TF2LossScaling
 
 logger = logging.getLogger(__name__)
 
@@ -114,27 +118,31 @@ class TracingHook:
       only graphs :func:`marked` traced, and only while no runtime hook is
       installed (that one does it then).
 
-    Each swap runs as the named steps of :mod:`amp_rewrite.runtime.tf2.swap`;
+    Each swap runs as the named steps of :mod:`amp_rewrite.runtime.tf2.swap_steps`;
     the hook keeps their record here.
 
     Attributes:
         runtime: what the runtime gave its hook; None for marked functions only.
-        is_strict: raise instead of running a function whose rewrite failed as traced.
+        is_strict: raise instead of running a function whose rewrite failed as traced
+            (kept by its first-call guards, which read it when a first run fails).
         swapped: the ConcreteFunctions running rewritten now, with their records.
         traced_graphs: rewritten function name → the graph traced for it (node names agree), for the tuner.
         history: a report of every swap this hook made, oldest first.
         profiles: a :class:`~amp_rewrite.runtime.profile.FunctionProfiles` with ``AMP_REWRITE_PROFILE``.
         fallback: what the loss-scale floor fallback keeps
             (:class:`~amp_rewrite.runtime.tf2.fallback.FloorFallback`, given the table ``swapped``).
-        tools: what the swap steps use (:class:`~amp_rewrite.runtime.tf2.swap.SwapTools`).
+        first_calls: its first-call guards
+            (:class:`~amp_rewrite.runtime.tf2.first_call_guard.FirstCallGuards`, given the table ``swapped``).
+        tools: what the swap steps use (:class:`~amp_rewrite.runtime.tf2.swap_steps.SwapTools`).
         marked: on the marked functions' hook, each graph :func:`marked` traced → its
             :class:`~amp_rewrite.Config` (the runtime's hook reads this table too).
     """
 
     def __init__(self, runtime: RuntimeInputs | None = None, *, is_strict: bool = False):
         self.runtime = runtime
-        self.is_strict = runtime.requested.is_strict if runtime is not None else is_strict
         self.swapped = SwapTable()
+        self.first_calls = FirstCallGuards(
+            self.swapped, is_strict=runtime.requested.is_strict if runtime is not None else is_strict)
         self.traced_graphs: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self.history: list[FunctionReport] = []
         self.profiles: Any = None
@@ -144,7 +152,7 @@ class TracingHook:
             self.profiles = FunctionProfiles(runtime.requested.profile_after)
         self.fallback = tf2_fallback.FloorFallback(self.loss_scaling, self.swapped, is_strict=self.is_strict)
         self.tools = SwapTools(self.loss_scaling, self.fallback, self.traced_graphs, self.profiles,
-                               self._first_eager_call_guard)
+                               self.first_calls)
         self.marked: ObjectTable[Config] = ObjectTable()
 
     # --- registration -----------------------------------------------------
@@ -175,6 +183,14 @@ class TracingHook:
                 self.profiles.say_if_missed()
 
     # --- queries ----------------------------------------------------------
+
+    @property
+    def is_strict(self) -> bool:
+        return self.first_calls.is_strict
+
+    @is_strict.setter
+    def is_strict(self, is_strict: bool) -> None:
+        self.first_calls.is_strict = is_strict
 
     def default_config(self) -> Config:
         """The configuration for functions traced without one."""
@@ -216,12 +232,19 @@ class TracingHook:
                 if self.is_strict:
                     raise RuntimeRewriteError(f"tf.function {name}: rewrite failed: {reason}") from exc
                 logger.warning("amp-rewrite: tf.function %s runs in float32: rewrite failed: %s", name, reason)
-            if calls_guarded and concrete_function not in self.swapped:
-                tf_internals.override_call(concrete_function, self.fallback.floor_watch(concrete_function))
-            elif concrete_function not in self.swapped:
-                self._guard_caller(concrete_function)
+            if concrete_function not in self.swapped:
+                self._watch_as_traced(concrete_function, calls_guarded=calls_guarded)
             if self.profiles is not None and concrete_function not in self.swapped:
                 self.profiles.watch_if_caller(concrete_function)
+
+    def _watch_as_traced(self, concrete_function, *, calls_guarded: bool) -> None:
+        """A function left as traced that calls rewritten bodies: the floor watch, or else a first-call guard."""
+        if calls_guarded:
+            tf_internals.override_call(concrete_function, self.fallback.floor_watch(concrete_function))
+            return
+        guard = self.first_calls.for_caller(concrete_function)
+        if guard is not None:
+            tf_internals.override_call(concrete_function, guard)
 
     def _setting(self) -> str | None:
         """The target the runtime was asked for (``auto``, ``float16``, ``bfloat16``); None for marked functions."""
@@ -247,7 +270,7 @@ class TracingHook:
     # --- swapping ---------------------------------------------------------
 
     def _swap_in(self, concrete_function, config: Config, *, is_explicit: bool, calls_guarded: bool = False) -> None:
-        """Runs the swap steps (:func:`~amp_rewrite.runtime.tf2.swap.swap_in`) and keeps their record."""
+        """Runs the swap steps (:func:`~amp_rewrite.runtime.tf2.swap_steps.swap_in`) and keeps their record."""
         swap = Swap(concrete_function, tf2_fallback.function_name(concrete_function), config,
                     is_explicit=is_explicit, calls_guarded=calls_guarded)
         record = swap_in(self.tools, swap)
@@ -259,110 +282,6 @@ class TracingHook:
         self.traced_graphs[new_function.function_def.signature.name] = tf_internals.graph_in_state(record.traced_state)
         self.swapped[concrete_function] = record
         self.history.append(record.report)
-
-    def _first_eager_call_guard(self, concrete_function, record: SwapRecord, then):
-        """A ``_call_flat`` that checks the first eager run of the rewritten function.
-
-        Once a run succeeds the guard removes itself, so later calls cost nothing,
-        or gives its place to ``then`` (the loss-scale floor watch; None: nothing).
-        """
-        function_ref = weakref.ref(concrete_function)
-
-        def call_flat(tensor_inputs, captured_inputs):
-            import tensorflow as tf
-
-            cf: Any = function_ref()
-            if not tf.executing_eagerly():
-                return tf_internals.call_concrete_function(cf, tensor_inputs, captured_inputs)  # builds a call
-            before = then.count() if then is not None else None
-            try:
-                outputs = tf_internals.call_concrete_function(cf, tensor_inputs, captured_inputs)
-            except Exception as exc:
-                return self._first_run_failed(cf, record, exc, tensor_inputs, captured_inputs)
-            if then is None:
-                tf_internals.drop_call_override(cf)
-            else:
-                tf_internals.override_call(cf, then)
-                then.check(cf, before)
-            return outputs
-
-        return call_flat
-
-    def _guard_caller(self, concrete_function) -> None:
-        """Guards the first eager run of a function whose graph calls rewritten bodies.
-
-        Keras 3's ``fit`` never calls its rewritten one-step function eagerly:
-        its outer train function calls it in a graph, so a rewritten body that
-        fails at run time fails the outer call, which the rewritten function's
-        own first-call guard never sees. This guard catches that failure,
-        gives the caller the callees' float32 bodies, and runs it again.
-        """
-        called = {tf2_fallback.called_name(cf): cf for cf in list(self.swapped)}
-        names = set(tf_internals.graph_functions(concrete_function.graph)) & set(called)
-        if not names:
-            return
-        function_ref = weakref.ref(concrete_function)
-
-        def call_flat(tensor_inputs, captured_inputs):
-            import tensorflow as tf
-
-            cf: Any = function_ref()
-            if not tf.executing_eagerly():
-                return tf_internals.call_concrete_function(cf, tensor_inputs, captured_inputs)
-            try:
-                outputs = tf_internals.call_concrete_function(cf, tensor_inputs, captured_inputs)
-            except Exception as exc:
-                return self._callee_failed(cf, names, exc, tensor_inputs, captured_inputs)
-            tf_internals.drop_call_override(cf)
-            return outputs
-
-        tf_internals.override_call(concrete_function, call_flat)
-
-    def _callee_failed(self, caller, names: set[str], exc, tensor_inputs, captured_inputs):
-        """A caller of rewritten bodies failed on its first run: give it their float32 bodies and try again."""
-        callees = {tf2_fallback.called_name(cf): cf for cf in list(self.swapped)}
-        caller_name = tf2_fallback.function_name(caller)
-        replacements: dict[str, Any] = {}
-        reports = []
-        for name in sorted(names & set(callees)):
-            callee = callees[name]
-            record = self.swapped.record_of(callee)
-            self.swapped.restore(callee)
-            replacements[name] = tf_internals.inference_function(callee)
-            if record is not None:
-                reports.append(record.report.name)
-        callers = tf2_fallback.Callers()
-        callers.note(caller, set(replacements))
-        try:
-            callers.fall_back(replacements, lambda _: None)
-            outputs = tf_internals.call_concrete_function(caller, tensor_inputs, captured_inputs)
-        except Exception:
-            raise exc from None  # float32 fails too: the caller's error, not the rewrite's
-        reason = "the rewritten function failed to run: " + first_line(exc, with_type=True, if_empty=NO_MESSAGE)
-        where = f"tf.function {', '.join(reports) or ', '.join(sorted(names))} (called by {caller_name})"
-        if self.is_strict:
-            raise RuntimeRewriteError(f"{where}: {reason}") from exc
-        logger.warning("amp-rewrite: %s runs in float32: %s", where, reason)
-        return outputs
-
-    def _first_run_failed(self, cf, record: SwapRecord, exc, tensor_inputs, captured_inputs):
-        """The rewritten function failed on its first run: try the traced one."""
-        rewritten_state = tf_internals.concrete_function_state(cf)
-        tf_internals.set_concrete_function_state(cf, record.traced_state)
-        try:
-            outputs = tf_internals.call_concrete_function(cf, tensor_inputs, captured_inputs)
-        except Exception:
-            # The traced function fails too: the caller's error, not the rewrite's.
-            tf_internals.set_concrete_function_state(cf, rewritten_state)
-            raise exc from None
-        with LOCK:
-            self.swapped.pop(cf, None)
-        name = record.report.name
-        reason = "the rewritten function failed to run: " + first_line(exc, with_type=True, if_empty=NO_MESSAGE)
-        if self.is_strict:
-            raise RuntimeRewriteError(f"tf.function {name}: {reason}") from exc
-        logger.warning("amp-rewrite: tf.function %s runs in float32: %s", name, reason)
-        return outputs
 
 
 # --- installing, and the process's hooks ---------------------------------------

@@ -7,8 +7,8 @@ import pytest
 import tensorflow as tf
 from helpers import rng, runner_of, tf1
 
+from amp_rewrite.runtime.loss_scale import tf1_optimizer
 from amp_rewrite.runtime.settings import RuntimeSettings
-from amp_rewrite.runtime.tf1 import loss_scale
 from amp_rewrite.runtime.tf1.session import RuntimeRewriteError
 
 X = rng().normal(size=(16, 8)).astype(np.float32)
@@ -61,7 +61,7 @@ def test_loss_scale_state_is_initialised_when_the_initialiser_ran_before_the_opt
         sess.run(tf1.global_variables_initializer())
         train = tf1.train.GradientDescentOptimizer(0.1).minimize(parts["loss"])
         losses = [sess.run([parts["loss"], train], feed(parts))[0] for _ in range(3)]
-        scale, good, skipped = sess.run(graph.get_collection(loss_scale.STATE_COLLECTION))
+        scale, good, skipped = sess.run(graph.get_collection(tf1_optimizer.STATE_COLLECTION))
     assert losses[-1] < losses[0]
     assert (scale, good, skipped) == (2.0 ** 15, 3, 0)
 
@@ -72,7 +72,7 @@ def test_loss_scale_state_is_initialised_when_the_script_lists_its_variables(amp
     with graph.as_default(), tf1.Session(graph=graph) as sess:
         sess.run(tf1.variables_initializer([parts["w1"], parts["w2"]]))
         sess.run(parts["train"], feed(parts))
-        assert sess.run(graph.get_collection(loss_scale.STATE_COLLECTION)[1]) == 1
+        assert sess.run(graph.get_collection(tf1_optimizer.STATE_COLLECTION)[1]) == 1
 
 
 def test_loss_scale_state_is_initialised_in_the_float32_fallback(amp_runtime, monkeypatch):
@@ -196,7 +196,7 @@ def test_a_checkpoint_of_the_model_alone_restores_and_trains(amp_runtime, tmp_pa
     with graph.as_default(), tf1.Session(graph=graph) as sess:
         tf1.train.Saver(var_list=[parts["w1"], parts["w2"]]).restore(sess, path)
         losses = [sess.run([parts["loss"], parts["train"]], feed(parts))[0] for _ in range(3)]
-        scale = sess.run(graph.get_collection(loss_scale.STATE_COLLECTION)[0])
+        scale = sess.run(graph.get_collection(tf1_optimizer.STATE_COLLECTION)[0])
     assert losses[-1] < losses[0] and scale == 2.0 ** 15
 
 

@@ -73,8 +73,11 @@ def test_a_transition_from_the_wrong_mode_is_refused(setup, move):
     assert (state.mode, state.reason) == (mode, reason)  # a refused move changes nothing
 
 
-@pytest.mark.parametrize("module", ["fallback", "fast_calls", "keeper", "loss_scale_log", "patches", "runner"])
+@pytest.mark.parametrize("module", [*(f"amp_rewrite.runtime.tf1.session.{name}" for name in
+                                      ("fallback", "fast_calls", "keeper", "patches", "runner")),
+                                    "amp_rewrite.runtime.loss_scale.tf1_session_log"])
 def test_every_module_of_the_package_logs_under_the_session_name(module):
-    loaded = importlib.import_module(f"amp_rewrite.runtime.tf1.session.{module}")
+    """The session's loss-scale lines too, which the loss-scaling package logs."""
+    loaded = importlib.import_module(module)
     assert loaded.logger.name == SESSION_LOGGER
 

@@ -18,8 +18,8 @@ from helpers import REPO, rng
 from runners import clean_env
 
 from amp_rewrite import runtime
+from amp_rewrite.runtime.loss_scale import tf2_install
 from amp_rewrite.runtime.settings import RuntimeSettings
-from amp_rewrite.runtime.tf2 import loss_scale as tf2_loss_scale
 
 FIT_TOOL = REPO / "tools" / "tf2_keras_fit.py"
 EPOCHS = 6
@@ -89,10 +89,10 @@ def test_compile_keeps_the_optimizer(amp_runtime):
     sgd = keras.optimizers.SGD()
     model.compile(optimizer=sgd, loss="mse")
     assert model.optimizer is sgd
-    assert runtime.installed_changes(tf2_loss_scale.LEDGER_NAME)
+    assert runtime.installed_changes(tf2_install.LEDGER_NAME)
     ledger = runtime._ACTIVE.ledger  # pylint: disable=protected-access
     runtime.disable()
-    assert not ledger.installed(tf2_loss_scale.LEDGER_NAME)
+    assert not ledger.installed(tf2_install.LEDGER_NAME)
 
 
 def eager_step(model, x, y, *, wrapper=None):

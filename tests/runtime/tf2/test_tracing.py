@@ -19,8 +19,7 @@ from amp_rewrite import runtime, tf_internals
 from amp_rewrite.errors import GraphError
 from amp_rewrite.runtime.settings import RuntimeSettings
 from amp_rewrite.runtime.tf1.session import RuntimeRewriteError
-from amp_rewrite.runtime.tf2 import concrete
-from amp_rewrite.runtime.tf2 import tracing as tf_function
+from amp_rewrite.runtime.tf2 import concrete, tracing
 
 X = rng(1).normal(size=(4, 8, 8, 3)).astype(np.float32)
 Y = rng(2).normal(size=(4, 5)).astype(np.float32)
@@ -55,7 +54,7 @@ def half_op_types(graph) -> set[str]:
 
 def float32_reference(net=None):
     """Outputs and concrete function of a plain tf.function traced with no hook."""
-    assert all(hook.runtime is None for hook in tf_function.installed_hooks())
+    assert all(hook.runtime is None for hook in tracing.installed_hooks())
     function = tf.function((net or ConvNet()).__call__)
     return function(X).numpy(), function.get_concrete_function(X)
 
@@ -80,7 +79,7 @@ def test_traced_function_runs_half_math_with_the_traced_signature(amp_runtime):
     assert traced.pretty_printed_signature() == reference.pretty_printed_signature()
     assert traced.structured_outputs.dtype == tf.float32
     assert [v.dtype for v in traced.variables] == [tf.float32, tf.float32]
-    assert tf_function.record_of(traced).report.summary.startswith("converted ")
+    assert tracing.record_of(traced).report.summary.startswith("converted ")
 
 
 def test_without_the_hook_outputs_are_the_float32_ones_exactly(amp_runtime):
@@ -138,7 +137,7 @@ def test_gradients_from_an_outer_tape_go_through_the_rewritten_function(amp_runt
     amp_runtime()
     function = tf.function(net.__call__)
     got = outer_gradients(function, net, tf.constant(X))
-    assert not tf_function.record_of(function.get_concrete_function(X)).report.is_inference_only
+    assert not tracing.record_of(function.get_concrete_function(X)).report.is_inference_only
     for g, w in zip(got, want):
         assert_half_close(g, w)
 
@@ -180,7 +179,7 @@ def test_custom_gradients_make_calls_under_a_tape_run_float32(amp_runtime, caplo
     function = tf.function(model)
     with caplog.at_level(logging.INFO, "amp_rewrite"):
         assert_half_close(function(X).numpy(), want_outputs)
-    assert tf_function.record_of(function.get_concrete_function(X)).report.is_inference_only
+    assert tracing.record_of(function.get_concrete_function(X)).report.is_inference_only
     assert any("custom gradient" in r.getMessage() for r in caplog.records)
     for g, w in zip(outer_gradients(function, net, tf.constant(X)), want_gradients):
         assert np.array_equal(g, w)
@@ -222,7 +221,7 @@ def test_first_run_failure_falls_back_to_the_traced_function(amp_runtime, monkey
         assert np.array_equal(function(Y).numpy(), Y * 2.0)
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == 1 and "failed to run: InvalidArgumentError" in messages[0]
-    assert tf_function.record_of(function.get_concrete_function(Y)) is None
+    assert tracing.record_of(function.get_concrete_function(Y)) is None
 
 
 def test_a_rewritten_function_failing_inside_its_caller_falls_back_there(amp_runtime, monkeypatch, caplog):
@@ -276,13 +275,13 @@ def test_a_function_marked_while_the_runtime_is_on_keeps_its_rewrite_after_disab
     assert_half_close(marked(X).numpy(), want)
     assert_half_close(plain(X).numpy(), want)
     traced = marked.get_concrete_function(X)
-    record = tf_function.record_of(traced)
+    record = tracing.record_of(traced)
     assert record.report.is_explicit  # the runtime's hook rewrote it, with the function's own target
     assert any(op.type == "MatMul" and op.get_attr("T") == tf.float16
                for op in record.rewritten.concrete_function.graph.get_operations())
     runtime.disable()
-    assert tf_function.record_of(traced) is record  # now the marked functions' hook's
-    assert [hook.runtime for hook in tf_function.installed_hooks()] == [None]
+    assert tracing.record_of(traced) is record  # now the marked functions' hook's
+    assert [hook.runtime for hook in tracing.installed_hooks()] == [None]
     assert_half_close(marked(X).numpy(), want)
     assert np.array_equal(plain(X).numpy(), want)  # the runtime's own swap was put back
 
@@ -345,12 +344,12 @@ def test_rewrite_concrete_function_returns_a_new_function_and_keeps_the_original
 def test_enable_is_idempotent_and_tf_data_functions_stay_float32(amp_runtime):
     amp_runtime()
     amp_runtime()
-    assert [hook.runtime is not None for hook in tf_function.installed_hooks()].count(True) == 1
-    before = len(tf_function.rewritten_functions())
+    assert [hook.runtime is not None for hook in tracing.installed_hooks()].count(True) == 1
+    before = len(tracing.rewritten_functions())
     w = tf.constant(rng(3).normal(size=(8, 8)).astype(np.float32))
     dataset = tf.data.Dataset.from_tensor_slices(Y[:, :4].repeat(2, axis=1)).map(lambda v: tf.linalg.matvec(w, v))
     assert np.allclose(list(dataset.as_numpy_iterator())[0], w.numpy() @ Y[0, :4].repeat(2), rtol=1e-6)
-    assert len(tf_function.rewritten_functions()) == before
+    assert len(tracing.rewritten_functions()) == before
 
 
 def test_missing_tracing_internal_keeps_functions_float32(amp_runtime, monkeypatch, caplog):
@@ -360,14 +359,14 @@ def test_missing_tracing_internal_keeps_functions_float32(amp_runtime, monkeypat
                                                          symbols=tf_internals.TRACING.symbols + (absent,)))
     monkeypatch.setattr(transform, "CONCRETE_FUNCTION_CALLBACKS",
                         [c for c in transform.CONCRETE_FUNCTION_CALLBACKS
-                         if not isinstance(getattr(c, "__self__", None), tf_function.TracingHook)])
+                         if not isinstance(getattr(c, "__self__", None), tracing.TracingHook)])
     net = ConvNet()
     want, _ = float32_reference(net)
     with caplog.at_level(logging.WARNING, "amp_rewrite"):
         amp_runtime()
         assert np.array_equal(tf.function(net.__call__)(X).numpy(), want)
         assert np.array_equal(amp_rewrite.function(net.__call__)(X).numpy(), want)
-    assert tf_function.installed_hooks() == []
+    assert tracing.installed_hooks() == []
     assert len(caplog.records) == 2
     assert caplog.records[0].getMessage() == (
         f"amp-rewrite: tf.function traces run in float32: TensorFlow {tf.__version__} lacks {absent}, "

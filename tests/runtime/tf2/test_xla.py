@@ -9,7 +9,7 @@ from helpers import rng
 
 from amp_rewrite.runtime import target
 from amp_rewrite.runtime.settings import RuntimeSettings
-from amp_rewrite.runtime.tf2 import tracing as tf_function
+from amp_rewrite.runtime.tf2 import tracing
 
 W = tf.constant(rng(4).standard_normal((16, 16)).astype(np.float32) * 0.3)
 X = tf.constant(rng(5).standard_normal((4, 16)).astype(np.float32))
@@ -51,7 +51,7 @@ class _Def:
     (None, "auto", "CPU", False),
 ])
 def test_which_xla_functions_stay_float32(xla, setting, device, stays):
-    reason = tf_function.xla_keeps_float32(_Def(xla).function_def, setting=setting, device_type=device)
+    reason = tracing.xla_keeps_float32(_Def(xla).function_def, setting=setting, device_type=device)
     assert (reason is not None) is stays
     if stays:
         assert reason.startswith("XLA-compiled (jit_compile=True) on a CPU")
@@ -64,18 +64,18 @@ def test_auto_on_a_cpu_leaves_an_xla_function_float32_with_one_line(amp_runtime,
     compiled = tf.function(_step, jit_compile=True).get_concrete_function(X)
     plain = tf.function(_step).get_concrete_function(X)
     assert matmul_types(compiled.graph) == {tf.float32}
-    assert tf_function.record_of(compiled) is None
+    assert tracing.record_of(compiled) is None
     assert matmul_types(plain.graph) == {tf.bfloat16}  # the same math without XLA is rewritten
     lines = [r.getMessage() for r in caplog.records if "runs in float32" in r.getMessage()]
     assert len(lines) == 1 and lines[0].startswith("amp-rewrite: tf.function ") and "\n" not in lines[0]
-    assert tf_function.XLA_ON_CPU in lines[0]
+    assert tracing.XLA_ON_CPU in lines[0]
 
 
 def test_a_forced_target_still_rewrites_an_xla_function(amp_runtime, fast_bf16_cpu):
     amp_runtime(RuntimeSettings(target="bfloat16"))
     compiled = tf.function(_step, jit_compile=True).get_concrete_function(X)
     assert matmul_types(compiled.graph) == {tf.bfloat16}
-    assert tf_function.record_of(compiled) is not None
+    assert tracing.record_of(compiled) is not None
 
 
 def test_an_xla_function_called_from_a_plain_one_keeps_its_float32_body(amp_runtime, fast_bf16_cpu):
@@ -87,7 +87,7 @@ def test_an_xla_function_called_from_a_plain_one_keeps_its_float32_body(amp_runt
         return tf.matmul(inner(x), W)
 
     traced = outer.get_concrete_function(X)
-    record = tf_function.record_of(traced)
+    record = tracing.record_of(traced)
     assert record is not None  # the outer MatMul is rewritten
     assert matmul_types(traced.graph) == {tf.bfloat16}
     library = {f.signature.name: f for f in record.rewritten.result.graph_def.library.function}

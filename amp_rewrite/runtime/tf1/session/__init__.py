@@ -48,10 +48,11 @@ The modules, one job each:
 - :mod:`~amp_rewrite.runtime.tf1.session.keeper`: :class:`ShadowKeeper`, which
   shadow is current (built, grown, a float32 copy) and what is made on it;
 - :mod:`~amp_rewrite.runtime.tf1.session.fallback`: the explicit
-  :class:`FallbackState` and whose a failure is;
-- :mod:`~amp_rewrite.runtime.tf1.session.loss_scale_log`: the loss-scale lines.
+  :class:`FallbackState` and whose a failure is.
 
-Every module logs as ``amp_rewrite.runtime.tf1.session``.
+The loss-scale lines a session logs from its reports come from
+:mod:`~amp_rewrite.runtime.loss_scale.tf1_session_log`. Every module here,
+and that one, logs as ``amp_rewrite.runtime.tf1.session``.
 """
 
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from amp_rewrite import tf_internals
 from amp_rewrite.runtime import overflow_probe
-from amp_rewrite.runtime.tf1.loss_scale import Report
+from amp_rewrite.runtime.loss_scale.tf1_optimizer import Report
 
 
 class PlanKey(NamedTuple):

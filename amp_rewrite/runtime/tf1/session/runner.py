@@ -17,8 +17,8 @@ from typing import Any
 from amp_rewrite import tf_internals
 from amp_rewrite.errors import RuntimeRewriteError
 from amp_rewrite.runtime.core import Runtime
+from amp_rewrite.runtime.loss_scale.tf1_session_log import LossScaleLog
 from amp_rewrite.runtime.tf1.session.keeper import ShadowKeeper
-from amp_rewrite.runtime.tf1.session.loss_scale_log import LossScaleLog
 from amp_rewrite.runtime.tf1.session.plans import (
     PlanKey,
     dtype_change,

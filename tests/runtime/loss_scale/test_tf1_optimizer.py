@@ -8,9 +8,9 @@ import tensorflow as tf
 from helpers import runner_of, tf1
 
 from amp_rewrite.errors import UsageError
-from amp_rewrite.runtime.loss_scale_core import MAX_SCALE
+from amp_rewrite.runtime.loss_scale import tf1_optimizer
+from amp_rewrite.runtime.loss_scale.core import MAX_SCALE
 from amp_rewrite.runtime.settings import LossScaleSettings, RuntimeSettings
-from amp_rewrite.runtime.tf1 import loss_scale
 
 
 def run_updates(settings, finite_steps, initial=None):
@@ -19,9 +19,9 @@ def run_updates(settings, finite_steps, initial=None):
         settings = LossScaleSettings(settings.is_dynamic, initial, settings.growth_interval)
     graph = tf.Graph()
     with graph.as_default():
-        state = loss_scale.state_for_graph(settings)
+        state = tf1_optimizer.state_for_graph(settings)
         is_finite = tf1.placeholder(tf.bool, [])
-        update = loss_scale.update_state(state, is_finite, settings)
+        update = tf1_optimizer.update_state(state, is_finite, settings)
         read = [state.scale, state.good_steps, state.skipped_steps]
         init = tf1.global_variables_initializer()
     out = []
@@ -97,7 +97,7 @@ def test_skipped_step_changes_no_variable_slot_or_global_step(amp_runtime, optim
         before = sess.run(state)
         sess.run(train, {"x:0": x, "multiplier:0": np.inf})
         after = sess.run(state)
-        scale = sess.run(graph.get_collection(loss_scale.STATE_COLLECTION)[0])
+        scale = sess.run(graph.get_collection(tf1_optimizer.STATE_COLLECTION)[0])
         sess.run(train, {"x:0": x})
         moved = sess.run(state)
     for b, a in zip(before, after):
@@ -158,7 +158,7 @@ def test_a_loss_that_is_never_finite_is_named_once_not_every_step(amp_runtime, c
         sess.run(init)
         for _ in range(8):
             sess.run(train, {"x:0": x, "multiplier:0": np.nan})
-        scale = sess.run(graph.get_collection(loss_scale.STATE_COLLECTION)[0])
+        scale = sess.run(graph.get_collection(tf1_optimizer.STATE_COLLECTION)[0])
         step = sess.run(tf1.train.get_global_step(graph))
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     named = [m for m in warnings if "loss itself was not finite" in m]

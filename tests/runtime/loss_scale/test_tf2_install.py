@@ -304,13 +304,13 @@ def test_a_failing_guard_warns_and_applies_unguarded(amp_runtime, monkeypatch, c
     import tensorflow as tf
 
     from amp_rewrite import runtime
+    from amp_rewrite.runtime.loss_scale import tf2_guarded_apply
     from amp_rewrite.runtime.settings import RuntimeSettings
-    from amp_rewrite.runtime.tf2 import guard as tf2_guard
 
     def broken(grads):
         raise ValueError("no flags today")
 
-    monkeypatch.setattr(tf2_guard, "_nonfinite_flags", broken)
+    monkeypatch.setattr(tf2_guarded_apply, "_nonfinite_flags", broken)
     model, (x, y) = small_model(), batch()
     for is_strict in (False, True):
         runtime.disable()

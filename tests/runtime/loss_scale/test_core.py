@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from amp_rewrite.runtime import loss_scale_core as core
-from amp_rewrite.runtime.loss_scale_core import (
+from amp_rewrite.runtime.loss_scale import core
+from amp_rewrite.runtime.loss_scale.core import (
     GuardedStep,
     count_nonfinite,
     create_state,

@@ -1,8 +1,8 @@
 """Dynamic loss scaling: the state, schedule and guard that TF1 and TF2 share.
 
-One algorithm, two ways in. The TF1 adapter (:mod:`amp_rewrite.runtime.tf1.loss_scale`)
+One algorithm, two ways in. The TF1 adapter (:mod:`amp_rewrite.runtime.loss_scale.tf1_optimizer`)
 patches ``tf.compat.v1.train.Optimizer`` and keeps one state per graph, in a
-graph collection; the TF2 adapter (:mod:`amp_rewrite.runtime.tf2.loss_scale`)
+graph collection; the TF2 adapter (:mod:`amp_rewrite.runtime.loss_scale.tf2_install`)
 patches ``tf.GradientTape`` and Keras optimizers and keeps one state per
 process, tracked by every guarded optimizer. Both do what is here:
 

@@ -1,7 +1,7 @@
 """TF2 loss scaling at the optimizer: the guarded apply and the line a skipped step prints.
 
 :func:`guard_or_warn` runs an optimizer's own apply through the core's
-:class:`~amp_rewrite.runtime.loss_scale_core.GuardedStep`: only when every
+:class:`~amp_rewrite.runtime.loss_scale.core.GuardedStep`: only when every
 gradient is finite, with the scale updated either way. A skipped step prints
 the scale it used and the first variables whose gradients were not finite;
 a skip for the same cause as the one before (the same scale and the same
@@ -14,10 +14,10 @@ import logging
 
 from amp_rewrite import tf_internals
 from amp_rewrite.errors import first_line
-from amp_rewrite.runtime.loss_scale_core import APPLY_SCOPE, GuardedStep
-from amp_rewrite.runtime.loss_scale_core import nonfinite_flags as _nonfinite_flags
-from amp_rewrite.runtime.tf2 import loss_scale_state as shared
-from amp_rewrite.runtime.tf2.loss_scale_state import TF2LossScaling
+from amp_rewrite.runtime.loss_scale import tf2_state as shared
+from amp_rewrite.runtime.loss_scale.core import APPLY_SCOPE, GuardedStep
+from amp_rewrite.runtime.loss_scale.core import nonfinite_flags as _nonfinite_flags
+from amp_rewrite.runtime.loss_scale.tf2_state import TF2LossScaling
 
 logger = logging.getLogger(shared.LOGGER_NAME)
 

@@ -3,7 +3,7 @@
 Patched once their modules are imported (:func:`patch_keras3`,
 :func:`patch_tf_keras`): the ``apply`` of Keras 3 optimizers (``apply_gradients``,
 ``fit`` and custom ``train_step`` all end there) and ``apply_gradients`` of
-tf_keras optimizers run through :func:`~amp_rewrite.runtime.tf2.guard.guard_or_warn`.
+tf_keras optimizers run through :func:`~amp_rewrite.runtime.loss_scale.tf2_guarded_apply.guard_or_warn`.
 Keras' own loss scaling is left alone, and nobody is scaled twice: a loss
 ``scale_loss``/``get_scaled_loss`` returned is differentiated as given, and
 ``LossScaleOptimizer``s, the optimizers they wrap and optimizers with a
@@ -17,9 +17,9 @@ from collections.abc import Callable
 
 from amp_rewrite import tf_internals
 from amp_rewrite.runtime.ledger import Ledger, bound
-from amp_rewrite.runtime.tf2 import loss_scale_state as shared
-from amp_rewrite.runtime.tf2.guard import guard_or_warn
-from amp_rewrite.runtime.tf2.loss_scale_state import TF2LossScaling
+from amp_rewrite.runtime.loss_scale import tf2_state as shared
+from amp_rewrite.runtime.loss_scale.tf2_guarded_apply import guard_or_warn
+from amp_rewrite.runtime.loss_scale.tf2_state import TF2LossScaling
 
 logger = logging.getLogger(shared.LOGGER_NAME)
 

@@ -26,7 +26,7 @@ With the runtime enabled, :func:`scaled_compute_gradients` and
   :attr:`~amp_rewrite.runtime.records.ObjectRecords.scaled_elsewhere`).
 
 The state, the schedule and the guard are those of
-:mod:`amp_rewrite.runtime.loss_scale_core`, shared with TF2 loops; this module
+:mod:`amp_rewrite.runtime.loss_scale.core`, shared with TF2 loops; this module
 is how TF1 hooks them in: the graph collection, the two ``Optimizer`` methods,
 the step as the train op, and the report each session reads after it
 (:class:`Report`, kept per graph in the runtime's records). The two patches
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from amp_rewrite import tf_internals
-from amp_rewrite.runtime.loss_scale_core import (
+from amp_rewrite.runtime.loss_scale.core import (
     APPLY_SCOPE,
     SCOPE,
     GuardedStep,
@@ -57,7 +57,9 @@ from amp_rewrite.runtime.loss_scale_core import (
 from amp_rewrite.runtime.records import ObjectRecords
 from amp_rewrite.runtime.settings import LossScaleSettings
 
-logger = logging.getLogger(__name__)
+# The name its lines have always carried, from before the module joined the loss-scaling package.
+LOGGER_NAME = "amp_rewrite.runtime.tf1.loss_scale"
+logger = logging.getLogger(LOGGER_NAME)
 
 STATE_COLLECTION = SCOPE
 

@@ -2,9 +2,11 @@
 
 The hook (:class:`~amp_rewrite.runtime.tf2.tracing.TracingHook`) fills its
 :class:`SwapTable`; its fallback to float32
-(:class:`~amp_rewrite.runtime.tf2.fallback.FloorFallback`) is given the same
-table, to read the records and put traced bodies back, and knows nothing else
-of the hook. Both import this module, which imports neither.
+(:class:`~amp_rewrite.runtime.tf2.fallback.FloorFallback`) and its first-call
+guards (:class:`~amp_rewrite.runtime.tf2.first_call_guard.FirstCallGuards`)
+are given the same table, to read the records and put traced bodies back,
+and know nothing else of the hook. They all import this module, which
+imports none of them.
 """
 
 from __future__ import annotations
@@ -14,6 +16,10 @@ from dataclasses import dataclass, field
 
 from amp_rewrite import tf_internals
 from amp_rewrite.runtime.ledger import LOCK
+
+# The lines about swaps (the hook's, its swap steps', its first-call guards')
+# carry the tracing hook's name, as they always have.
+LOGGER_NAME = "amp_rewrite.runtime.tf2.tracing"
 
 
 @dataclass(frozen=True)

@@ -38,15 +38,14 @@ from amp_rewrite import tf_internals
 from amp_rewrite.config import Config
 from amp_rewrite.runtime.tf2 import concrete
 from amp_rewrite.runtime.tf2.concrete import RewrittenFunction
-from amp_rewrite.runtime.tf2.swaps import FunctionReport, SwapRecord
+from amp_rewrite.runtime.tf2.swap_records import LOGGER_NAME, FunctionReport, SwapRecord
 
 if TYPE_CHECKING:
+    from amp_rewrite.runtime.loss_scale.tf2_state import TF2LossScaling
     from amp_rewrite.runtime.profile import FunctionProfiles
     from amp_rewrite.runtime.tf2.fallback import FloorFallback
-    from amp_rewrite.runtime.tf2.loss_scale_state import TF2LossScaling
+    from amp_rewrite.runtime.tf2.first_call_guard import FirstCallGuards
 
-# The lines are the tracing hook's, under the name they have always carried.
-LOGGER_NAME = "amp_rewrite.runtime.tf2.tracing"
 logger = logging.getLogger(LOGGER_NAME)
 
 
@@ -59,15 +58,14 @@ class SwapTools:
         fallback: the hook's fallback to float32 (its floor watch, its guarded applies).
         traced_graphs: rewritten function name → its traced graph, where the tuner reads shapes.
         profiles: with ``AMP_REWRITE_PROFILE``, what profiles a later call; else None.
-        first_call_guard: ``(concrete_function, record, then)`` → the ``_call_flat``
-            checking its first eager call, which gives its place to ``then`` (None: to nothing).
+        first_calls: the hook's first-call guards, which make the guard of a swapped function.
     """
 
     loss_scaling: TF2LossScaling | None
     fallback: FloorFallback
     traced_graphs: Mapping[str, Any]
     profiles: FunctionProfiles | None
-    first_call_guard: Callable[[Any, SwapRecord, Any], Callable[..., Any]]
+    first_calls: FirstCallGuards
 
 
 @dataclass
@@ -179,11 +177,12 @@ def swap_state(tools: SwapTools, swap: Swap) -> None:
 def guard_first_call(tools: SwapTools, swap: Swap) -> None:
     """Changes the traced function's ``_call_flat``: its first eager call checks the rewritten body.
 
-    A guarded function then gets the loss-scale floor watch in its place.
+    The guard (:mod:`~amp_rewrite.runtime.tf2.first_call_guard`) then steps
+    aside; a guarded function gets the loss-scale floor watch in its place.
     """
     cf = swap.concrete_function
     then = tools.fallback.floor_watch(cf) if swap.is_guarded else None
-    tf_internals.override_call(cf, tools.first_call_guard(cf, swap.record, then))
+    tf_internals.override_call(cf, tools.first_calls.for_swapped(cf, swap.record, then))
 
 
 def watch_profile(tools: SwapTools, swap: Swap) -> None:

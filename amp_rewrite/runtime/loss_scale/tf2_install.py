@@ -1,7 +1,7 @@
 """Dynamic loss scaling for TF2 training loops: GradientTape in, optimizer apply out.
 
 With the runtime enabled for a float16 target (its ``loss_scaling`` is then a
-:class:`~amp_rewrite.runtime.tf2.loss_scale_state.TF2LossScaling`),
+:class:`~amp_rewrite.runtime.loss_scale.tf2_state.TF2LossScaling`),
 two places change, so every loop built from them is scaled without code changes:
 
 - ``tf.GradientTape.gradient(loss, variables)`` (one float loss, trainable
@@ -25,7 +25,7 @@ two places change, so every loop built from them is scaled without code changes:
   decision.
 
 The scale is one set of float32/int64 variables per process (one
-:class:`~amp_rewrite.runtime.tf2.loss_scale_state.ProcessState` per
+:class:`~amp_rewrite.runtime.loss_scale.tf2_state.ProcessState` per
 installation), read by
 every tape and updated by every guarded apply. Each guarded optimizer tracks it as the checkpoint dependency
 ``amp_loss_scale``, so ``tf.train.Checkpoint`` saves it with the optimizer and
@@ -45,13 +45,13 @@ guarded apply (legacy tf_keras ``OptimizerV2``, hand-written
 overflow is not skipped.
 
 The algorithm (state, schedule, guard) is TF1's, in
-:mod:`amp_rewrite.runtime.loss_scale_core`; what differs is how it hooks in.
-This module installs the patches. :mod:`~amp_rewrite.runtime.tf2.loss_scale_state`
+:mod:`amp_rewrite.runtime.loss_scale.core`; what differs is how it hooks in.
+This module installs the patches. :mod:`~amp_rewrite.runtime.loss_scale.tf2_state`
 holds what the patches share (the settings, the state and the step
 contexts), one object the runtime keeps and each patch is given.
-:mod:`~amp_rewrite.runtime.tf2.tape` patches the tape,
-:mod:`~amp_rewrite.runtime.tf2.keras_optimizers` the Keras optimizers, and
-:mod:`~amp_rewrite.runtime.tf2.guard` guards their apply.
+:mod:`~amp_rewrite.runtime.loss_scale.tf2_tape` patches the tape,
+:mod:`~amp_rewrite.runtime.loss_scale.tf2_keras_optimizers` the Keras optimizers, and
+:mod:`~amp_rewrite.runtime.loss_scale.tf2_guarded_apply` guards their apply.
 """
 
 from __future__ import annotations
@@ -61,10 +61,9 @@ from collections.abc import Callable
 
 import _amp_rewrite_import_hook as import_hook
 from amp_rewrite.runtime.ledger import Ledger, bound
-from amp_rewrite.runtime.tf2 import keras_optimizers as tf2_keras_optimizers
-from amp_rewrite.runtime.tf2 import tape as tf2_tape
-from amp_rewrite.runtime.tf2.keras_optimizers import KERAS3_MODULE, TF_KERAS_MODULE
-from amp_rewrite.runtime.tf2.loss_scale_state import LEDGER_NAME, TF2LossScaling
+from amp_rewrite.runtime.loss_scale import tf2_keras_optimizers, tf2_tape
+from amp_rewrite.runtime.loss_scale.tf2_keras_optimizers import KERAS3_MODULE, TF_KERAS_MODULE
+from amp_rewrite.runtime.loss_scale.tf2_state import LEDGER_NAME, TF2LossScaling
 
 __all__ = ["LEDGER_NAME", "TF2LossScaling", "install"]
 

@@ -1,7 +1,7 @@
 """The swap steps on their own, without a hook: their order, a swap, and a rewrite that changes nothing.
 
 Each test traces a small function with no hook installed, runs
-:func:`~amp_rewrite.runtime.tf2.swap.swap_in` on it with tools made here,
+:func:`~amp_rewrite.runtime.tf2.swap_steps.swap_in` on it with tools made here,
 and checks what the traced ConcreteFunction runs afterwards.
 """
 
@@ -12,30 +12,26 @@ import tensorflow as tf
 from helpers import rng
 
 from amp_rewrite import runtime, tf_internals
-from amp_rewrite.runtime.tf2 import swap as swap_steps
-from amp_rewrite.runtime.tf2 import tracing as tf_function
+from amp_rewrite.runtime.tf2 import swap_steps, tracing
 from amp_rewrite.runtime.tf2.fallback import FloorFallback
-from amp_rewrite.runtime.tf2.swaps import SwapTable
+from amp_rewrite.runtime.tf2.first_call_guard import FirstCallGuard, FirstCallGuards
+from amp_rewrite.runtime.tf2.swap_records import SwapTable
 
 A = rng(4).normal(size=(4, 6)).astype(np.float32)
 W = rng(5).normal(scale=0.3, size=(6, 3)).astype(np.float32)
 
 
-def make_tools(guarded: list):
-    """Tools with no loss scaling; the first-call guard is noted in ``guarded`` and only calls the function."""
-
-    def first_call_guard(cf, record, then):
-        guarded.append((cf, record, then))
-        return lambda tensor_inputs, captured_inputs: tf_internals.call_concrete_function(
-            cf, tensor_inputs, captured_inputs)
-
-    return swap_steps.SwapTools(loss_scaling=None, fallback=FloorFallback(None, SwapTable(), is_strict=False),
-                                traced_graphs={}, profiles=None, first_call_guard=first_call_guard)
+def make_tools():
+    """Tools with no loss scaling, and a table of swaps of their own."""
+    swapped = SwapTable()
+    return swap_steps.SwapTools(loss_scaling=None, fallback=FloorFallback(None, swapped, is_strict=False),
+                                traced_graphs={}, profiles=None,
+                                first_calls=FirstCallGuards(swapped, is_strict=False))
 
 
 def traced(python_function):
     runtime.disable()
-    assert tf_function.installed_hooks() == []
+    assert tracing.installed_hooks() == []
     return tf.function(python_function).get_concrete_function(tf.TensorSpec([4, 6]))
 
 
@@ -55,15 +51,16 @@ def test_a_swap_makes_the_traced_function_run_the_rewritten_body_and_returns_its
     cf = traced(lambda a: tf.nn.relu(tf.matmul(a, tf.constant(W))))
     want = cf(tf.constant(A)).numpy()
     assert set(body_dtypes(cf).values()) == {"float32"}
-    guarded: list = []
-    swap = swap_steps.Swap(cf, "relu_matmul", tf_function.default_config(), is_explicit=True, calls_guarded=False)
-    record = swap_steps.swap_in(make_tools(guarded), swap)
+    swap = swap_steps.Swap(cf, "relu_matmul", tracing.default_config(), is_explicit=True, calls_guarded=False)
+    record = swap_steps.swap_in(make_tools(), swap)
     assert record is swap.record and record.report.name == "relu_matmul" and record.report.is_explicit
     assert record.report.summary.startswith("converted ")
-    assert not swap.is_guarded and guarded == [(cf, record, None)]
+    guard = tf_internals.call_override(cf)
+    assert not swap.is_guarded and isinstance(guard, FirstCallGuard) and guard.then is None
     dtypes = body_dtypes(cf)
     assert [dtypes[name] for name in ("MatMul", "Relu")] == ["float16", "float16"]
     got = cf(tf.constant(A)).numpy()
+    assert tf_internals.call_override(cf) is None  # the first call ran: the guard stepped aside
     assert got.dtype == np.float32 and not np.array_equal(got, want)
     np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
     tf_internals.set_concrete_function_state(cf, record.traced_state)  # the record puts the traced body back
@@ -73,8 +70,7 @@ def test_a_swap_makes_the_traced_function_run_the_rewritten_body_and_returns_its
 def test_a_rewrite_that_changes_nothing_swaps_nothing():
     cf = traced(lambda a: tf.reduce_sum(a, axis=1))
     state = tf_internals.concrete_function_state(cf)
-    guarded: list = []
-    swap = swap_steps.Swap(cf, "sum", tf_function.default_config(), is_explicit=True, calls_guarded=False)
-    assert swap_steps.swap_in(make_tools(guarded), swap) is None
-    assert swap.rewritten.concrete_function is None and guarded == []
+    swap = swap_steps.Swap(cf, "sum", tracing.default_config(), is_explicit=True, calls_guarded=False)
+    assert swap_steps.swap_in(make_tools(), swap) is None
+    assert swap.rewritten.concrete_function is None
     assert tf_internals.concrete_function_state(cf) == state and tf_internals.call_override(cf) is None

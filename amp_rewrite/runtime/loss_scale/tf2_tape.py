@@ -1,11 +1,11 @@
 """TF2 loss scaling at the tape: ``GradientTape.gradient`` of a loss, scaled and unscaled again.
 
 ``gradient(loss, variables)`` (one float loss, trainable variables only)
-back-propagates from ``loss * scale`` (:func:`~amp_rewrite.runtime.loss_scale_core.seed_gradient`)
+back-propagates from ``loss * scale`` (:func:`~amp_rewrite.runtime.loss_scale.core.seed_gradient`)
 and returns the gradients divided by the scale again, so the caller sees true
 gradients. Jacobians, gradients with respect to tensors and losses Keras
 scaled itself are left as they are. The patches are given the installed
-:class:`~amp_rewrite.runtime.tf2.loss_scale_state.TF2LossScaling`.
+:class:`~amp_rewrite.runtime.loss_scale.tf2_state.TF2LossScaling`.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from __future__ import annotations
 import contextlib
 
 from amp_rewrite import tf_internals
-from amp_rewrite.runtime.loss_scale_core import (
+from amp_rewrite.runtime.loss_scale.core import (
     count_non_finite_losses,
     inverse_of,
     is_finite_loss,
     seed_gradient,
     unscale,
 )
-from amp_rewrite.runtime.tf2.loss_scale_state import TF2LossScaling
+from amp_rewrite.runtime.loss_scale.tf2_state import TF2LossScaling
 
 
 def unscaled_inside(original, scaling: TF2LossScaling, tape, *args, **kwargs):

@@ -3,7 +3,7 @@
 A step that fetches a guarded update also fetches its report (scale,
 skipped steps, good steps, whether the loss was finite); :class:`LossScaleLog`
 turns those into the runtime's loss-scale lines and says when half arithmetic
-cannot train (:func:`~amp_rewrite.runtime.loss_scale_core.hopeless_reason`).
+cannot train (:func:`~amp_rewrite.runtime.loss_scale.core.hopeless_reason`).
 """
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from amp_rewrite.runtime.loss_scale_core import hopeless_reason
+from amp_rewrite.runtime.loss_scale.core import hopeless_reason
 
-# One logger for the whole package: its lines keep the name they have always had.
-logger = logging.getLogger(__package__)
+# The session's lines: one logger for the whole TF1 session package, whose name they have always carried.
+LOGGER_NAME = "amp_rewrite.runtime.tf1.session"
+logger = logging.getLogger(LOGGER_NAME)
 
 
 @dataclass

@@ -3,7 +3,7 @@
 - **The settings** they run with, and the runtime's records (which
   optimizers a wrapper scales), given when the runtime installs them.
 - **The state**: one :class:`ProcessState` per installation, the core's three
-  variables (:mod:`amp_rewrite.runtime.loss_scale_core`) on a ``tf.Module``
+  variables (:mod:`amp_rewrite.runtime.loss_scale.core`) on a ``tf.Module``
   that every guarded optimizer tracks as its checkpoint dependency
   :data:`CHECKPOINT_NAME`, and beside it the last skip's cause, out of
   checkpoints. Created on first use (:meth:`TF2LossScaling.state`).
@@ -28,12 +28,12 @@ from typing import Any
 
 from amp_rewrite import tf_internals
 from amp_rewrite.runtime.ledger import LOCK
-from amp_rewrite.runtime.loss_scale_core import SCOPE, LossScaleState, create_state, in_cross_replica_context
+from amp_rewrite.runtime.loss_scale.core import SCOPE, LossScaleState, create_state, in_cross_replica_context
 from amp_rewrite.runtime.records import ObjectRecords, ObjectTable
 from amp_rewrite.runtime.settings import LossScaleSettings, RuntimeSettings
 
-# Every TF2 loss-scaling module logs under the name of the public module, the
-# name the lines of scripts run with ENABLE_AUTO_MP have always carried.
+# Every TF2 loss-scaling module logs under one name, the one the lines of
+# scripts run with ENABLE_AUTO_MP have always carried.
 LOGGER_NAME = "amp_rewrite.runtime.tf2.loss_scale"
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -73,7 +73,7 @@ class TF2LossScaling:
     """The TF2 loss-scaling patches while they are installed: their settings, and what they learnt.
 
     The runtime makes one when it installs the patches
-    (:func:`amp_rewrite.runtime.tf2.loss_scale.install`) and hands it to each
+    (:func:`amp_rewrite.runtime.loss_scale.tf2_install.install`) and hands it to each
     patched method; :func:`amp_rewrite.disable` drops it, so the settings,
     the state, the step contexts and the warnings start afresh (the state's
     variables stay with the optimizers that track them).
