@@ -274,7 +274,7 @@ class TracingHook:
             cf: Any = function_ref()
             if not tf.executing_eagerly():
                 return tf_internals.call_concrete_function(cf, tensor_inputs, captured_inputs)  # builds a call
-            before = then.count() if then is not None else None
+            start = then.before_call(cf) if then is not None else None
             try:
                 outputs = tf_internals.call_concrete_function(cf, tensor_inputs, captured_inputs)
             except Exception as exc:
@@ -283,7 +283,7 @@ class TracingHook:
                 tf_internals.drop_call_override(cf)
             else:
                 tf_internals.override_call(cf, then)
-                then.check(cf, before)
+                then.after_call(cf, start)
             return outputs
 
         return call_flat
