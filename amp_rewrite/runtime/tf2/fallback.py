@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 from amp_rewrite import tf_internals
 from amp_rewrite.errors import NO_MESSAGE, RuntimeRewriteError, first_line
 from amp_rewrite.runtime.ledger import LOCK
-from amp_rewrite.runtime.loss_scale.core import hopeless_reason
+from amp_rewrite.runtime.loss_scale.core import LOSS_NOT_FINITE, SCOPE, hopeless_reason
 from amp_rewrite.runtime.tf2.concrete import reload_calling
 
 if TYPE_CHECKING:
@@ -65,6 +65,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 FELL_BACK = "an earlier trace of it fell back, since no loss scale helped"
+SHARES_WEIGHTS = ("it computes with weights whose forward pass overflowed half in tf.function {name} "
+                  "(its loss was not finite at any loss scale)")
 
 
 def is_wanted(scaling: TF2LossScaling | None) -> bool:
@@ -83,16 +85,25 @@ class FloorWatch:
     No scale helps (:func:`~amp_rewrite.runtime.loss_scale.core.hopeless_reason`)
     after skipped steps whose loss was not finite twice in a row, or a skip at the scale's floor of 1.
 
+    A call that skipped a step whose loss was not finite also leaves the
+    function's running metrics (Keras's loss and metric means: its scalar
+    float variables that are not trained, besides the loss scale's own) as
+    they were before the call, as the optimizer left the weights: what a user
+    reads after the step (an epoch's mean loss) is the mean of the steps that
+    counted, not inf or NaN. A call of ``steps_per_execution`` steps is left
+    out whole.
+
     ``on_hopeless`` runs after the call returned its outputs (which are still
     returned), so the step that skipped is not run again. The first-call
-    guard (:class:`~amp_rewrite.runtime.tf2.first_call_guard.FirstCallGuard`) uses :meth:`count` and
-    :meth:`check` around the first call, which it runs itself.
+    guard (:class:`~amp_rewrite.runtime.tf2.first_call_guard.FirstCallGuard`) uses :meth:`before_call` and
+    :meth:`after_call` around the first call, which it runs itself.
     """
 
     def __init__(self, concrete_function, scaling: TF2LossScaling, on_hopeless: Callable[[object, str], None]):
         self.function_ref = weakref.ref(concrete_function)
         self.scaling = scaling
         self.on_hopeless = on_hopeless
+        self._metrics: list | None = None
 
     def __call__(self, tensor_inputs, captured_inputs):
         import tensorflow as tf
@@ -100,10 +111,34 @@ class FloorWatch:
         cf: Any = self.function_ref()
         if not tf.executing_eagerly():
             return tf_internals.call_concrete_function(cf, tensor_inputs, captured_inputs)
-        before = self.count()
+        start = self.before_call(cf)
         outputs = tf_internals.call_concrete_function(cf, tensor_inputs, captured_inputs)
-        self.check(cf, before)
+        self.after_call(cf, start)
         return outputs
+
+    def before_call(self, concrete_function) -> tuple[int | None, list]:
+        """The skipped-step count now (None before any step was scaled), and the running metrics' values."""
+        import tensorflow as tf
+
+        # The raw read (about 15 microseconds a variable) is a copy: an update after it copies on write.
+        return self.count(), [(v, tf.raw_ops.ReadVariableOp(resource=v.handle, dtype=v.dtype))
+                              for v in self._running_metrics(concrete_function)]
+
+    def after_call(self, concrete_function, start: tuple[int | None, list]) -> None:
+        """After a call that began at ``start``: puts back the running metrics if it skipped a step whose loss was
+        not finite, and calls ``on_hopeless`` if a skipped step shows that no scale helps."""
+        before, metrics = start
+        after = self.count()
+        if after is None or after == (before or 0):
+            return
+        last = self.scaling.state().last_skip
+        non_finite_losses = int(last.non_finite_losses.numpy())
+        if non_finite_losses:
+            for variable, value in metrics:
+                variable.assign(value)
+        reason = hopeless_reason(skipped=True, scale=float(last.scale.numpy()), non_finite_losses=non_finite_losses)
+        if reason is not None:
+            self.on_hopeless(concrete_function, reason)
 
     def count(self) -> int | None:
         """The skipped-step count now (None before any step was scaled)."""
@@ -111,20 +146,14 @@ class FloorWatch:
             return None
         return int(self.scaling.state().skipped_steps.numpy())
 
-    def check(self, concrete_function, before: int | None) -> None:
-        """Calls ``on_hopeless`` if a step skipped since the count was ``before`` shows that no scale helps."""
-        reason = self._hopeless_since(before)
-        if reason is not None:
-            self.on_hopeless(concrete_function, reason)
-
-    def _hopeless_since(self, before: int | None) -> str | None:
-        """Why no scale helps, judged by the last step skipped since the count was ``before``; or None."""
-        after = self.count()
-        if after is None or after == (before or 0):
-            return None
-        last = self.scaling.state().last_skip
-        return hopeless_reason(skipped=True, scale=float(last.scale.numpy()),
-                               non_finite_losses=int(last.non_finite_losses.numpy()))
+    def _running_metrics(self, concrete_function) -> list:
+        """The function's scalar float variables that are not trained, besides the loss scale's (found once)."""
+        if self._metrics is None:
+            # by name: under a distribution strategy the graph holds each replica's own variable
+            self._metrics = [v for v in concrete_function.graph.variables
+                             if not v.trainable and v.dtype.is_floating and v.shape.rank == 0
+                             and not v.name.startswith(SCOPE + "/")]
+        return self._metrics
 
 
 class Callers:
@@ -141,12 +170,12 @@ class Callers:
         # caller → the ConcreteFunction whose state it now runs, kept alive with it
         self._float32: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-    def note(self, concrete_function, rewritten_names: set[str]) -> bool:
-        """Keeps ``concrete_function`` if its graph calls one of ``rewritten_names``; whether it does."""
+    def note(self, concrete_function, rewritten_names: set[str]) -> frozenset[str]:
+        """Keeps ``concrete_function`` if its graph calls one of ``rewritten_names``; the ones it calls."""
         names = frozenset(tf_internals.graph_functions(concrete_function.graph)) & rewritten_names
         if names:
             self._calls[concrete_function] = names
-        return bool(names)
+        return names
 
     def calls_of(self, concrete_function) -> frozenset[str]:
         """The rewritten bodies ``concrete_function`` calls (empty when it is no kept caller)."""
@@ -206,10 +235,29 @@ class FellBack:
     def __init__(self):
         self._functions: list[tuple[str, list[weakref.ref]]] = []
         self._bodies: set[str] = set()
+        # name of a function whose forward pass overflowed → its trainable variables
+        self._overflowed: list[tuple[str, list[weakref.ref]]] = []
 
     def add(self, name: str, graph) -> None:
         """Remembers the function ``name`` traced as ``graph``."""
         self._functions.append((name, [weakref.ref(v) for v in graph.trainable_variables]))
+
+    def add_overflowed(self, name: str, graph) -> None:
+        """Remembers that the forward pass of ``name``, traced as ``graph``, overflows half at any loss scale."""
+        self._overflowed.append((name, [weakref.ref(v) for v in graph.trainable_variables]))
+
+    def overflowed_with(self, graph) -> str | None:
+        """The name of a function that fell back whose forward pass computes with ``graph``'s weights, or None.
+
+        Such a function (an evaluation or prediction function of the same
+        model, a later trace of the training step) computes the forward pass
+        that overflowed half, so it stays float32 too.
+        """
+        ids = {id(v) for v in graph.trainable_variables}
+        for name, refs in self._overflowed:
+            if any(id(v) in ids for v in (ref() for ref in refs) if v is not None):
+                return name
+        return None
 
     def holds(self, name: str, graph) -> bool:
         """Whether a function of ``name`` training the variables ``graph`` trains fell back."""
@@ -230,6 +278,7 @@ class FellBack:
     def clear(self) -> None:
         self._functions.clear()
         self._bodies.clear()
+        self._overflowed.clear()
 
 
 def called_name(concrete_function) -> str:
@@ -276,20 +325,36 @@ class FloorFallback:
         return FloorWatch(concrete_function, scaling, self.fall_back_hopeless)
 
     def note_guarded_calls(self, concrete_function) -> bool:
-        """Whether a just-traced function calls the rewritten body of a watched one (kept in ``callers``)."""
+        """Whether a just-traced function calls the rewritten body of a watched one.
+
+        A function calling any rewritten body is kept in ``callers``: when that
+        body falls back (a watched one, or one computing with the weights of a
+        function whose forward pass overflowed), the caller gets a float32 body too.
+        """
         if not self.is_wanted():
             return False
-        rewritten = {called_name(cf) for cf, record in self.swapped.items()
-                     if not record.report.is_inference_only and self._holds_guarded_apply(record)
-                     and not tf_internals.is_xla_compiled(cf.function_def)}
-        return self.callers.note(concrete_function, rewritten)
+        watched = {called_name(cf): self._is_watched(cf, record) for cf, record in self.swapped.items()}
+        return any(watched[name] for name in self.callers.note(concrete_function, set(watched)))
+
+    def _is_watched(self, concrete_function, record: SwapRecord) -> bool:
+        return (not record.report.is_inference_only and self._holds_guarded_apply(record)
+                and not tf_internals.is_xla_compiled(concrete_function.function_def))
 
     def fell_back_before(self, concrete_function, name: str) -> bool:
-        """Whether an earlier trace of this function fell back (it stays as traced, with a line saying so)."""
+        """Whether this function stays as traced, with a line saying why.
+
+        It does when an earlier trace of it fell back, or when it computes with
+        the weights of a function whose forward pass overflowed half.
+        """
         graph = concrete_function.graph
-        if not (self.has_guarded_apply(graph) and self.fell_back.holds(name, graph)):
+        overflowed = self.fell_back.overflowed_with(graph)
+        if overflowed is not None:
+            reason = SHARES_WEIGHTS.format(name=overflowed)
+        elif self.has_guarded_apply(graph) and self.fell_back.holds(name, graph):
+            reason = FELL_BACK
+        else:
             return False
-        logger.info("amp-rewrite: tf.function %s runs in float32: %s", name, FELL_BACK)
+        logger.info("amp-rewrite: tf.function %s runs in float32: %s", name, reason)
         self.fell_back.add_body(called_name(concrete_function))
         return True
 
@@ -326,8 +391,33 @@ class FloorFallback:
                     replacements[rewritten_name] = tf_internals.inference_function(cf)
                     self.fell_back.add(function_name(cf), cf.graph)
                     self.fell_back.add_body(called_name(cf))
+            sharers = self._forward_overflowed(name, concrete_function.graph, replacements) if reason == \
+                LOSS_NOT_FINITE else []
             self._fall_back_callers(name, replacements)
         logger.warning("amp-rewrite: tf.function %s runs in float32 from the next call: %s", name, reason)
+        for sharer in sharers:
+            logger.warning("amp-rewrite: tf.function %s runs in float32 from the next call: %s", sharer,
+                           SHARES_WEIGHTS.format(name=name))
+
+    def _forward_overflowed(self, name: str, graph, replacements: dict[str, Any]) -> list[str]:
+        """The forward pass of ``name`` overflows half: the rewritten functions computing with its weights fall back.
+
+        Each gets its traced body back (added to ``replacements``, so the
+        functions calling it get float32 bodies too); functions traced later
+        with those weights stay float32 (:meth:`fell_back_before`). Returns
+        the names of the functions that fell back here.
+        """
+        self.fell_back.add_overflowed(name, graph)
+        names = []
+        for cf, record in list(self.swapped.items()):
+            if self.fell_back.overflowed_with(cf.graph) is None:
+                continue
+            rewritten_name = called_name(cf)
+            self.swapped.restore(cf)
+            replacements[rewritten_name] = tf_internals.inference_function(cf)
+            self.fell_back.add_body(called_name(cf))
+            names.append(record.report.name)
+        return sorted(set(names))
 
     def _fall_back_callers(self, name: str, replacements: dict) -> None:
         """Gives the functions calling the replaced bodies float32 bodies (a warning if one fails)."""

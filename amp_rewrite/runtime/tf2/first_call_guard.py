@@ -72,7 +72,7 @@ class FirstCallGuard:
         if not tf.executing_eagerly():
             return tf_internals.call_concrete_function(cf, tensor_inputs, captured_inputs)  # builds a call
         then = self.then
-        before = then.count() if then is not None else None
+        start = then.before_call(cf) if then is not None else None
         try:
             outputs = tf_internals.call_concrete_function(cf, tensor_inputs, captured_inputs)
         except Exception as exc:
@@ -81,7 +81,7 @@ class FirstCallGuard:
             tf_internals.drop_call_override(cf)
         else:
             tf_internals.override_call(cf, then)
-            then.check(cf, before)
+            then.after_call(cf, start)
         return outputs
 
 

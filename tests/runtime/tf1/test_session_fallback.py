@@ -81,3 +81,30 @@ def test_every_module_of_the_package_logs_under_the_session_name(module):
     loaded = importlib.import_module(module)
     assert loaded.logger.name == SESSION_LOGGER
 
+
+
+def test_an_evaluation_fetch_runs_float32_after_training_fell_back(amp_runtime, caplog):
+    """The session's fallback covers every fetch of its graph: evaluating the model it trained, too."""
+    import numpy as np
+
+    from amp_rewrite.runtime.settings import LossScaleSettings, RuntimeSettings
+
+    tf1 = tf.compat.v1
+    amp_runtime(RuntimeSettings(target="float16", loss_scale=LossScaleSettings(initial_scale=4.0)))
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [8, 4], name="x")
+        w = tf1.get_variable("w", initializer=np.full((4, 3), 300.0, np.float32))
+        y = tf.matmul(x, w)  # 360000 per element: beyond float16 at any loss scale
+        loss = tf.reduce_mean(tf.square(y))
+        train = tf1.train.GradientDescentOptimizer(1e-10).minimize(loss)
+        init = tf1.global_variables_initializer()
+    feed = {x: np.full((8, 4), 300.0, np.float32)}
+    with caplog.at_level(logging.WARNING, "amp_rewrite"), tf1.Session(graph=graph) as sess:
+        sess.run(init)
+        assert not np.isfinite(sess.run(y, feed)).any()  # evaluation in half, before the fallback
+        for _ in range(4):
+            sess.run(train, feed)
+        evaluated, weights = sess.run(y, feed), sess.run(w)
+    np.testing.assert_allclose(evaluated, feed[x] @ weights, rtol=1e-5)
+    assert any("running the float32 graph" in r.getMessage() for r in caplog.records)

@@ -59,17 +59,17 @@ def test_then_takes_the_guards_place_and_checks_the_first_call():
         def __init__(self):
             self.checks = []
 
-        def count(self):
-            return 7
+        def before_call(self, function):
+            return ("started", function)
 
-        def check(self, function, before):
-            self.checks.append((function, before))
+        def after_call(self, function, start):
+            self.checks.append((function, start))
 
     cf = traced(lambda x: x + 1.0)
     watch = Watch()
     tf_internals.override_call(cf, FirstCallGuard(cf, lambda *args: None, then=watch))
     assert np.array_equal(cf(tf.constant(Y)).numpy(), Y + 1.0)
-    assert tf_internals.call_override(cf) is watch and watch.checks == [(cf, 7)]
+    assert tf_internals.call_override(cf) is watch and watch.checks == [(cf, ("started", cf))]
 
 
 def swapped_to_a_failing_body():
