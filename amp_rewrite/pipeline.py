@@ -76,8 +76,9 @@ from typing import Any
 
 from amp_rewrite.config import Config
 from amp_rewrite.errors import AmpRewriteError, GraphError, PaintingRuleError
-from amp_rewrite.graph.facts import DT_BFLOAT16, DT_FLOAT, DT_HALF, node_name, sinks
+from amp_rewrite.graph.facts import DT_BFLOAT16, DT_FLOAT, DT_HALF, node_name, parse_input, sinks
 from amp_rewrite.graph.functions import LibraryResult, finalize_functions
+from amp_rewrite.graph.op_ports import output_count
 from amp_rewrite.graph.op_registry import OpRegistry, default_device_type, graph_pb2
 from amp_rewrite.graph.typed_graph import TypedGraph
 from amp_rewrite.paint import rules, tensor_lists
@@ -251,7 +252,8 @@ def rewrite(graph_def, *, fetches=None, target: str | None = None,
         A :class:`RewriteResult` with the new GraphDef and the report.
 
     Raises:
-        GraphError: the graph is malformed or a fetch names no node.
+        GraphError: the graph is malformed, or a fetch names no node or a port
+            the node does not have.
         ListError: the op lists are inconsistent.
     """
     with _collector_paused():
@@ -432,17 +434,36 @@ class _Laps:
         self._last = now
 
 
+def fetched_nodes(graph_def, fetches) -> set[str]:
+    """The nodes ``fetches`` name, each fetch checked against ``graph_def``'s main graph.
+
+    Args:
+        graph_def: the graph the fetches are read from.
+        fetches: ``name`` or ``name:port`` strings.
+
+    Raises:
+        GraphError: a fetch names no node, or a port the node does not have
+            (checked where the node's op is known: an unknown op's outputs are not).
+    """
+    nodes = {node.name: node for node in graph_def.node}
+    registry = OpRegistry(graph_def.library) if any(":" in fetch for fetch in fetches) else None
+    fetched = set()
+    for fetch in fetches:
+        name, port, _ = parse_input(fetch)
+        if name not in nodes:
+            raise GraphError(f"fetch {fetch!r} names no node of the graph")
+        if registry is not None and ":" in fetch:
+            outputs = output_count(nodes[name], registry)
+            if outputs is not None and not 0 <= port < outputs:
+                raise GraphError(f"fetch {fetch!r}: node {name} (op {nodes[name].op}) has "
+                                 f"{outputs} output{'s' if outputs != 1 else ''}")
+        fetched.add(name)
+    return fetched
+
+
 def _preserved_nodes(graph_def, config: Config) -> frozenset[str]:
+    fetched = fetched_nodes(graph_def, config.fetches) if config.fetches else sinks(graph_def)
     names = {node.name for node in graph_def.node}
-    if config.fetches:
-        fetched = set()
-        for fetch in config.fetches:
-            name = node_name(fetch)
-            if name not in names:
-                raise GraphError(f"fetch {fetch!r} names no node of the graph")
-            fetched.add(name)
-    else:
-        fetched = sinks(graph_def)
     missing = [p for p in config.preserve if node_name(p) not in names]
     if missing:
         raise GraphError(f"node to preserve {missing[0]!r} names no node of the graph")

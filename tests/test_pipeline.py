@@ -90,6 +90,17 @@ def test_unknown_fetch_is_an_error_naming_it():
         amp(mixed_graph(), ["nope"])
 
 
+def test_fetch_of_a_port_the_node_lacks_is_an_error_naming_the_node_and_its_outputs():
+    with pytest.raises(GraphError, match=r"^fetch 'mm0:7': node mm0 \(op MatMul\) has 1 output$"):
+        rewrite(mixed_graph(), fetches=["mm0:7"], config=CPU)
+
+
+def test_fetch_of_a_port_the_node_has_keeps_that_node():
+    result = rewrite(mixed_graph(), fetches=["logits:0", "loss:0"], config=CPU)
+    assert result.report()["nodes"]["logits"]["colour"] == "preserved"
+    assert {"mm0", "mm1", "mm2"} <= half_nodes(result.graph_def)
+
+
 def test_tensor_cores_only_converts_allow_ops_alone():
     out = amp(mixed_graph(), ["logits", "loss"], level="TENSOR_CORES_ONLY").graph_def
     assert half_nodes(out) == {"mm0", "mm1", "mm2", "w0", "w1", "w2"}
