@@ -3,50 +3,15 @@
 :func:`_rewrite` copies the graph, turns FusedBatchNorm V1 into V2 so that its
 ``T`` can be half, and builds the typed view. :func:`paint` then finds the
 data structures whose ops share a handle, adds the writer → reader edges
-between their element types to the view, and runs the rules of
-:data:`amp_rewrite.paint.rules.RULES` in this order (a test holds this account
-to that tuple):
-
-1. ``deny_escaping_tensor_lists``: a data structure whose handle escapes the
-   view keeps a float32 element type.
-2. ``paint_allow_ops``: every float32 vertex of an allow-list op that has a
-   half kernel is painted.
-3. ``keep_float32_where_half_is_slower``: with tuning on
-   (:mod:`amp_rewrite.tune.tuner`), a heavy allow or infer op measured no faster
-   in half on this device stays float32.
-4. ``keep_variable_updates_float32``: the elementwise arithmetic that
-   computes a resource variable's new value from its old one (a metric's
-   running total, a moving average) stays float32.
-5. ``keep_read_outs_float32``: a reduction whose value is read out (fetched,
-   returned, written to a variable or a summary: a loss, a metric) and the
-   arithmetic after it stay float32 (:mod:`amp_rewrite.paint.read_outs`).
-6. ``keep_normalization_float32``: a norm's mean and variance (a reduction
-   of ``x`` subtracted from ``x``, and the reduction of that difference
-   squared) count as deny-list ops (:mod:`amp_rewrite.paint.normalization`).
-   With no vertex painted now, there is nothing to do: :func:`paint` stops.
-7. ``paint_deny_forward``: each deny-list op, and the clear/infer ops on its
-   paths to another deny or infer op, stay float32.
-8. ``match_tensor_list_clusters``: the ops of a data structure get one
-   element type.
-9. ``paint_between_allow``: clear and infer ops on a path between two allow
-   ops join them.
-10. ``paint_infer_after_allow``: an infer op fed by a half op (and no deny op)
-   joins it, repeated to a fixed point.
-11. ``paint_clear_around_allow``: clear ops connected to a half op through
-   clear ops join it.
-12. ``match_tensor_list_clusters``: again, for the ops step 11 painted.
-13. ``choose_loop_variable_types``: each While loop variable takes the dtype
-    that needs fewer Casts per iteration.
-14. ``match_call_boundaries``: a call's ports and its callee's arguments and
-    results agree.
-15. ``match_loop_edges``: a NextIteration and its Merges agree.
-16. ``keep_float32_where_a_half_region_is_slower``: with tuning on, each
-    connected region of half ops (a MatMul with the elementwise ops that
-    followed it, a recurrent cell in its loop body) measured no faster in
-    half than in float32, its Casts included, stays float32
-    (:mod:`amp_rewrite.tune.regions`).
-17. ``retarget_existing_casts``: an existing Cast feeding only half ops casts
-    to half.
+between their element types to the view, and runs the painting rules in the
+order :data:`amp_rewrite.paint.rules.RULES` gives: first
+:data:`~amp_rewrite.paint.rules.ROOT_RULES`, which find the roots (with no
+vertex painted allow after them there is nothing to do, and :func:`paint`
+stops), then :data:`~amp_rewrite.paint.rules.SPREAD_RULES`, which spread the
+colours and make them agree where values must hold one dtype. That tuple is
+the one account of the schedule: each rule's docstring in
+:mod:`amp_rewrite.paint.rules` says what it does with a small example, and
+the numbered list of ``docs/how-it-works.md`` is written from them.
 
 Then the batch norms whose ``T`` was not painted turn back into V1;
 :func:`amp_rewrite.paint.casts.apply_painting` retypes the painted attrs, folds

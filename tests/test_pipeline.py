@@ -156,16 +156,6 @@ def test_gpu_device_type_on_a_cpu_build_checks_opdefs_only():
 RULE_LINE = re.compile(r"^(\w+): \+allow (\d+), \+deny (\d+), unmarked (\d+)$")
 
 
-def test_the_numbered_account_of_the_algorithm_is_the_schedule():
-    account = pipeline.__doc__
-    items = re.findall(r"^(\d+)\. ``(\w+)``", account, re.M)
-    assert [int(n) for n, _ in items] == list(range(1, len(painting.RULES) + 1))
-    assert [name for _, name in items] == [rule.__name__ for rule in painting.RULES]
-    roots = len(painting.ROOT_RULES)
-    stop = account.index("nothing to do")
-    assert account.index(f"\n{roots}. ``") < stop < account.index(f"\n{roots + 1}. ``")
-
-
 def test_each_rule_logs_what_it_changed_and_every_node_its_reason(caplog):
     caplog.set_level(logging.DEBUG, logger="amp_rewrite.pipeline")
     result = amp(mixed_graph(), ["logits", "loss"])
