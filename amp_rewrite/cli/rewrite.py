@@ -17,11 +17,12 @@ import os
 import sys
 from contextlib import contextmanager
 
-import numpy as np
-
+from amp_rewrite import pipeline
 from amp_rewrite.cli.args import config_from_args
 from amp_rewrite.errors import GraphError, UsageError, first_line
+from amp_rewrite.graph import io as graph_io
 from amp_rewrite.graph.facts import sinks
+from amp_rewrite.saved_model import rewrite_saved_model
 
 
 @contextmanager
@@ -35,22 +36,16 @@ def naming_input(path: str):
 
 def load_and_rewrite(args):
     """IN (a GraphDef) rewritten, validated with ``--validate``: the RewriteResult."""
-    from amp_rewrite.graph import io as graph_io
-    from amp_rewrite.pipeline import rewrite
-
     config = config_from_args(args)
     graph_def = graph_io.load_graph_def(args.input, input_format=args.input_format)
     with naming_input(args.input):
         if getattr(args, "validate", False):
             return _validated(args, graph_def, config)
-        return rewrite(graph_def, config=config, in_place=True)  # nothing reads the float32 graph again
+        return pipeline.rewrite(graph_def, config=config, in_place=True)  # nothing reads the float32 graph again
 
 
 def rewrite_saved_model_input(args):
     """IN (a SavedModel directory) rewritten: the rewritten proto and the RewriteResult."""
-    from amp_rewrite.graph import io as graph_io
-    from amp_rewrite.saved_model import rewrite_saved_model
-
     saved = graph_io.load_saved_model(args.input)
     with naming_input(args.input):
         return rewrite_saved_model(saved, config=config_from_args(args))
@@ -58,8 +53,6 @@ def rewrite_saved_model_input(args):
 
 def rewrite_in_memory(args):
     """IN rewritten, a GraphDef or a SavedModel directory: the RewriteResult, for the subcommands that write nothing."""
-    from amp_rewrite.graph import io as graph_io
-
     if graph_io.is_saved_model_dir(args.input):
         return rewrite_saved_model_input(args)[1]
     return load_and_rewrite(args)
@@ -97,6 +90,8 @@ def fetches_or_sinks(fetches, graph_def) -> tuple[str, ...]:
 
 def sample_inputs(path: str) -> dict:
     """The arrays of an ``.npz`` file, by key; anything else is a one-line error naming the file."""
+    import numpy as np
+
     from amp_rewrite import validate
 
     def refuse(reason: str):
