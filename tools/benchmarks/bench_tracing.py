@@ -15,7 +15,7 @@ brackets). This for each target:
 
 The table gives median trace times, the hook's extra time as a ratio of
 TensorFlow's own tracing time, and how much of it is the rewrite itself.
-Usage: ``python tools/tf2_tracing_cost.py [-n 5]``.
+Usage: ``python tools/benchmarks/bench_tracing.py [-n 5]``.
 """
 
 from __future__ import annotations
