@@ -37,7 +37,7 @@ wheel_names() {
 # 1. The sdist and the wheel from the checkout's files (tracked or new, not ignored), copied:
 #    a build/ or .egg-info left in the checkout by an earlier build cannot leak into them.
 mkdir "$work/checkout"
-tools/copy_checkout.sh "$work/checkout"
+tools/dev/copy_checkout.sh "$work/checkout"
 python -m build --sdist --wheel --outdir "$work/dist" "$work/checkout" >"$work/build.log" 2>&1 ||
     { tail -n 30 "$work/build.log" >&2; fail "building from the checkout failed"; }
 sdist=$(echo "$work"/dist/*.tar.gz)

@@ -16,6 +16,24 @@ graph may not run faster, and :func:`measure_speedup` times both graphs;
 :func:`default_device_type` is the device type rewrites target when none is
 given; :func:`is_enabled`, :func:`current_runtime`, :func:`target_choice`
 and :class:`RuntimeSettings` describe the ``ENABLE_AUTO_MP`` runtime.
+
+The modules behind the face (internal: they may move between releases):
+
+- :mod:`amp_rewrite.pipeline`: the pass, ``rewrite()``;
+  :mod:`amp_rewrite.config`: its one frozen configuration;
+  :mod:`amp_rewrite.errors`: the exceptions it and the rest raise;
+- :mod:`amp_rewrite.graph`: a GraphDef read and viewed typed;
+  :mod:`amp_rewrite.paint`: the lists, the painting rules and the Casts;
+  :mod:`amp_rewrite.tune`: measured precision;
+- :mod:`amp_rewrite.validate`: the accuracy-guarded rewrite;
+  :mod:`amp_rewrite.report`: the doctor, the HTML report, step times;
+- :mod:`amp_rewrite.saved_model`: a SavedModel rewritten;
+  :mod:`amp_rewrite.strip`: a mixed graph back to float32;
+  :mod:`amp_rewrite.function_api`: ``function`` and ``rewrite_concrete_function``;
+- :mod:`amp_rewrite.runtime`: the ``ENABLE_AUTO_MP`` runtime;
+  :mod:`amp_rewrite.environment`: every environment variable read, by name;
+  :mod:`amp_rewrite.tf_internals`: TensorFlow's private parts, all reached from there;
+- :mod:`amp_rewrite.cli`: the ``amp-rewrite`` command, which ``python -m amp_rewrite`` runs too.
 """
 
 import functools

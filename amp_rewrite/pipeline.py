@@ -3,50 +3,15 @@
 :func:`_rewrite` copies the graph, turns FusedBatchNorm V1 into V2 so that its
 ``T`` can be half, and builds the typed view. :func:`paint` then finds the
 data structures whose ops share a handle, adds the writer → reader edges
-between their element types to the view, and runs the rules of
-:data:`amp_rewrite.paint.rules.RULES` in this order (a test holds this account
-to that tuple):
-
-1. ``deny_escaping_tensor_lists``: a data structure whose handle escapes the
-   view keeps a float32 element type.
-2. ``paint_allow_ops``: every float32 vertex of an allow-list op that has a
-   half kernel is painted.
-3. ``keep_float32_where_half_is_slower``: with tuning on
-   (:mod:`amp_rewrite.tune.tuner`), a heavy allow or infer op measured no faster
-   in half on this device stays float32.
-4. ``keep_variable_updates_float32``: the elementwise arithmetic that
-   computes a resource variable's new value from its old one (a metric's
-   running total, a moving average) stays float32.
-5. ``keep_read_outs_float32``: a reduction whose value is read out (fetched,
-   returned, written to a variable or a summary: a loss, a metric) and the
-   arithmetic after it stay float32 (:mod:`amp_rewrite.paint.read_outs`).
-6. ``keep_normalization_float32``: a norm's mean and variance (a reduction
-   of ``x`` subtracted from ``x``, and the reduction of that difference
-   squared) count as deny-list ops (:mod:`amp_rewrite.paint.normalization`).
-   With no vertex painted now, there is nothing to do: :func:`paint` stops.
-7. ``paint_deny_forward``: each deny-list op, and the clear/infer ops on its
-   paths to another deny or infer op, stay float32.
-8. ``match_tensor_list_clusters``: the ops of a data structure get one
-   element type.
-9. ``paint_between_allow``: clear and infer ops on a path between two allow
-   ops join them.
-10. ``paint_infer_after_allow``: an infer op fed by a half op (and no deny op)
-   joins it, repeated to a fixed point.
-11. ``paint_clear_around_allow``: clear ops connected to a half op through
-   clear ops join it.
-12. ``match_tensor_list_clusters``: again, for the ops step 11 painted.
-13. ``choose_loop_variable_types``: each While loop variable takes the dtype
-    that needs fewer Casts per iteration.
-14. ``match_call_boundaries``: a call's ports and its callee's arguments and
-    results agree.
-15. ``match_loop_edges``: a NextIteration and its Merges agree.
-16. ``keep_float32_where_a_half_region_is_slower``: with tuning on, each
-    connected region of half ops (a MatMul with the elementwise ops that
-    followed it, a recurrent cell in its loop body) measured no faster in
-    half than in float32, its Casts included, stays float32
-    (:mod:`amp_rewrite.tune.regions`).
-17. ``retarget_existing_casts``: an existing Cast feeding only half ops casts
-    to half.
+between their element types to the view, and runs the painting rules in the
+order :data:`amp_rewrite.paint.rules.RULES` gives: first
+:data:`~amp_rewrite.paint.rules.ROOT_RULES`, which find the roots (with no
+vertex painted allow after them there is nothing to do, and :func:`paint`
+stops), then :data:`~amp_rewrite.paint.rules.SPREAD_RULES`, which spread the
+colours and make them agree where values must hold one dtype. That tuple is
+the one account of the schedule: each rule's docstring in
+:mod:`amp_rewrite.paint.rules` says what it does with a small example, and
+the numbered list of ``docs/how-it-works.md`` is written from them.
 
 Then the batch norms whose ``T`` was not painted turn back into V1;
 :func:`amp_rewrite.paint.casts.apply_painting` retypes the painted attrs, folds
@@ -76,8 +41,9 @@ from typing import Any
 
 from amp_rewrite.config import Config
 from amp_rewrite.errors import AmpRewriteError, GraphError, PaintingRuleError
-from amp_rewrite.graph.facts import DT_BFLOAT16, DT_FLOAT, DT_HALF, node_name, sinks
+from amp_rewrite.graph.facts import DT_BFLOAT16, DT_FLOAT, DT_HALF, node_name, parse_input, sinks
 from amp_rewrite.graph.functions import LibraryResult, finalize_functions
+from amp_rewrite.graph.op_ports import output_count
 from amp_rewrite.graph.op_registry import OpRegistry, default_device_type, graph_pb2
 from amp_rewrite.graph.typed_graph import TypedGraph
 from amp_rewrite.paint import rules, tensor_lists
@@ -251,7 +217,8 @@ def rewrite(graph_def, *, fetches=None, target: str | None = None,
         A :class:`RewriteResult` with the new GraphDef and the report.
 
     Raises:
-        GraphError: the graph is malformed or a fetch names no node.
+        GraphError: the graph is malformed, or a fetch names no node or a port
+            the node does not have.
         ListError: the op lists are inconsistent.
     """
     with _collector_paused():
@@ -432,17 +399,36 @@ class _Laps:
         self._last = now
 
 
+def fetched_nodes(graph_def, fetches) -> set[str]:
+    """The nodes ``fetches`` name, each fetch checked against ``graph_def``'s main graph.
+
+    Args:
+        graph_def: the graph the fetches are read from.
+        fetches: ``name`` or ``name:port`` strings.
+
+    Raises:
+        GraphError: a fetch names no node, or a port the node does not have
+            (checked where the node's op is known: an unknown op's outputs are not).
+    """
+    nodes = {node.name: node for node in graph_def.node}
+    registry = OpRegistry(graph_def.library) if any(":" in fetch for fetch in fetches) else None
+    fetched = set()
+    for fetch in fetches:
+        name, port, _ = parse_input(fetch)
+        if name not in nodes:
+            raise GraphError(f"fetch {fetch!r} names no node of the graph")
+        if registry is not None and ":" in fetch:
+            outputs = output_count(nodes[name], registry)
+            if outputs is not None and not 0 <= port < outputs:
+                raise GraphError(f"fetch {fetch!r}: node {name} (op {nodes[name].op}) has "
+                                 f"{outputs} output{'s' if outputs != 1 else ''}")
+        fetched.add(name)
+    return fetched
+
+
 def _preserved_nodes(graph_def, config: Config) -> frozenset[str]:
+    fetched = fetched_nodes(graph_def, config.fetches) if config.fetches else sinks(graph_def)
     names = {node.name for node in graph_def.node}
-    if config.fetches:
-        fetched = set()
-        for fetch in config.fetches:
-            name = node_name(fetch)
-            if name not in names:
-                raise GraphError(f"fetch {fetch!r} names no node of the graph")
-            fetched.add(name)
-    else:
-        fetched = sinks(graph_def)
     missing = [p for p in config.preserve if node_name(p) not in names]
     if missing:
         raise GraphError(f"node to preserve {missing[0]!r} names no node of the graph")

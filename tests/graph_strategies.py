@@ -3,7 +3,7 @@
 A graph is described by a :class:`Recipe` (plain data: a list of steps), drawn
 through a :class:`Chooser`. The same recipe code serves two drivers: the
 hypothesis strategy :func:`recipes` (for pytest, with shrinking) and
-:class:`RandomChooser` (for ``tools/fuzz.py``, where each graph is reproduced
+:class:`RandomChooser` (for ``tools/dev/fuzz.py``, where each graph is reproduced
 from one integer seed). :func:`build` turns a recipe into a ``tf.Graph`` built
 with ``tf.compat.v1`` ops, and at the same time computes, in float64 NumPy,
 the exact value of every tensor and a bound on how far a half-precision

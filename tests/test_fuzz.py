@@ -1,7 +1,7 @@
 """Property tests on random valid graphs (generator and tolerance model: graph_strategies.py).
 
 The hypothesis profile ``amp-fuzz-ci`` (the default) draws 200 graphs; set
-``AMP_FUZZ_PROFILE=amp-fuzz-long`` for 2,000. ``tools/fuzz.py`` runs the same
+``AMP_FUZZ_PROFILE=amp-fuzz-long`` for 2,000. ``tools/dev/fuzz.py`` runs the same
 properties for as many graphs as you like, outside pytest.
 """
 

@@ -25,7 +25,7 @@ from helpers import (
 from amp_rewrite.paint.explain import disagreements
 from amp_rewrite.report.grappler import grappler_rewrite
 
-sys.path.insert(0, str(REPO / "tools"))
+sys.path.insert(0, str(REPO / "tools" / "benchmarks"))
 import models  # noqa: E402
 
 

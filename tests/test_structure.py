@@ -1,6 +1,6 @@
 """The package's structure: no import cycles, imports down the layers, and the runtime's state in one place.
 
-Reads the source as ``tools/runtime_structure.py`` does (nothing imported).
+Reads the source as ``tools/dev/runtime_structure.py`` does (nothing imported).
 A module-level object in the runtime besides the one optional reference to
 the enabled :class:`~amp_rewrite.runtime.core.Runtime`, or an attribute the
 runtime sets on TensorFlow's objects, would be a second answer to "is the
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def structure_tool():
-    spec = importlib.util.spec_from_file_location("runtime_structure", ROOT / "tools" / "runtime_structure.py")
+    spec = importlib.util.spec_from_file_location("runtime_structure", ROOT / "tools" / "dev" / "runtime_structure.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -9,7 +9,7 @@ from helpers import F16, F32, REPO, amp, half_nodes, tf1
 
 from amp_rewrite.paint.explain import disagreements
 
-sys.path.insert(0, str(REPO / "tools"))
+sys.path.insert(0, str(REPO / "tools" / "benchmarks"))
 import models  # noqa: E402
 
 VARIABLE_OPS = ("VarHandleOp", "VariableV2", "Variable")

@@ -14,6 +14,7 @@ import argparse
 import math
 from dataclasses import replace
 
+import amp_rewrite
 from amp_rewrite.config import DEVICE_TYPES, LEVELS, Config
 from amp_rewrite.paint.op_lists import COLOURS, TARGETS, ListEdit
 
@@ -106,8 +107,6 @@ class _PrintVersion(argparse.Action):
         super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        import amp_rewrite
-
         print(f"amp-rewrite {amp_rewrite.__version__}")
         parser.exit()
 

@@ -26,12 +26,14 @@ from amp_rewrite.cli.rewrite import (
     sample_feeds,
 )
 from amp_rewrite.errors import GraphError, UsageError
+from amp_rewrite.graph import io as graph_io
+from amp_rewrite.paint.explain import explain_chain
+from amp_rewrite.report.doctor import diagnose, render_lines
+from amp_rewrite.report.html import render_html
 
 
 def run(args) -> int:
     """Rewrites IN to OUT; writes the report; prints the summary line."""
-    from amp_rewrite.graph import io as graph_io
-
     check_rewrite_paths(args)
     if graph_io.is_saved_model_dir(args.input):
         return run_saved_model(args)
@@ -44,8 +46,6 @@ def run(args) -> int:
 
 def run_saved_model(args) -> int:
     """Rewrites a SavedModel directory into another."""
-    from amp_rewrite.graph import io as graph_io
-
     if args.validate or args.inputs or args.random_inputs:
         flag = "--validate" if args.validate else "--inputs" if args.inputs else "--random-inputs"
         raise UsageError(f"{args.input}: {flag} takes a GraphDef input (.pb or .pbtxt), not a SavedModel; "
@@ -59,8 +59,6 @@ def run_saved_model(args) -> int:
 
 def _finish(args, result, stage) -> None:
     """Renders the report; stages the output and the report; renames both into place; prints the summary."""
-    from amp_rewrite.graph import io as graph_io
-
     report_bytes = _report_bytes(args, result)
     _warn_unmatched(args, result)
     with graph_io.Outputs() as outputs:
@@ -78,15 +76,11 @@ def _report_bytes(args, result) -> bytes | None:
         return None
     doctor = _doctor_section(result)
     if args.report.endswith(".html"):
-        from amp_rewrite.report.html import render_html
-
         return render_html(result, title=os.path.basename(args.input), doctor=doctor).encode()
     return (json.dumps({**result.report(), "doctor": doctor}, indent=1, sort_keys=True) + "\n").encode()
 
 
 def _doctor_section(result) -> dict:
-    from amp_rewrite.report.doctor import diagnose
-
     return diagnose(result).as_dict()
 
 
@@ -97,8 +91,6 @@ def _warn_unmatched(args, result) -> None:
 
 def run_explain(args) -> int:
     """Prints the chain of reasons for one node."""
-    from amp_rewrite.paint.explain import explain_chain
-
     result = rewrite_in_memory(args)
     _warn_unmatched(args, result)
     if args.node not in result.node_outcomes:
@@ -112,9 +104,6 @@ def run_explain(args) -> int:
 
 def run_doctor(args) -> int:
     """Prints the doctor's findings and bound for IN."""
-    from amp_rewrite.graph import io as graph_io
-    from amp_rewrite.report.doctor import diagnose, render_lines
-
     if graph_io.is_saved_model_dir(args.input) and (args.benchmark or args.inputs):
         raise UsageError(f"{args.input}: {'--benchmark' if args.benchmark else '--inputs'} takes a GraphDef input "
                          "(.pb or .pbtxt), not a SavedModel; time a frozen graph of the model instead")
@@ -130,7 +119,6 @@ def run_doctor(args) -> int:
 
 def _benchmark_line(args, result, bound) -> str:
     """Times the float32 graph (read again) against the rewritten one; the measured line."""
-    from amp_rewrite.graph import io as graph_io
     from amp_rewrite.report.measure import measure_speedup, measurement_line
 
     original = graph_io.load_graph_def(args.input, input_format=args.input_format)
@@ -152,8 +140,6 @@ def _init_op(args, graph_def) -> str | None:
 
 def run_strip(args) -> int:
     """Strips IN to OUT; prints the summary line."""
-    from amp_rewrite.graph import io as graph_io
-
     check_output_is_not_input(args)
     result = _strip_saved_model(args) if graph_io.is_saved_model_dir(args.input) else _strip_graph_def(args)
     if not args.quiet:
@@ -163,7 +149,6 @@ def run_strip(args) -> int:
 
 def _strip_saved_model(args):
     """A SavedModel directory stripped into another: the StripResult."""
-    from amp_rewrite.graph import io as graph_io
     from amp_rewrite.strip import strip_saved_model
 
     graph_io.saved_model_target(args.output, replace=args.in_place)
@@ -176,7 +161,6 @@ def _strip_saved_model(args):
 
 def _strip_graph_def(args):
     """A GraphDef stripped into OUT: the StripResult."""
-    from amp_rewrite.graph import io as graph_io
     from amp_rewrite.strip import strip
 
     graph_io.output_file_target(args.output)

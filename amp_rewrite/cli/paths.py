@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from amp_rewrite.errors import UsageError
+from amp_rewrite.graph import io as graph_io
 
 
 def check_output_is_not_input(args) -> None:
@@ -28,8 +29,6 @@ def check_rewrite_paths(args) -> None:
 
 def _check_report_path(args) -> None:
     """``--report``: a .json or .html path that is neither IN nor OUT, nor inside them, nor a non-file."""
-    from amp_rewrite.graph import io as graph_io
-
     if not args.report.endswith((".json", ".html")):
         raise UsageError(f"{args.report}: --report must end in .json or .html")
     for name, other in (("input", args.input), ("output", args.output)):

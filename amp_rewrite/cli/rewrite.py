@@ -1,13 +1,14 @@
 """IN rewritten in memory as the flags say, for every subcommand that rewrites, and the sample inputs it runs on.
 
-:func:`load_and_rewrite` reads a GraphDef, checks the fetches' ports, and
-rewrites it (through ``--validate`` when asked); :func:`rewrite_saved_model_input`
-does the same for a SavedModel directory, and :func:`rewrite_in_memory` picks
-the one IN needs. A :class:`~amp_rewrite.errors.GraphError` from them names IN
-first. :func:`sample_feeds` and :func:`fetches_or_sinks`
-are what ``--validate`` and ``doctor --benchmark`` run the graph with: the
-arrays of ``--inputs FEEDS.npz`` (read by :func:`sample_inputs`, any fault one
-line naming the file) or random ones, and the fetches or the graph's outputs.
+:func:`load_and_rewrite` reads a GraphDef and rewrites it (through
+``--validate`` when asked); :func:`rewrite_saved_model_input` does the same
+for a SavedModel directory, and :func:`rewrite_in_memory` picks the one IN
+needs. A :class:`~amp_rewrite.errors.GraphError` from them (a fetch naming no
+node or a port its node lacks, say: the rewrite checks the fetches) names IN
+first. :func:`sample_feeds` and :func:`fetches_or_sinks` are what
+``--validate`` and ``doctor --benchmark`` run the graph with: the arrays of
+``--inputs FEEDS.npz`` (read by :func:`sample_inputs`, any fault one line
+naming the file) or random ones, and the fetches or the graph's outputs.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ import os
 import sys
 from contextlib import contextmanager
 
-import numpy as np
-
+from amp_rewrite import pipeline
 from amp_rewrite.cli.args import config_from_args
 from amp_rewrite.errors import GraphError, UsageError, first_line
-from amp_rewrite.graph.facts import parse_input, sinks
+from amp_rewrite.graph import io as graph_io
+from amp_rewrite.graph.facts import sinks
+from amp_rewrite.saved_model import rewrite_saved_model
 
 
 @contextmanager
@@ -34,23 +36,16 @@ def naming_input(path: str):
 
 def load_and_rewrite(args):
     """IN (a GraphDef) rewritten, validated with ``--validate``: the RewriteResult."""
-    from amp_rewrite.graph import io as graph_io
-    from amp_rewrite.pipeline import rewrite
-
     config = config_from_args(args)
     graph_def = graph_io.load_graph_def(args.input, input_format=args.input_format)
     with naming_input(args.input):
-        _check_fetch_ports(graph_def, config.fetches or ())
         if getattr(args, "validate", False):
             return _validated(args, graph_def, config)
-        return rewrite(graph_def, config=config, in_place=True)  # nothing reads the float32 graph again
+        return pipeline.rewrite(graph_def, config=config, in_place=True)  # nothing reads the float32 graph again
 
 
 def rewrite_saved_model_input(args):
     """IN (a SavedModel directory) rewritten: the rewritten proto and the RewriteResult."""
-    from amp_rewrite.graph import io as graph_io
-    from amp_rewrite.saved_model import rewrite_saved_model
-
     saved = graph_io.load_saved_model(args.input)
     with naming_input(args.input):
         return rewrite_saved_model(saved, config=config_from_args(args))
@@ -58,30 +53,9 @@ def rewrite_saved_model_input(args):
 
 def rewrite_in_memory(args):
     """IN rewritten, a GraphDef or a SavedModel directory: the RewriteResult, for the subcommands that write nothing."""
-    from amp_rewrite.graph import io as graph_io
-
     if graph_io.is_saved_model_dir(args.input):
         return rewrite_saved_model_input(args)[1]
     return load_and_rewrite(args)
-
-
-def _check_fetch_ports(graph_def, fetches) -> None:
-    """A fetch ``name:port`` must name an output the node has (when its op is known)."""
-    from amp_rewrite.graph.op_ports import output_count
-    from amp_rewrite.graph.op_registry import OpRegistry
-
-    with_port = [f for f in fetches if ":" in f]
-    if not with_port:
-        return
-    nodes = {node.name: node for node in graph_def.node}
-    registry = OpRegistry(graph_def.library)
-    for fetch in with_port:
-        name, port, _ = parse_input(fetch)
-        # None: a missing node is the rewrite's error; an unknown op's outputs are unknown.
-        outputs = output_count(nodes[name], registry) if name in nodes else None
-        if outputs is not None and not 0 <= port < outputs:
-            raise GraphError(f"fetch {fetch!r}: node {name} (op {nodes[name].op}) has "
-                             f"{outputs} output{'s' if outputs != 1 else ''}")
 
 
 def _validated(args, graph_def, config):
@@ -116,6 +90,8 @@ def fetches_or_sinks(fetches, graph_def) -> tuple[str, ...]:
 
 def sample_inputs(path: str) -> dict:
     """The arrays of an ``.npz`` file, by key; anything else is a one-line error naming the file."""
+    import numpy as np
+
     from amp_rewrite import validate
 
     def refuse(reason: str):

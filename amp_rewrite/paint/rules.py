@@ -6,9 +6,13 @@ function ``rule(ctx, painting)`` that reads a
 :class:`~amp_rewrite.paint.context.PaintContext` and grows or shrinks those
 sets, and nothing else. The rules are defined below in the order they run,
 and :data:`RULES` (:data:`ROOT_RULES`, then :data:`SPREAD_RULES`) is that
-order as data: :func:`amp_rewrite.pipeline.paint` loops over it. Every rule is a reachability question answered by
-:meth:`TypedGraph.reach`, so no result depends on the order nodes appear in
-the GraphDef.
+order as data: :func:`amp_rewrite.pipeline.paint` loops over it. It is the one
+account of the schedule: the numbered list of ``docs/how-it-works.md`` is
+written from it and from the first line of each rule's docstring
+(``tools/dev/rules_list.py``; a test holds the page to them), so that line
+says what the rule does in words a user reads. Every rule is a reachability
+question answered by :meth:`TypedGraph.reach`, so no result depends on the
+order nodes appear in the GraphDef.
 
 :func:`~amp_rewrite.paint.tensor_lists.find_tensor_list_clusters` runs before the
 rules. It is no rule: it paints nothing and returns the clusters a

@@ -6,5 +6,6 @@ face); modules may move between releases.
 - :mod:`~amp_rewrite.tune.tuner`: which ops to time and the verdicts the painting reads;
 - :mod:`~amp_rewrite.tune.shapes`: each op's input shapes, from TensorFlow's shape inference;
 - :mod:`~amp_rewrite.tune.timing`: one op timed in each precision, its Casts included;
+- :mod:`~amp_rewrite.tune.regions`: connected regions of half ops, timed as a whole;
 - :mod:`~amp_rewrite.tune.cache`: the timings, cached per device and TensorFlow version.
 """

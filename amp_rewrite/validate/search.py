@@ -17,7 +17,7 @@ import numpy as np
 from amp_rewrite.config import Config
 from amp_rewrite.errors import UsageError
 from amp_rewrite.graph.facts import node_name
-from amp_rewrite.pipeline import RewriteResult, rewrite
+from amp_rewrite.pipeline import RewriteResult, fetched_nodes, rewrite
 from amp_rewrite.validate.report import ValidationReport
 from amp_rewrite.validate.risk import Risks, float16_risks
 from amp_rewrite.validate.runner import Runner
@@ -51,12 +51,14 @@ def validated_rewrite(
         The final rewrite and a :class:`ValidationReport`.
 
     Raises:
+        GraphError: a fetch names no node, or a port the node does not have.
         ValidationError: bad sample inputs (missing, wrong shape or dtype).
     """
     config = config if config is not None else Config.from_env()
     tolerance = tolerance or Tolerance()
     _check_limits(tolerance, max_runs)
     fetches = list(fetches)
+    fetched_nodes(graph_def, fetches)  # the rewrite's own check, before the float32 run meets a bad fetch
     report = ValidationReport()
     runner = Runner(graph_def, feeds, fetches, report, max_runs, progress)
     reference, peaks = runner.reference()

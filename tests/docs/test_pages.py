@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import sys
 from collections.abc import Iterator, Mapping
@@ -146,12 +147,22 @@ def test_the_api_page_documents_the_face():
     assert set(documented) == face, (sorted(face - set(documented)), sorted(set(documented) - face))
 
 
-def test_the_numbered_rules_are_the_schedule():
-    rules = doc_pages.resolve("amp_rewrite.paint.rules.RULES")
-    text = doc_pages.prose(doc_pages.DOCS / "how-it-works.md")
-    listed = re.findall(r"^(\d+)\. `(\w+)`:", text, re.M)
-    assert [int(number) for number, _ in listed] == list(range(1, len(rules) + 1))
-    assert [name for _, name in listed] == [rule.__name__ for rule in rules]
+def _rules_tool():
+    spec = importlib.util.spec_from_file_location("rules_list", doc_pages.REPO / "tools" / "dev" / "rules_list.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_numbered_rules_are_the_ones_the_schedule_writes():
+    """The page's list is what tools/dev/rules_list.py makes of RULES and the rules' docstrings."""
+    rules = doc_pages.resolve("amp_rewrite.paint.rules")
+    tool = _rules_tool()
+    listed = tool.listed((doc_pages.DOCS / "how-it-works.md").read_text())
+    assert listed == tool.rules_list(rules.RULES, len(rules.ROOT_RULES)), (
+        "docs/how-it-works.md: the rules list is not the schedule's; run python tools/dev/rules_list.py")
+    numbered = re.findall(r"^(\d+)\. `(\w+)`: ", listed, re.M)
+    assert [name for _, name in numbered] == [rule.__name__ for rule in rules.RULES]
 
 
 # What users paste, and what CI runs: the README's first two commands, as they were.

@@ -1,6 +1,6 @@
 """The built site: it builds with warnings as errors, its internal links and anchors resolve, and it renders.
 
-CI builds the site once (``tools/test_tf_version.sh --docs``, the README's
+CI builds the site once (``tools/dev/test_tf_version.sh --docs``, the README's
 build command) and names the directory in ``DOCS_SITE_DIR``; elsewhere, where
 the ``docs`` extra is installed, the site is built here into a temporary
 directory. Without either, these tests skip: the docs extra needs Python

@@ -1,6 +1,6 @@
 """Keras 3 under the runtime: fit with ENABLE_AUTO_MP=1, and custom loops in this process.
 
-The fit tests run ``tools/tf2_keras_fit.py`` (an MLP and a CNN on synthetic
+The fit tests run ``tools/example/tf2_keras_fit.py`` (an MLP and a CNN on synthetic
 data) in two subprocesses, with and without the variable, and compare what
 they wrote. The custom-loop tests patch this process with ``enable()``.
 """
@@ -21,7 +21,7 @@ from amp_rewrite import runtime
 from amp_rewrite.runtime.loss_scale import tf2_install
 from amp_rewrite.runtime.settings import RuntimeSettings
 
-FIT_TOOL = REPO / "tools" / "tf2_keras_fit.py"
+FIT_TOOL = REPO / "tools" / "example" / "tf2_keras_fit.py"
 EPOCHS = 6
 
 

@@ -5,7 +5,7 @@ Enables the runtime (float16 unless ``--target``; on a CPU without fast half
 the model's GraphDef into a session, initializes a training model, and runs
 N + 2 steps of its fetches; the table goes to stderr after step N.
 
-Usage: python tools/profile_step.py [--model tf1_cnn_training] [--after 3] [--target float16]
+Usage: python tools/benchmarks/bench_profile_step.py [--model tf1_cnn_training] [--after 3] [--target float16]
 """
 
 from __future__ import annotations

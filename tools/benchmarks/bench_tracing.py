@@ -15,7 +15,7 @@ brackets). This for each target:
 
 The table gives median trace times, the hook's extra time as a ratio of
 TensorFlow's own tracing time, and how much of it is the rewrite itself.
-Usage: ``python tools/tf2_tracing_cost.py [-n 5]``.
+Usage: ``python tools/benchmarks/bench_tracing.py [-n 5]``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import amp_rewrite  # noqa: E402
-from amp_rewrite.runtime.tf2 import tracing as tf_function  # noqa: E402
+from amp_rewrite.runtime.tf2 import tracing  # noqa: E402
 
 
 def keras_step(model, shape):
@@ -97,7 +97,7 @@ def main(argv=None):
         tf.function(step).get_concrete_function(*specs)  # warm-up: creates no more variables
         for target in ("float16", "bfloat16"):
             plain, first, hooked = trace_seconds(step, specs, args.n, target)
-            reports = tf_function.rewritten_functions()[-args.n:]
+            reports = tracing.rewritten_functions()[-args.n:]
             rewrite = statistics.median(r.rewrite_seconds for r in reports)
             nodes = reports[-1].nodes_total
             print(f"| {name} | {target} | {nodes} | {plain * 1e3:.0f} | {hooked * 1e3:.0f} | "

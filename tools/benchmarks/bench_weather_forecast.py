@@ -64,7 +64,7 @@ are saved in its directory, which ``--keep`` keeps.
 
 Usage::
 
-    PYTHONPATH=. python tools/weather_forecast.py PATH/timeseries_weather_forecasting.py \\
+    PYTHONPATH=. python tools/benchmarks/bench_weather_forecast.py PATH/timeseries_weather_forecasting.py \\
         [--rounds 3] [--modes float32,auto,bfloat16,bfloat16+tune] [--rows 30000] [--seed 0] \\
         [--no-dump] [--keep DIR] [--timeout 3600]
 """

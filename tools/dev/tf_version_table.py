@@ -1,7 +1,7 @@
 """Counts a suite run's results by what they exercise, as the README's TensorFlow-version table shows them.
 
-    python -m pytest --junitxml=RUN.xml ...        (tools/test_tf_version.sh VERSION -- --junitxml=RUN.xml)
-    python tools/tf_version_table.py RUN.xml [RUN.xml ...]
+    python -m pytest --junitxml=RUN.xml ...        (tools/dev/test_tf_version.sh VERSION -- --junitxml=RUN.xml)
+    python tools/dev/tf_version_table.py RUN.xml [RUN.xml ...]
 
 Prints one markdown row per run: passed/failed (and skipped) per column, then
 the whole suite. A test belongs to one column, by where it sits in tests/

@@ -18,7 +18,7 @@ after ours, on graphs up to ``--grappler-max`` nodes. Wall and CPU time are
 both given: on a shared machine the process's CPU time is the steadier
 figure (Grappler's pass is single-threaded too).
 
-Usage: python tools/benchmark_scale.py [--family synthetic,inception] [--nodes 20000,200000,1000000]
+Usage: python tools/benchmarks/bench_scale.py [--family synthetic,inception] [--nodes 20000,200000,1000000]
        [--grappler-max 250000] [--flops-max 250000] [--baseline DIR] [--json FILE] [--profile] [--copy]
 """
 

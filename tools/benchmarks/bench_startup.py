@@ -1,8 +1,8 @@
-"""What ENABLE_AUTO_MP costs at interpreter start-up, with the package installed.
+"""What ENABLE_AUTO_MP costs at interpreter start-up, with the package installed: an empty program's start.
 
 Runs ``python -X importtime -c pass`` several times with the variable unset,
 set to 0 and set to 1, and prints the median start-up wall time and the
-modules our start-up files imported. Usage: ``python tools/startup_cost.py [-n 20]``.
+modules our start-up files imported. Usage: ``python tools/benchmarks/bench_startup.py [-n 20]``.
 """
 
 from __future__ import annotations

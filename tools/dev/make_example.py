@@ -2,7 +2,7 @@
 
 Usage (from the repository root)::
 
-    python tools/make_example.py [OUTPUT]
+    python tools/dev/make_example.py [OUTPUT]
 
 OUTPUT defaults to ``tools/example/mlp.pb`` under the repository root. The
 bytes are deterministic, so re-running the script leaves the file unchanged.
@@ -14,13 +14,14 @@ import argparse
 import sys
 from pathlib import Path
 
-TOOLS_DIR = Path(__file__).resolve().parent
+TOOLS_DIR = Path(__file__).resolve().parents[1]
 REPO_ROOT = TOOLS_DIR.parent
 DEFAULT_OUTPUT = TOOLS_DIR / "example" / "mlp.pb"
+MODELS_DIR = TOOLS_DIR / "benchmarks"
 
-# tools/ is not a package: make models.py importable as a top-level module.
-if str(TOOLS_DIR) not in sys.path:
-    sys.path.insert(0, str(TOOLS_DIR))
+# tools/ is not a package: make the benchmarks' models.py importable as a top-level module.
+if str(MODELS_DIR) not in sys.path:
+    sys.path.insert(0, str(MODELS_DIR))
 
 import models  # noqa: E402
 

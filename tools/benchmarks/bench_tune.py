@@ -2,7 +2,7 @@
 
 Four unmodified training scripts, each run in its own process:
 
-- ``tf1`` and ``keras``: the CNNs of ``tools/auto_mp_speed.py`` (TF1
+- ``tf1`` and ``keras``: the CNNs of ``tools/benchmarks/bench_auto_mp.py`` (TF1
   ``Session`` and Keras ``fit``);
 - ``keras_xla``: the Keras CNN compiled with ``jit_compile=True``;
 - ``depthwise``: a Keras MobileNet-style model (depthwise 3x3 and pointwise
@@ -19,7 +19,7 @@ share one timing cache for the whole run, so the first round's tuned runs
 measure and the later ones read the cache; the times reported exclude the
 warm-up steps, which hold the rewrite and its measuring, reported apart as
 the first step's time. Usage:
-``python tools/tune_speed.py [--rounds 2] [--steps 5] [--kinds tf1,keras,keras_xla,depthwise]``.
+``python tools/benchmarks/bench_tune.py [--rounds 2] [--steps 5] [--kinds tf1,keras,keras_xla,depthwise]``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import auto_mp_speed as workloads  # noqa: E402
+import bench_auto_mp as workloads  # noqa: E402
 
 TUNE = {"AMP_REWRITE_TUNE": "1"}
 CLOCKS = {"wall": "times", "cpu": "cpu_times"}

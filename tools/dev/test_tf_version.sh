@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the test suite against one TensorFlow release, in a fresh virtualenv.
 #
-#   tools/test_tf_version.sh VERSION [--floors] [--lint] [--docs] [--python PATH] [-- PYTEST_ARGS...]
+#   tools/dev/test_tf_version.sh VERSION [--floors] [--lint] [--docs] [--python PATH] [-- PYTEST_ARGS...]
 #
 # VERSION is a minor release of the supported range, 2.16 to 2.21. The package is
 # installed (not editable) with its `cpu` and `test` extras and that release of
@@ -17,10 +17,10 @@
 # AMP_TF_VENV names the virtualenv's directory (default: a new temporary directory).
 # The exit status is pytest's (ruff's or mypy's first, with --lint; Sphinx's, with --docs).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_PROGRESS_BAR=off TF_CPP_MIN_LOG_LEVEL=2
 
-usage="usage: tools/test_tf_version.sh 2.16|2.17|2.18|2.19|2.20|2.21 [--floors] [--lint] [--docs] [--python PATH] [-- PYTEST_ARGS...]"
+usage="usage: tools/dev/test_tf_version.sh 2.16|2.17|2.18|2.19|2.20|2.21 [--floors] [--lint] [--docs] [--python PATH] [-- PYTEST_ARGS...]"
 version=${1:-}
 case "$version" in
     2.16|2.17|2.18|2.19|2.20|2.21) shift ;;
@@ -70,7 +70,7 @@ extras=cpu,test
 # Installed from a copy of the checkout: pip builds in the tree it installs from, and CI runs
 # two of these side by side on one checkout.
 source_copy="$(mktemp -d)"
-tools/copy_checkout.sh "$source_copy"
+tools/dev/copy_checkout.sh "$source_copy"
 pip install -q "$source_copy[$extras]" "${pins[@]}"
 rm -rf "$source_copy"
 pip install -q --no-deps "tf-keras==$version.*" "tf-slim==1.1.0"

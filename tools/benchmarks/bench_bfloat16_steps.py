@@ -1,6 +1,8 @@
 """bfloat16 step time on the CPU: float32, our bfloat16 graph, and Grappler's oneDNN bfloat16 pass.
 
-For each model, three sessions live in one process:
+The models (built by ``models.py``): ResNet-50 training (tf-slim), a TF1
+transformer block training, Keras ResNet-50 frozen and a 4-layer BERT-like
+encoder. For each model, three sessions live in one process:
 - ``float32``: the graph as built;
 - ``ours``: ``amp_rewrite.rewrite(..., target="bfloat16")`` of it;
 - ``grappler``: the graph Grappler's ``auto_mixed_precision_onednn_bfloat16``
@@ -20,7 +22,7 @@ the tool says so, and its "Casts added by Grappler" column is then 0.
 ``--stats`` also traces one step of each with ``RunMetadata`` and prints
 the Cast ops executed, their total time, and the ops taking the most time.
 
-Usage: python tools/benchmark_bf16.py [--rounds 7] [--warmup 3] [--models NAME,...] [--stats]
+Usage: python tools/benchmarks/bench_bfloat16_steps.py [--rounds 7] [--warmup 3] [--models NAME,...] [--stats]
 """
 
 from __future__ import annotations

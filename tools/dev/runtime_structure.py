@@ -303,7 +303,7 @@ def _is_setattr(func: ast.expr) -> bool:
 
 
 def main() -> None:
-    root = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parent.parent)
+    root = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parents[2])
     modules = module_files(root)
     graph = import_graph(modules)
     print("\n".join(picture(modules, graph)))

@@ -23,7 +23,7 @@ numbers (a loss reduced in bfloat16 is always one), and per step the median
 wall time, process CPU time, and the profiler's op time (op durations summed
 over one step; TF1: the step stats of ``RunMetadata``).
 
-Usage: ``python tools/read_out_losses.py [--rounds 3] [--before /path/to/old/python]``
+Usage: ``python tools/benchmarks/bench_read_out_losses.py [--rounds 3] [--before /path/to/old/python]``
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ def worker(name: str, out: str) -> None:
 
 
 def run_one(python: str, workload: str, mode_env: dict) -> dict | None:
-    from auto_mp_speed import clean_environment
+    from bench_auto_mp import clean_environment
 
     env = {k: v for k, v in clean_environment().items() if not k.startswith("READ_OUT_")}
     env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONHASHSEED="0", **mode_env)

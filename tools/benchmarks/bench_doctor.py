@@ -6,7 +6,7 @@ For each model: rewrite it for this machine's device type, run
 FLOP share, the Casts' bytes, the bound, both step times and the measured
 speed-up, with the CPU flags that decide half speed.
 
-Usage: python tools/doctor_benchmark.py [--models NAME,...] [--target float16|bfloat16] [--runs 10]
+Usage: python tools/benchmarks/bench_doctor.py [--models NAME,...] [--target float16|bfloat16] [--runs 10]
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ Every round runs each script once per mode: float32 (no variable),
 ``ENABLE_AUTO_MP=1`` (the target ``auto`` picks here), and the two forced
 targets. Modes alternate within a round, so a busy machine slows them alike.
 A run reports the median time of its measured steps and its losses.
-Usage: ``python tools/auto_mp_speed.py [--rounds 3] [--steps 20]``.
+Usage: ``python tools/benchmarks/bench_auto_mp.py [--rounds 3] [--steps 20]``.
 """
 
 from __future__ import annotations

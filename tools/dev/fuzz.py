@@ -1,7 +1,7 @@
 """Long fuzz runs of the rewrite: random graphs, the same properties as tests/test_fuzz.py.
 
-    python tools/fuzz.py --graphs 10000 [--seed S] [--out DIR] [--jobs 2] [--known PROPERTY]...
-    python tools/fuzz.py --replay SEED        # rebuild one graph and print what fails
+    python tools/dev/fuzz.py --graphs 10000 [--seed S] [--out DIR] [--jobs 2] [--known PROPERTY]...
+    python tools/dev/fuzz.py --replay SEED        # rebuild one graph and print what fails
 
 Graph ``k`` of a run is built from the integer seed ``S + k``, so any graph
 can be rebuilt alone with ``--replay``. Graphs are checked in worker
@@ -29,7 +29,7 @@ from multiprocessing.connection import wait
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-TESTS = Path(__file__).resolve().parents[1] / "tests"
+TESTS = Path(__file__).resolve().parents[2] / "tests"
 logger = logging.getLogger("fuzz")
 
 
@@ -67,7 +67,7 @@ def save_failure(out_dir: Path, seed: int, built, failures: dict[str, str]) -> P
     out_dir.mkdir(parents=True, exist_ok=True)
     graph_path = out_dir / f"seed-{seed}.pbtxt"
     graph_path.write_text(text_format.MessageToString(built.graph_def))
-    lines = [f"seed: {seed}", f"replay: python tools/fuzz.py --replay {seed}",
+    lines = [f"seed: {seed}", f"replay: python tools/dev/fuzz.py --replay {seed}",
              f"config: {built.config}", f"fetches: {built.rewrite_fetches}",
              f"tensors fetched: {built.fetches}", f"recipe: {built.recipe!r}", "failures:"]
     lines += [f"  {name}: {detail}" for name, detail in failures.items()]

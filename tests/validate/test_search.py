@@ -9,6 +9,7 @@ import tensorflow as tf
 from helpers import CPU, amp, half_nodes, rng, run, tf1
 from runners import run_cli
 
+from amp_rewrite import GraphError
 from amp_rewrite.validate import (
     Tolerance,
     ValidationError,
@@ -189,6 +190,12 @@ def test_bad_sample_inputs_are_clear_errors(feeds, message):
     with pytest.raises(ValidationError) as err:
         validated_rewrite(gd, feeds=feeds, fetches=["out"], config=CPU)
     assert message in str(err.value)
+
+
+def test_a_fetch_port_the_node_lacks_is_the_rewrites_error_before_any_run():
+    gd, feeds = overflow_graph()
+    with pytest.raises(GraphError, match=r"^fetch 'out:1': node out \(op Identity\) has 1 output$"):
+        validated_rewrite(gd, feeds=feeds, fetches=["out:1"], config=CPU)
 
 
 def test_max_runs_bound_stops_with_a_message():

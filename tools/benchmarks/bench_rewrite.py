@@ -1,16 +1,18 @@
-"""Benchmark: amp-rewrite against TensorFlow's Grappler pass on real model graphs.
+"""The rewrite against TensorFlow's Grappler pass: time, nodes converted, Casts and half FLOPs, on five model graphs.
 
-For each graph it runs both passes in this process (Grappler as
-``auto_mixed_precision_cpu`` with real fp16, the same device type as ours)
-and prints a Markdown table: nodes, wall and CPU time (median of N runs,
-the two passes alternating), converted
-nodes, Casts added, and the share of MatMul/Conv FLOPs in half.
+The graphs (built by ``models.py``): ResNet-50 training (tf-slim), Keras
+ResNet-50 and MobileNetV2 frozen, a TF1 transformer block training, and a
+TF1 CNN training. For each graph it runs both passes in this process
+(Grappler as ``auto_mixed_precision_cpu`` with real fp16, the same device
+type as ours) and prints a Markdown table: nodes, wall and CPU time (median
+of N runs, the two passes alternating), converted nodes, Casts added, and
+the share of MatMul/Conv FLOPs in half.
 
 "Converted" is counted the same way for both outputs: original nodes whose
 type attrs differ afterwards. Ours includes Consts stored in half, which
 Grappler leaves to a later constant-folding pass as ``Cast(Const)``.
 
-Usage: python tools/benchmark.py [--runs 3] [--models NAME,...] [--json FILE]
+Usage: python tools/benchmarks/bench_rewrite.py [--runs 3] [--models NAME,...] [--json FILE]
 """
 
 from __future__ import annotations

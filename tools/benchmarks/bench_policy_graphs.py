@@ -1,6 +1,6 @@
 """Our rewritten Keras training step beside Keras's ``mixed_bfloat16`` policy's, op type by op type.
 
-For each model of ``tools/keras_policy_bench.py`` (a CNN, ResNet-50, a
+For each model of ``tools/benchmarks/bench_keras_policy.py`` (a CNN, ResNet-50, a
 mini-GPT) three child processes each train one step with ``fit`` and write
 the training step's graph:
 
@@ -16,7 +16,7 @@ bfloat16 (``12f/3b``), then the Casts: how many, and how many megabytes
 they read and write per step (from the shapes TensorFlow traced; a Cast of
 ours is named after the tensor it casts, whose shape the float32 trace
 knows), and which ops their inputs come from, the heaviest first. Usage:
-``python tools/policy_graph_diff.py [--models cnn resnet50 gpt] [--out FILE.json]``.
+``python tools/benchmarks/bench_policy_graphs.py [--models cnn resnet50 gpt] [--out FILE.json]``.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import keras_policy_bench as bench  # noqa: E402
-from auto_mp_speed import clean_environment  # noqa: E402
+import bench_keras_policy as bench  # noqa: E402
+from bench_auto_mp import clean_environment  # noqa: E402
 
 FLOAT, BFLOAT = 1, 14
 _SIZES = {FLOAT: 4, BFLOAT: 2}
@@ -191,7 +191,7 @@ def main() -> None:
     parser.add_argument("--out", help="write the census and Casts as JSON here")
     args = parser.parse_args()
     results = {}
-    with tempfile.TemporaryDirectory(prefix="policy_graph_diff_") as work:
+    with tempfile.TemporaryDirectory(prefix="bench_policy_graphs_") as work:
         for model_name in args.models:
             results[model_name] = compare(model_name, Path(work))
             print("\n".join(table(model_name, results[model_name])), flush=True)

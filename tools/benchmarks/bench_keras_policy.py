@@ -34,7 +34,7 @@ own ``amp-rewrite...`` lines from stderr. Every round runs each model in
 every mode, the mode order rotated each round, so a busy machine slows the
 modes alike; a cell is the best (lowest) of the rounds.
 
-Usage: ``python tools/keras_policy_bench.py [--models cnn resnet50 gpt] [--modes float32 auto bfloat16
+Usage: ``python tools/benchmarks/bench_keras_policy.py [--models cnn resnet50 gpt] [--modes float32 auto bfloat16
 bfloat16+tune policy] [--rounds 3] [--steps 6] [--out results.json] [--markdown]``
 """
 
@@ -168,12 +168,12 @@ def worker(name: str, steps: int, policy: str | None, out: str) -> None:
 
 def run_one(model: str, mode: str, steps: int, cache_dir: str) -> dict:
     """One model in one mode in a fresh process: the worker's result, or ``{"failed": why}``."""
-    from auto_mp_speed import clean_environment
+    from bench_auto_mp import clean_environment
 
     env = clean_environment()
     env.update(MODES[mode], TF_CPP_MIN_LOG_LEVEL="2", PYTHONHASHSEED="0", AMP_REWRITE_TUNE_CACHE=cache_dir)
     policy = ["--policy", POLICIES[mode]] if mode in POLICIES else []
-    with tempfile.TemporaryDirectory(prefix="keras_policy_bench_") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench_keras_policy_") as tmp:
         out = os.path.join(tmp, "result.json")
         command = [sys.executable, __file__, "--worker", model, "--steps", str(steps), "--out", out, *policy]
         started = time.perf_counter()
@@ -207,7 +207,7 @@ def rotated(modes: list[str], round_index: int) -> list[str]:
 def run_all(models: list[str], modes: list[str], rounds: int, steps: int) -> list[dict]:
     """Every (model, mode) once a round, in a mode order rotated each round; one record per run."""
     runs = []
-    with tempfile.TemporaryDirectory(prefix="keras_policy_bench_tune_") as cache_dir:
+    with tempfile.TemporaryDirectory(prefix="bench_keras_policy_tune_") as cache_dir:
         for round_index in range(rounds):
             for model in models:
                 for mode in rotated(modes, round_index):

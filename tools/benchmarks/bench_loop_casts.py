@@ -1,11 +1,14 @@
-"""Benchmark: Casts inside loop bodies, ours against Grappler's, on two loop graphs.
+"""Casts inside loop bodies, ours against Grappler's, on two loop graphs.
+
+The graphs (built by ``models.py``): a ``tf.function`` while-loop RNN of 20
+steps, and a TF1 ``dynamic_rnn`` LSTM trained with Adam.
 
 A Cast inside a loop body runs on every iteration; one outside runs once.
 For each graph this prints the Casts each pass adds inside loop bodies (v1
 while frames, and functions run as While bodies or conds) and in total, and
 the rewrite's wall time (median of N runs).
 
-Usage: python tools/benchmark_loops.py [--runs 3]
+Usage: python tools/benchmarks/bench_loop_casts.py [--runs 3]
 """
 
 from __future__ import annotations

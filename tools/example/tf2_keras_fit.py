@@ -4,7 +4,7 @@ The script knows nothing about amp-rewrite: run it with and without
 ``ENABLE_AUTO_MP=1`` and compare. For each model the JSON holds the loss of
 every epoch, the optimizer's class, the dtypes of the weights, and, when the
 runtime is on, each rewritten ``tf.function`` with the op types it runs in
-half. Usage: ``[ENABLE_AUTO_MP=1] python tools/tf2_keras_fit.py --out FILE.json``.
+half. Usage: ``[ENABLE_AUTO_MP=1] python tools/example/tf2_keras_fit.py --out FILE.json``.
 """
 
 from __future__ import annotations

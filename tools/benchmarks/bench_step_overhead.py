@@ -21,7 +21,7 @@ The last figure has no TensorFlow in it: the patched ``Session.run`` once
 more, with the resolved step replaced by a function returning the values
 it returned, which leaves exactly the patch's Python work per call (plan
 lookup, feed checks, loss-scale log, results). Usage:
-``python tools/step_overhead.py [-n 200] [-r 15]``.
+``python tools/benchmarks/bench_step_overhead.py [-n 200] [-r 15]``.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@
 - :func:`cpu_model` and :func:`cpu_flags` say which CPU this is and which of
   the instruction sets that matter for half precision it has.
 
-Not a tool to run: the tools import it (they run as ``python tools/X.py``,
-so this folder is first on ``sys.path``).
+Not a tool to run: the benchmarks beside it import it (they run as
+``python tools/benchmarks/bench_X.py``, so this folder is first on ``sys.path``).
 """
 
 from __future__ import annotations
