@@ -23,29 +23,33 @@ to that tuple):
 6. ``keep_normalization_float32``: a norm's mean and variance (a reduction
    of ``x`` subtracted from ``x``, and the reduction of that difference
    squared) count as deny-list ops (:mod:`amp_rewrite.paint.normalization`).
+7. ``keep_out_of_range_values_float32``: for float16, an op reading a value
+   beyond its range (a ``Const`` of -1e9, a mask adder ``(1 - mask) * -1e9``)
+   counts as a deny-list op, so the value never meets a Cast to half
+   (:mod:`amp_rewrite.paint.half_range`).
    With no vertex painted now, there is nothing to do: :func:`paint` stops.
-7. ``paint_deny_forward``: each deny-list op, and the clear/infer ops on its
+8. ``paint_deny_forward``: each deny-list op, and the clear/infer ops on its
    paths to another deny or infer op, stay float32.
-8. ``match_tensor_list_clusters``: the ops of a data structure get one
+9. ``match_tensor_list_clusters``: the ops of a data structure get one
    element type.
-9. ``paint_between_allow``: clear and infer ops on a path between two allow
+10. ``paint_between_allow``: clear and infer ops on a path between two allow
    ops join them.
-10. ``paint_infer_after_allow``: an infer op fed by a half op (and no deny op)
+11. ``paint_infer_after_allow``: an infer op fed by a half op (and no deny op)
    joins it, repeated to a fixed point.
-11. ``paint_clear_around_allow``: clear ops connected to a half op through
+12. ``paint_clear_around_allow``: clear ops connected to a half op through
    clear ops join it.
-12. ``match_tensor_list_clusters``: again, for the ops step 11 painted.
-13. ``choose_loop_variable_types``: each While loop variable takes the dtype
+13. ``match_tensor_list_clusters``: again, for the ops step 12 painted.
+14. ``choose_loop_variable_types``: each While loop variable takes the dtype
     that needs fewer Casts per iteration.
-14. ``match_call_boundaries``: a call's ports and its callee's arguments and
+15. ``match_call_boundaries``: a call's ports and its callee's arguments and
     results agree.
-15. ``match_loop_edges``: a NextIteration and its Merges agree.
-16. ``keep_float32_where_a_half_region_is_slower``: with tuning on, each
+16. ``match_loop_edges``: a NextIteration and its Merges agree.
+17. ``keep_float32_where_a_half_region_is_slower``: with tuning on, each
     connected region of half ops (a MatMul with the elementwise ops that
     followed it, a recurrent cell in its loop body) measured no faster in
     half than in float32, its Casts included, stays float32
     (:mod:`amp_rewrite.tune.regions`).
-17. ``retarget_existing_casts``: an existing Cast feeding only half ops casts
+18. ``retarget_existing_casts``: an existing Cast feeding only half ops casts
     to half.
 
 Then the batch norms whose ``T`` was not painted turn back into V1;
