@@ -18,7 +18,6 @@ import logging
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from amp_rewrite.runtime.settings import RuntimeSettings
 
