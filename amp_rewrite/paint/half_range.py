@@ -40,7 +40,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from amp_rewrite.graph.facts import DT_FLOAT, DT_HALF, DTYPE_NAMES, FLOAT16_MAX
-from amp_rewrite.graph.tensors import max_abs
 from amp_rewrite.graph.typed_graph import TypedGraph
 
 #: The reason the painting gives each op it keeps float32 here (the rest of the sentence names the constant).
@@ -95,6 +94,8 @@ def beyond_range(graph: TypedGraph, dtypes: list[int], *, limit: float, is_bound
     Returns:
         Vertex id → :class:`BeyondRange`, for the first value found to reach it (Consts in node order).
     """
+    from amp_rewrite.graph.tensors import max_abs  # numpy: loaded when a graph is painted, not on import
+
     found: dict[int, BeyondRange] = {}
     for node, op in enumerate(graph.ops):
         if op != "Const":
