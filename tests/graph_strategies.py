@@ -75,7 +75,8 @@ fp16-unsafe by construction, and how the recipes stay clear of it:
   exact thresholds, or are the ``Select(a > b, a, b)`` form above;
 - a Const holding 1e5 (outside float16) only feeds Mean, whose float32 result
   is exact; a second such Const feeds a MatMul whose result nothing reads,
-  so the rewrite keeps it float32 behind a Cast but the value is never computed;
+  which stays float32 for float16 (it reads a value beyond float16's range)
+  and goes half for bfloat16;
 - level UNSAFE_FORCE_ALL is not drawn: it converts Mean and would overflow.
 """
 
@@ -1335,6 +1336,13 @@ _ALLOW_OPS = frozenset({"MatMul", "Conv2D", "BatchMatMulV2", "Einsum", "Depthwis
 _DENY_OPS = {"float16": frozenset({"Exp", "Sum", "Mean"}), "bfloat16": frozenset({"Exp"})}
 
 
+def _readers_of_consts_beyond_float16(graph_def) -> set[str]:
+    """Nodes reading a float32 Const with a finite value beyond float16's 65504: they stay float32 for float16."""
+    big = {n.name for n in graph_def.node if n.op == "Const" and n.attr["dtype"].type == tf.float32.as_datatype_enum
+           and np.any(np.abs(np.nan_to_num(tf.make_ndarray(n.attr["value"].tensor), posinf=0, neginf=0)) > 65504)}
+    return {n.name for n in graph_def.node if any(ref.split(":")[0] in big for ref in n.input)}
+
+
 def _left_alone(built: Built) -> set[str]:
     """Nodes the rewrite must not change: fetched, preserved, or pinned to a GPU."""
     kept = {name.split(":")[0] for name in built.rewrite_fetches} | set(built.config.preserve)
@@ -1343,6 +1351,8 @@ def _left_alone(built: Built) -> set[str]:
 
 def _allow_ops_convert(built: Built, result):
     converted, kept = set(result.converted), _left_alone(built)
+    if built.config.target == "float16":
+        kept |= _readers_of_consts_beyond_float16(built.graph_def)
     missed = sorted(n.name for n in built.graph_def.node
                     if n.op in _ALLOW_OPS and n.name not in kept and n.name not in converted)
     return "allow ops convert", (f"allow-list ops left float32: {missed[:5]}" if missed else None)

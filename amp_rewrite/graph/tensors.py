@@ -71,9 +71,17 @@ def max_abs(tensor_proto, where: str = "") -> float:
 
 
 def _finite_peak(values: np.ndarray) -> float:
-    finite = values[np.isfinite(values)]
-    # max and -min are exact in float32 and need no |value| temporary.
-    return float(max(finite.max(), -finite.min())) if finite.size else 0.0
+    if not values.size:
+        return 0.0
+    # max and -min are exact in float32 and need no |value| temporary; only a
+    # tensor holding NaN or an infinity pays for the copy of its finite values.
+    top, bottom = values.max(), values.min()
+    if not (np.isfinite(top) and np.isfinite(bottom)):
+        finite = values[np.isfinite(values)]
+        if not finite.size:
+            return 0.0
+        top, bottom = finite.max(), finite.min()
+    return float(max(top, -bottom))
 
 
 def _numpy_type(dtype: int):

@@ -8,9 +8,10 @@ face); modules may move between releases.
 - :mod:`~amp_rewrite.paint.context`: the facts the rules read;
 - :mod:`~amp_rewrite.paint.tensor_lists`: data structures whose ops share an element type;
 - :mod:`~amp_rewrite.paint.rules`: the painting rules, in the order they run;
-- :mod:`~amp_rewrite.paint.read_outs` and :mod:`~amp_rewrite.paint.normalization`:
-  what two of those rules keep float32, the reductions a user reads and the
-  arithmetic after them, and a norm's mean and variance;
+- :mod:`~amp_rewrite.paint.read_outs`, :mod:`~amp_rewrite.paint.normalization` and
+  :mod:`~amp_rewrite.paint.half_range`: what three of those rules keep float32,
+  the reductions a user reads and the arithmetic after them, a norm's mean and
+  variance, and the ops reading a value beyond float16's range;
 - :mod:`~amp_rewrite.paint.casts`: retyped attrs, folded Consts and inserted Casts;
 - :mod:`~amp_rewrite.paint.checks`: the output's structural postconditions;
 - :mod:`~amp_rewrite.paint.explain`: every node's outcome, in a sentence.

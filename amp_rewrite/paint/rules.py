@@ -29,6 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from amp_rewrite.paint.context import PaintContext
+from amp_rewrite.paint.half_range import LIMITS as HALF_RANGE_LIMITS
+from amp_rewrite.paint.half_range import beyond_range
 from amp_rewrite.paint.normalization import REASON as NORMALIZATION_REASON
 from amp_rewrite.paint.normalization import statistics_nodes
 from amp_rewrite.paint.op_lists import Colour
@@ -305,10 +307,37 @@ def keep_normalization_float32(ctx: PaintContext, painting: Painting) -> None:
                 painting.mark_deny(vid, NORMALIZATION_REASON)
 
 
+def keep_out_of_range_values_float32(ctx: PaintContext, painting: Painting) -> None:
+    """Paints DENY the ops that read a value beyond the half range, and makes them deny roots.
+
+    ``Const(-1e9) -> infer(Mul (1 - mask) * c) -> infer(AddV2 scores + .) ->
+    infer(Softmax) -> allow(BatchMatMul)`` becomes ``DENY -> DENY -> DENY ->
+    allow``: the Mul reads the constant, and :func:`paint_deny_forward` keeps
+    the sum and the Softmax float32 after it, so -1e9 never meets a Cast to
+    float16 (where it would be -inf, and a fully masked row's softmax NaN).
+    An allow op reading such a value (a MatMul with a weight of 1e5) stays
+    float32 too. What counts is
+    :func:`~amp_rewrite.paint.half_range.beyond_range`'s; only float16 has a
+    limit, so bfloat16 rewrites are unchanged.
+    """
+    limit = HALF_RANGE_LIMITS.get(ctx.target_dtype)
+    if limit is None or ctx.force_all:
+        return
+    graph, listed = ctx.graph, ctx.vertex_list
+    boundary = ctx.boundary
+    found = beyond_range(graph, ctx.dtypes, limit=limit, is_boundary=boundary.__contains__,
+                         is_readable=ctx.can_convert)
+    for vid in sorted(found):
+        if listed[vid] != _DENY and ctx.can_convert(vid):
+            painting.deny_roots.add(vid)
+            painting.mark_deny(vid, found[vid].reason(graph, limit), found[vid].source)
+
+
 def paint_deny_forward(ctx: PaintContext, painting: Painting) -> None:
     """Paints DENY each deny op and the clear/infer ops on its paths to a deny or infer op.
 
-    The painting's ``deny_roots`` (a norm's statistics) count as deny ops.
+    The painting's ``deny_roots`` (a norm's statistics, the readers of a value
+    beyond the half range) count as deny ops.
 
     ``deny -> infer -> clear -> infer -> clear -> allow -> infer`` becomes
     ``DENY -> DENY -> DENY -> DENY -> clear -> allow -> infer``: the last clear
@@ -560,6 +589,7 @@ ROOT_RULES: tuple[Rule, ...] = (
     keep_variable_updates_float32,
     keep_read_outs_float32,
     keep_normalization_float32,
+    keep_out_of_range_values_float32,
 )
 #: The rules that spread the roots' colours and then make them agree where
 #: values must hold one dtype, in the order they run.

@@ -36,13 +36,27 @@ def test_const_read_only_by_half_ops_becomes_a_half_const():
     assert_same_outputs_within_half(gd, result.graph_def, ["total"], {"x": weights}, rtol=3e-2, atol=5e-2)
 
 
-def test_const_out_of_half_range_keeps_float32_with_a_cast_and_is_reported():
+def _graph_with_big_const():
     g = tf.Graph()
     with g.as_default():
         x = tf1.placeholder(tf.float32, [2, 2], name="x")
         big = tf.constant([[1e5, 0.0], [0.0, 1.0]], name="big")
         tf.reduce_sum(tf.matmul(x, big, name="mm"), name="total")
-    result = amp(g.as_graph_def(), ["total"])
+    return g.as_graph_def()
+
+
+def test_const_out_of_half_range_keeps_its_reader_float32():
+    result = amp(_graph_with_big_const(), ["total"])
+    out = result.graph_def
+    assert next(n for n in out.node if n.name == "mm").attr["T"].type == F32
+    assert next(n for n in out.node if n.name == "big").attr["dtype"].type == F32
+    assert not casts(out) and result.applied.consts_out_of_range == {}
+
+
+def test_const_out_of_half_range_forced_to_half_keeps_float32_with_a_cast_and_is_reported():
+    # Only UNSAFE_FORCE_ALL paints a reader of such a value half (paint/half_range.py keeps it float32).
+    result = amp(_graph_with_big_const(), ["total"], level="UNSAFE_FORCE_ALL")
+    assert next(n for n in result.graph_def.node if n.name == "mm").attr["T"].type == F16
     assert next(n for n in result.graph_def.node if n.name == "big").attr["dtype"].type == F32
     assert result.applied.consts_out_of_range == {"big": 1e5}
     assert any(c.input[0] == "big" for c in casts(result.graph_def))
@@ -151,6 +165,6 @@ def test_float16_conversion_matches_numpy_on_random_bit_patterns():
 def test_large_const_just_beyond_the_half_range_stays_float32():
     weights = np.full((64, 4), 0.25, np.float32)
     weights[10, 1] = -65510.0  # rounds to -65504 in half, yet lies beyond it
-    result = amp(_matmul_with_const(weights), ["total"])
+    result = amp(_matmul_with_const(weights), ["total"], level="UNSAFE_FORCE_ALL")
     assert next(n for n in result.graph_def.node if n.name == "w").attr["dtype"].type == F32
     assert result.applied.consts_out_of_range == {"w": 65510.0}

@@ -1,0 +1,98 @@
+"""Masked attention trained with ``fit`` under the runtime in float16: the mask's -1e9 stays float32.
+
+tf_keras's ``MultiHeadAttention`` adds ``(1 - mask) * -1e9`` to its scores
+before the softmax; Keras 3's selects -1e9 where a position is masked. Both
+are traced in float32. Cast to float16, -1e9 is -inf: a fully masked row (a
+padded query position) is all -inf, its softmax NaN (0 / 0), and the loss
+or the gradients with it, so the runtime would skip steps and fall back to
+float32. The painting keeps the ops that read the -1e9 float32
+(:mod:`amp_rewrite.paint.half_range`), and the attention's matrix products
+still run in half.
+
+A small language model: token embeddings with ``mask_zero``, one causal
+self-attention layer, a layer norm and a Dense over the vocabulary, trained
+for a few epochs on padded random sequences with a validation set.
+"""
+
+import logging
+
+import numpy as np
+import pytest
+
+from amp_rewrite.runtime.settings import RuntimeSettings
+
+VOCAB, LENGTH, WIDTH, EXAMPLES, BATCH, EPOCHS = 20, 8, 16, 64, 16, 3
+
+
+def sequences():
+    """Random token sequences padded with 0 after a length of 2 to LENGTH, and the next token as the label."""
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(1, VOCAB, (EXAMPLES, LENGTH))
+    lengths = rng.integers(2, LENGTH + 1, EXAMPLES)
+    tokens[np.arange(LENGTH)[None, :] >= lengths[:, None]] = 0
+    return tokens, np.roll(tokens, -1, axis=1)
+
+
+def tf_keras_model():
+    import tf_keras
+
+    tf_keras.utils.set_random_seed(0)
+    layers = tf_keras.layers
+    tokens = tf_keras.Input((LENGTH,), dtype="int32")
+    x = layers.Embedding(VOCAB, WIDTH, mask_zero=True)(tokens)
+    attended = layers.MultiHeadAttention(num_heads=2, key_dim=8)(x, x, use_causal_mask=True)
+    logits = layers.Dense(VOCAB)(layers.LayerNormalization()(x + attended))
+    model = tf_keras.Model(tokens, logits)
+    model.compile(optimizer=tf_keras.optimizers.Adam(1e-2),
+                  loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def keras3_model():
+    import keras
+
+    keras.utils.set_random_seed(0)
+    layers = keras.layers
+    tokens = keras.Input((LENGTH,), dtype="int32")
+    x = layers.Embedding(VOCAB, WIDTH, mask_zero=True)(tokens)
+    attended = layers.MultiHeadAttention(num_heads=2, key_dim=8)(x, x, use_causal_mask=True)
+    logits = layers.Dense(VOCAB)(layers.LayerNormalization()(x + attended))
+    model = keras.Model(tokens, logits)
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), jit_compile=False,
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def fit(make_model):
+    """The history of ``fit``: loss and val_loss per epoch."""
+    x, y = sequences()
+    history = make_model().fit(x, y, batch_size=BATCH, epochs=EPOCHS, validation_data=(x[:BATCH], y[:BATCH]),
+                               shuffle=False, verbose=0)
+    return history.history
+
+
+def half_and_float32_ops(op_types):
+    """Per op type among ``op_types``, the dtypes its nodes run in, over the functions the runtime rewrote."""
+    from amp_rewrite.runtime.tf2 import tracing
+
+    found: dict[str, set[str]] = {}
+    for concrete_function, _ in tracing.swapped():
+        for op in concrete_function.graph.get_operations():
+            if op.type in op_types:
+                found.setdefault(op.type, set()).add(op.get_attr("T").name)
+    return found
+
+
+@pytest.mark.parametrize("make_model", [tf_keras_model, keras3_model])
+def test_masked_attention_trains_in_float16_with_float32_losses(amp_runtime, caplog, make_model):
+    float32 = fit(make_model)
+    amp_runtime(RuntimeSettings(target="float16"))
+    with caplog.at_level(logging.WARNING, logger="amp_rewrite"):
+        half = fit(make_model)
+        ops = half_and_float32_ops({"Einsum", "Softmax"})
+    assert np.all(np.isfinite(half["loss"])) and np.all(np.isfinite(half["val_loss"])), half
+    np.testing.assert_allclose(half["loss"], float32["loss"], rtol=5e-3)
+    np.testing.assert_allclose(half["val_loss"], float32["val_loss"], rtol=5e-3)
+    assert half["loss"] != float32["loss"]  # the half math really ran
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]  # no skipped step, no fallback
+    assert ops == {"Einsum": {"float16"}, "Softmax": {"float32"}}, ops
