@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 TRUE_VALUES = ("1", "true", "yes", "on")
+FALSE_VALUES = ("0", "false", "no", "off")
 
 # The switch, and NVIDIA's name for it.
 ENABLE_ENVS = ("ENABLE_AUTO_MP", "TF_ENABLE_AUTO_MIXED_PRECISION")
@@ -61,6 +62,14 @@ NAMES = (*ENABLE_ENVS, DUMP_DIR_ENV, CHECK_ENV, STRICT_ENV, TUNE_CACHE_ENV, TARG
 def is_true(value: str | None) -> bool:
     """Whether a variable's value switches something on (``1``, ``true``, ``yes``, ``on``; any case)."""
     return (value or "").strip().lower() in TRUE_VALUES
+
+
+def is_false(value: str | None) -> bool:
+    """Whether a variable's value switches something off (``0``, ``false``, ``no``, ``off``; any case).
+
+    Unset or empty is neither: a switch that is on by default stays on.
+    """
+    return (value or "").strip().lower() in FALSE_VALUES
 
 
 def any_true(environ: Mapping[str, str], names: Iterable[str]) -> bool:

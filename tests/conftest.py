@@ -3,7 +3,7 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest  # noqa: E402
-from runners import amp_variables  # noqa: E402
+from runners import FIXED_SETTINGS, amp_variables  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -11,6 +11,9 @@ def _no_amp_env(monkeypatch):
     """Tests start without any variable amp-rewrite or TensorFlow's AMP reads, whatever the shell exported."""
     for name in amp_variables(os.environ):
         monkeypatch.delenv(name)
+    # A runtime enabled from the environment times no step (nor writes a cache in the home directory):
+    # the op lists alone decide, as in the suite's subprocesses (runners.FIXED_SETTINGS).
+    monkeypatch.setenv("AMP_REWRITE_TUNE", FIXED_SETTINGS["AMP_REWRITE_TUNE"])
 
 
 @pytest.fixture

@@ -36,6 +36,9 @@ FIXED_SETTINGS = {
     "TF_CPP_MIN_LOG_LEVEL": "2",  # TensorFlow's C++ INFO and WARNING lines off
     "PYTHONHASHSEED": "0",  # set order, and what follows from it, the same in every run
     "OMP_NUM_THREADS": "1",  # processes run side by side on few cores
+    # The op lists alone decide, so a rewrite is the same on every machine: no step is timed
+    # (the step trials have tests of their own, with their own timer).
+    "AMP_REWRITE_TUNE": "0",
 }
 # Which Keras ``tf.keras`` names is each script's own choice: the TF1 fixtures
 # ask for tf_keras (fixtures/common.py), the Keras 3 runs must not inherit it.

@@ -34,6 +34,7 @@ from amp_rewrite.environment import (
     TUNE_BUDGET_ENV,
     TUNE_CACHE_ENV,
     TUNE_ENV,
+    is_false,
     is_true,
 )
 from amp_rewrite.errors import UsageError
@@ -107,6 +108,11 @@ class RuntimeSettings:
         keep_float32: name patterns of nodes every rewrite keeps float32
             (``AMP_REWRITE_KEEP_FLOAT32``, separated by ``;``).
         is_tuning: measure heavy ops and keep float32 where half is not faster here.
+        is_timing_steps: each rewritten ``tf.function`` alternates its first
+            calls between its half and its float32 body and keeps the faster
+            (:mod:`amp_rewrite.runtime.tf2.step_trial`); ``ENABLE_AUTO_MP``
+            turns it on unless ``AMP_REWRITE_TUNE=0``. Off by default here, so
+            settings made in code rewrite by the lists alone.
         tune_budget_seconds: the measuring time one graph may take.
         tune_cache_dir: where timings are kept (None: the user cache directory).
         tune_batch: the size an unknown batch dimension is timed at (0: not timed).
@@ -125,6 +131,7 @@ class RuntimeSettings:
     profile_after: int | None = None
     keep_float32: tuple[str, ...] = ()
     is_tuning: bool = False
+    is_timing_steps: bool = False
     tune_budget_seconds: float = DEFAULT_TUNE_BUDGET
     tune_cache_dir: str | None = None
     tune_batch: int = DEFAULT_TUNE_BATCH
@@ -147,6 +154,7 @@ class RuntimeSettings:
                    profile_after=_profile_from_env(environ),
                    keep_float32=split_env(environ.get(KEEP_FLOAT32_ENV, "")),
                    is_tuning=is_true(environ.get(TUNE_ENV)),
+                   is_timing_steps=not is_false(environ.get(TUNE_ENV)),
                    tune_budget_seconds=_number(environ, TUNE_BUDGET_ENV, float, DEFAULT_TUNE_BUDGET, minimum=0.0),
                    tune_cache_dir=environ.get(TUNE_CACHE_ENV) or None,
                    tune_batch=min(_number(environ, TUNE_BATCH_ENV, int, DEFAULT_TUNE_BATCH, minimum=0), 1 << 20),

@@ -8,6 +8,8 @@ installs the tracing hook and :func:`amp_rewrite.function` uses it.
 - :mod:`~amp_rewrite.runtime.tf2.swap_records`: what a hook swapped (reports, records, the table);
 - :mod:`~amp_rewrite.runtime.tf2.first_call_guard`: a swapped function's first eager call checked,
   and that of a function calling swapped bodies;
+- :mod:`~amp_rewrite.runtime.tf2.step_trial`: a rewritten function's first calls alternate its half
+  and float32 bodies, and the faster stays;
 - :mod:`~amp_rewrite.runtime.tf2.concrete`: a ConcreteFunction rewritten and reloaded;
 - :mod:`~amp_rewrite.runtime.tf2.fallback`: float32 again when no loss scale helps.
 

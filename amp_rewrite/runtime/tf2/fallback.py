@@ -50,7 +50,7 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from amp_rewrite import tf_internals
 from amp_rewrite.errors import NO_MESSAGE, RuntimeRewriteError, first_line
@@ -77,6 +77,21 @@ def is_wanted(scaling: TF2LossScaling | None) -> bool:
     about other scales; they are counted as before.
     """
     return scaling is not None and scaling.loss_scale.is_dynamic
+
+
+class CallStep(Protocol):
+    """A ``_call_flat`` that takes a first-call guard's place, and whose bookkeeping the guard does for the first call.
+
+    The loss-scale :class:`FloorWatch`, and a step trial
+    (:class:`~amp_rewrite.runtime.tf2.step_trial.StepTrialCall`), which hands
+    its own to the watch after it.
+    """
+
+    def __call__(self, tensor_inputs, captured_inputs) -> Any: ...
+
+    def before_call(self, concrete_function) -> Any: ...
+
+    def after_call(self, concrete_function, start: Any) -> None: ...
 
 
 class FloorWatch:
@@ -124,7 +139,7 @@ class FloorWatch:
         return self.count(), [(v, tf.raw_ops.ReadVariableOp(resource=v.handle, dtype=v.dtype))
                               for v in self._running_metrics(concrete_function)]
 
-    def after_call(self, concrete_function, start: tuple[int | None, list]) -> None:
+    def after_call(self, concrete_function, start: Any) -> None:
         """After a call that began at ``start``: puts back the running metrics if it skipped a step whose loss was
         not finite, and calls ``on_hopeless`` if a skipped step shows that no scale helps."""
         before, metrics = start

@@ -41,7 +41,7 @@ from typing import Any
 from amp_rewrite import tf_internals
 from amp_rewrite.errors import NO_MESSAGE, RuntimeRewriteError, first_line
 from amp_rewrite.runtime.ledger import LOCK
-from amp_rewrite.runtime.tf2.fallback import Callers, FloorWatch, called_name, function_name
+from amp_rewrite.runtime.tf2.fallback import Callers, CallStep, called_name, function_name
 from amp_rewrite.runtime.tf2.swap_records import LOGGER_NAME, SwapRecord, SwapTable
 
 logger = logging.getLogger(LOGGER_NAME)
@@ -60,7 +60,7 @@ class FirstCallGuard:
             None: the function's own.
     """
 
-    def __init__(self, concrete_function, on_failure: OnFailure, then: FloorWatch | None = None):
+    def __init__(self, concrete_function, on_failure: OnFailure, then: CallStep | None = None):
         self.function_ref = weakref.ref(concrete_function)
         self.on_failure = on_failure
         self.then = then
@@ -98,17 +98,17 @@ class FirstCallGuards:
         self.swapped = swapped
         self.is_strict = is_strict
 
-    def for_swapped(self, concrete_function, record: SwapRecord, then: FloorWatch | None = None) -> FirstCallGuard:
+    def for_swapped(self, concrete_function, record: SwapRecord, then: CallStep | None = None) -> FirstCallGuard:
         """The guard of a function the hook just swapped (``record``): on failure, its traced body runs."""
         return FirstCallGuard(concrete_function, functools.partial(self._run_traced, record), then)
 
-    def for_caller(self, concrete_function) -> FirstCallGuard | None:
+    def for_caller(self, concrete_function, then=None) -> FirstCallGuard | None:
         """The guard of a function whose graph calls swapped bodies; None when it calls none."""
         called = {called_name(cf) for cf in list(self.swapped)}
         names = set(tf_internals.graph_functions(concrete_function.graph)) & called
         if not names:
             return None
-        return FirstCallGuard(concrete_function, functools.partial(self._run_callees_traced, names))
+        return FirstCallGuard(concrete_function, functools.partial(self._run_callees_traced, names), then)
 
     def _run_traced(self, record: SwapRecord, cf, exc: Exception, tensor_inputs, captured_inputs):
         """The rewritten function failed on its first run: try the traced one."""

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from amp_rewrite.runtime.profile import FunctionProfiles
     from amp_rewrite.runtime.tf2.fallback import FloorFallback
     from amp_rewrite.runtime.tf2.first_call_guard import FirstCallGuards
+    from amp_rewrite.runtime.tf2.step_trial import StepTrials
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -59,6 +60,7 @@ class SwapTools:
         traced_graphs: rewritten function name → its traced graph, where the tuner reads shapes.
         profiles: with ``AMP_REWRITE_PROFILE``, what profiles a later call; else None.
         first_calls: the hook's first-call guards, which make the guard of a swapped function.
+        trials: the hook's step trials (:mod:`~amp_rewrite.runtime.tf2.step_trial`); None: no step is timed.
     """
 
     loss_scaling: TF2LossScaling | None
@@ -66,6 +68,7 @@ class SwapTools:
     traced_graphs: Mapping[str, Any]
     profiles: FunctionProfiles | None
     first_calls: FirstCallGuards
+    trials: StepTrials | None = None
 
 
 @dataclass
@@ -78,6 +81,7 @@ class Swap:
         config: the rewrite's configuration.
         is_explicit: traced by :func:`amp_rewrite.function`, not by the runtime.
         calls_guarded: its graph calls the rewritten body of a function holding a guarded apply.
+        is_timed: its first eager calls alternate the rewritten and the traced body, and the faster stays.
         start: when the swap began (``time.perf_counter``).
         is_guarded: whether the loss-scale floor is watched after its first call.
         rewritten: the rewritten function (``rewrite_body``).
@@ -91,6 +95,7 @@ class Swap:
     config: Config
     is_explicit: bool
     calls_guarded: bool
+    is_timed: bool = False
     start: float = field(default_factory=time.perf_counter)
     is_guarded: bool = False
     rewritten: RewrittenFunction = field(init=False, repr=False)
@@ -178,10 +183,14 @@ def guard_first_call(tools: SwapTools, swap: Swap) -> None:
     """Changes the traced function's ``_call_flat``: its first eager call checks the rewritten body.
 
     The guard (:mod:`~amp_rewrite.runtime.tf2.first_call_guard`) then steps
-    aside; a guarded function gets the loss-scale floor watch in its place.
+    aside; a guarded function gets the loss-scale floor watch in its place. A
+    timed function gets its step trial first (:mod:`~amp_rewrite.runtime.tf2.step_trial`),
+    which hands over to the watch when half wins.
     """
     cf = swap.concrete_function
     then = tools.fallback.floor_watch(cf) if swap.is_guarded else None
+    if swap.is_timed and tools.trials is not None:
+        then = tools.trials.for_swapped(cf, swap.record, then)
     tf_internals.override_call(cf, tools.first_calls.for_swapped(cf, swap.record, then))
 
 

@@ -74,6 +74,7 @@ from amp_rewrite.runtime.records import ObjectTable
 from amp_rewrite.runtime.settings import RuntimeSettings
 from amp_rewrite.runtime.tf2 import fallback as tf2_fallback
 from amp_rewrite.runtime.tf2.first_call_guard import FirstCallGuards
+from amp_rewrite.runtime.tf2.step_trial import StepTrials
 from amp_rewrite.runtime.tf2.swap_records import FunctionReport, SwapRecord, SwapTable
 from amp_rewrite.runtime.tf2.swap_steps import Swap, SwapTools, swap_in
 
@@ -151,8 +152,12 @@ class TracingHook:
 
             self.profiles = FunctionProfiles(runtime.requested.profile_after)
         self.fallback = tf2_fallback.FloorFallback(self.loss_scaling, self.swapped, is_strict=self.is_strict)
+        self.trials: StepTrials | None = None
+        if runtime is not None and runtime.requested.is_timing_steps:
+            self.trials = StepTrials(self.swapped, config=self.default_config,
+                                     cache_dir=runtime.requested.tune_cache_dir)
         self.tools = SwapTools(self.loss_scaling, self.fallback, self.traced_graphs, self.profiles,
-                               self.first_calls)
+                               self.first_calls, self.trials)
         self.marked: ObjectTable[Config] = ObjectTable()
 
     # --- registration -----------------------------------------------------
@@ -179,6 +184,8 @@ class TracingHook:
                 elif marked_hook is not None:
                     marked_hook.swapped[cf] = self.swapped.pop(cf)
             self.fallback.forget()
+            if self.trials is not None:
+                self.trials.forget()
             if self.profiles is not None:
                 self.profiles.say_if_missed()
 
@@ -225,24 +232,36 @@ class TracingHook:
             if concrete_function in self.swapped or self.fallback.fell_back_before(concrete_function, name):
                 return
             calls_guarded = self.fallback.note_guarded_calls(concrete_function)
+            trials = self.trials if not is_explicit else None
+            if trials is not None and trials.decided_float32(concrete_function):
+                return
+            is_timed = trials is not None and not trials.cached_half(concrete_function)
             try:
-                self._swap_in(concrete_function, config, is_explicit=is_explicit, calls_guarded=calls_guarded)
+                self._swap_in(concrete_function, config, is_explicit=is_explicit, calls_guarded=calls_guarded,
+                              is_timed=is_timed)
             except Exception as exc:
                 reason = first_line(exc, with_type=True, if_empty=NO_MESSAGE)
                 if self.is_strict:
                     raise RuntimeRewriteError(f"tf.function {name}: rewrite failed: {reason}") from exc
                 logger.warning("amp-rewrite: tf.function %s runs in float32: rewrite failed: %s", name, reason)
             if concrete_function not in self.swapped:
-                self._watch_as_traced(concrete_function, calls_guarded=calls_guarded)
+                self._watch_as_traced(concrete_function, calls_guarded=calls_guarded, is_timed=trials is not None)
             if self.profiles is not None and concrete_function not in self.swapped:
                 self.profiles.watch_if_caller(concrete_function)
 
-    def _watch_as_traced(self, concrete_function, *, calls_guarded: bool) -> None:
-        """A function left as traced that calls rewritten bodies: the floor watch, or else a first-call guard."""
+    def _watch_as_traced(self, concrete_function, *, calls_guarded: bool, is_timed: bool) -> None:
+        """A function left as traced that calls rewritten bodies: the floor watch, or else a first-call guard.
+
+        A timed one runs its step trial after its first call (before the watch).
+        """
+        then = self.fallback.floor_watch(concrete_function) if calls_guarded else None
+        if is_timed and self.trials is not None:
+            then = self.trials.for_caller(concrete_function, then)
         if calls_guarded:
-            tf_internals.override_call(concrete_function, self.fallback.floor_watch(concrete_function))
+            if then is not None:
+                tf_internals.override_call(concrete_function, then)
             return
-        guard = self.first_calls.for_caller(concrete_function)
+        guard = self.first_calls.for_caller(concrete_function, then)
         if guard is not None:
             tf_internals.override_call(concrete_function, guard)
 
@@ -269,10 +288,11 @@ class TracingHook:
 
     # --- swapping ---------------------------------------------------------
 
-    def _swap_in(self, concrete_function, config: Config, *, is_explicit: bool, calls_guarded: bool = False) -> None:
+    def _swap_in(self, concrete_function, config: Config, *, is_explicit: bool, calls_guarded: bool = False,
+                 is_timed: bool = False) -> None:
         """Runs the swap steps (:func:`~amp_rewrite.runtime.tf2.swap_steps.swap_in`) and keeps their record."""
         swap = Swap(concrete_function, tf2_fallback.function_name(concrete_function), config,
-                    is_explicit=is_explicit, calls_guarded=calls_guarded)
+                    is_explicit=is_explicit, calls_guarded=calls_guarded, is_timed=is_timed)
         record = swap_in(self.tools, swap)
         if record is None:
             return

@@ -1,0 +1,314 @@
+"""A rewritten ``tf.function`` keeps half only where its real calls ran faster in half here.
+
+The schedule and the verdict are :mod:`amp_rewrite.tune.steps`'; this module
+runs them on a ConcreteFunction. A function on trial gets a
+:class:`StepTrialCall` as its ``_call_flat``, holding two states of it: the
+half one (the rewritten body, or for a function calling rewritten bodies
+its graph as traced) and the float32 one (the traced body; where the traced
+graph calls rewritten bodies, rebuilt to call their traced ones, as
+:func:`~amp_rewrite.runtime.tf2.concrete.reload_calling` does for a
+fallback). Each eager call runs the body the schedule names and is timed
+(the device synchronised first, on a GPU); both are real steps of the
+user's training on the same variables, so no work is wasted. After
+:data:`~amp_rewrite.tune.steps.CALLS` calls the verdict keeps one state for
+good and one INFO line says which and why (``amp-rewrite: tf.function
+one_step_on_data stays float32: the step ran 449 ms in bfloat16 and 373 ms
+in float32 on this CPU``).
+
+The two best times go into the tuning cache under the step's key
+(:func:`~amp_rewrite.tune.steps.step_key`: the traced graph's ops and the
+input signature), so the same function traced in a later run is decided
+before its first call, with nothing measured.
+
+Which functions: each function the hook swapped, and each function whose
+graph calls swapped bodies (Keras 3's train function, which runs the
+rewritten one-step function inside its graph and is the one called
+eagerly). A function that is never called eagerly (the one-step function
+Keras 3 calls in a graph) never runs its trial; its caller's decides.
+
+It composes with the other ``_call_flat`` wrappers: the first-call guard
+checks the first call (a half one, the trial's first warm-up) and hands over
+to the trial; the trial hands each call's bookkeeping to the loss-scale
+floor watch under float16 (``then``), which takes its place when half
+wins. A fallback to float32 during the trial (the floor watch's) ends it.
+The trials know their hook's table of swaps, never the hook.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from amp_rewrite import tf_internals
+from amp_rewrite.config import Config
+from amp_rewrite.runtime.tf2.fallback import CallStep, called_name, function_name
+from amp_rewrite.runtime.tf2.swap_records import LOGGER_NAME, SwapRecord, SwapTable
+from amp_rewrite.tune import steps
+from amp_rewrite.tune.cache import TuneCache
+from amp_rewrite.tune.steps import FLOAT32, HALF, StepTrial, StepVerdict
+
+logger = logging.getLogger(LOGGER_NAME)
+
+#: ``(body, call)`` → ``(outputs, seconds)``: runs one call of the body (``half`` or ``float32``) and times it.
+Timer = Callable[[str, Callable[[], Any]], tuple[Any, float]]
+
+
+class StepTrialCall:
+    """The ``_call_flat`` of a function on trial: runs each call in the body the schedule names, and times it.
+
+    Attributes:
+        function_ref: the ConcreteFunction on trial, held weakly.
+        name: its name, for the INFO line.
+        states: ``half`` and ``float32`` → the function's state running that body.
+        trial: the schedule, times and verdict (:class:`~amp_rewrite.tune.steps.StepTrial`).
+        on_verdict: called once with the function and the verdict, after the state is kept.
+        then: the floor watch that takes the trial's place when half wins; None: nothing.
+        timer: runs one call of a body and says how long it took (:data:`Timer`).
+    """
+
+    def __init__(self, concrete_function, name: str, states: dict[str, dict], *,
+                 on_verdict: Callable[[Any, StepVerdict], None], then: CallStep | None, timer: Timer):
+        self.function_ref = weakref.ref(concrete_function)
+        self.name = name
+        self.states = states
+        self.trial = StepTrial()
+        self.on_verdict = on_verdict
+        self.then = then
+        self.timer = timer
+
+    # The first-call guard runs the first call itself (a half one) and hands its bookkeeping here.
+
+    def before_call(self, concrete_function):
+        return self.then.before_call(concrete_function) if self.then is not None else None
+
+    def after_call(self, concrete_function, start) -> None:
+        if self.then is not None:
+            self.then.after_call(concrete_function, start)
+        if self.is_on_trial(concrete_function):
+            self.trial.record(HALF, None)  # untimed: the guard's call, the first of the half body
+
+    def __call__(self, tensor_inputs, captured_inputs):
+        import tensorflow as tf
+
+        cf: Any = self.function_ref()
+        if not tf.executing_eagerly():
+            return tf_internals.call_concrete_function(cf, tensor_inputs, captured_inputs)  # builds a call
+        body = self.trial.next_body()
+        self._use(cf, body)
+        start = self.before_call(cf)
+        outputs, seconds = self.timer(body, lambda: tf_internals.call_concrete_function(cf, tensor_inputs,
+                                                                                        captured_inputs))
+        if self.then is not None:
+            self.then.after_call(cf, start)
+        if self.is_on_trial(cf):  # a fallback during the call ends the trial
+            self.trial.record(body, seconds)
+            verdict = self.trial.verdict()
+            if verdict is not None:
+                self.settle(cf, verdict)
+        return outputs
+
+    def is_on_trial(self, concrete_function) -> bool:
+        return tf_internals.call_override(concrete_function) is self
+
+    def settle(self, concrete_function, verdict: StepVerdict) -> None:
+        """Keeps the body the verdict chose, with the floor watch after a half one; then ``on_verdict``."""
+        body = HALF if verdict.is_half else FLOAT32
+        tf_internals.set_concrete_function_state(concrete_function, self.states[body])
+        if verdict.is_half and self.then is not None:
+            tf_internals.override_call(concrete_function, self.then)
+        self.on_verdict(concrete_function, verdict)
+
+    def _use(self, concrete_function, body: str) -> None:
+        tf_internals.set_concrete_function_state(concrete_function, {**self.states[body], "_call_flat": self})
+
+
+class StepTrials:
+    """A tracing hook's step trials: which functions get one, their float32 state, the cache, the lines.
+
+    Attributes:
+        swapped: the hook's swapped functions (its own table).
+        config: returns the rewrite configuration (read at first use: the target chosen, the device type).
+        cache_dir: where the tuning cache lives (None: the user's cache directory).
+        timer: runs one call of a body and times it (:data:`Timer`; tests give their own).
+        verdicts: each step key decided in this process → its verdict.
+        decisions: each function decided in this process, oldest first: its name, verdict, and the
+            function (held weakly).
+    """
+
+    def __init__(self, swapped: SwapTable, *, config: Callable[[], Config], cache_dir: str | None = None,
+                 timer: Timer | None = None):
+        self.swapped = swapped
+        self.config = config
+        self.cache_dir = cache_dir
+        self.timer = timer or self.time_call
+        self.verdicts: dict[str, StepVerdict] = {}
+        self.decisions: list[tuple[str, StepVerdict, weakref.ref]] = []
+        self.trials: weakref.WeakSet[StepTrialCall] = weakref.WeakSet()
+        self._cache: TuneCache | None = None
+
+    @property
+    def target(self) -> str:
+        return self.config().target
+
+    @property
+    def device_type(self) -> str:
+        return self.config().device_type or "CPU"
+
+    @property
+    def cache(self) -> TuneCache:
+        """The tuning cache of this device and TensorFlow (made at first use)."""
+        if self._cache is None:
+            import tensorflow as tf
+
+            from amp_rewrite.tune.cache import default_cache_dir, device_description
+
+            self._cache = TuneCache(self.cache_dir or default_cache_dir(), tensorflow=tf.__version__,
+                                    device=device_description(self.device_type, gpu_name=_gpu_name()))
+        return self._cache
+
+    def decided_float32(self, concrete_function) -> bool:
+        """Whether a cached verdict keeps this just-traced function float32 (said in one line): no rewrite then."""
+        verdict = self._cached(self._key(tf_internals.concrete_function_state(concrete_function)))
+        if verdict is None or verdict.is_half:
+            return False
+        self._say(function_name(concrete_function), verdict, concrete_function)
+        return True
+
+    def cached_half(self, concrete_function) -> bool:
+        """Whether a cached verdict keeps this just-traced function's rewrite (said in one line): no trial then."""
+        verdict = self._cached(self._key(tf_internals.concrete_function_state(concrete_function)))
+        if verdict is None or not verdict.is_half:
+            return False
+        self._say(function_name(concrete_function), verdict, concrete_function)
+        return True
+
+    def forget(self) -> None:
+        """Ends the trials still running (the hook is going): each function keeps the body it has."""
+        for trial in list(self.trials):
+            cf = trial.function_ref()
+            if cf is not None and trial.is_on_trial(cf):
+                tf_internals.set_concrete_function_state(cf, trial.states[HALF])
+        self.trials.clear()
+
+    def for_swapped(self, concrete_function, record: SwapRecord, then: CallStep | None) -> StepTrialCall:
+        """The trial of a function just swapped, which follows its first-call guard; ``then`` after it."""
+        traced = record.traced_state
+        states = {HALF: tf_internals.concrete_function_state(concrete_function),
+                  FLOAT32: self._float32_state(concrete_function, traced)}
+        return self._trial(concrete_function, record.report.name, states, self._key(traced), then,
+                           on_float32=self.swapped.restore)
+
+    def for_caller(self, concrete_function, then: CallStep | None = None):
+        """What runs a function whose graph calls swapped bodies after its first call: a trial, or ``then``.
+
+        A cached verdict is applied at once: float32 gives the function its
+        float32 state now, and nothing follows (None).
+        """
+        state = tf_internals.concrete_function_state(concrete_function)
+        if not self._swapped_callees(state):
+            return then
+        key = self._key(state)
+        cached = self._cached(key)
+        if cached is not None:
+            self._say(function_name(concrete_function), cached, concrete_function)
+            if cached.is_half:
+                return then
+            tf_internals.set_concrete_function_state(concrete_function,
+                                                     self._float32_state(concrete_function, state))
+            return None
+        states = {HALF: state, FLOAT32: self._float32_state(concrete_function, state)}
+        return self._trial(concrete_function, function_name(concrete_function), states, key, then,
+                           on_float32=lambda cf: None)
+
+    # --- the trial --------------------------------------------------------
+
+    def _trial(self, concrete_function, name: str, states: dict, key: str, then, *, on_float32) -> StepTrialCall:
+        def on_verdict(cf, verdict: StepVerdict) -> None:
+            if not verdict.is_half:
+                on_float32(cf)
+            self._remember(key, verdict)
+            self._say(name, verdict, cf)
+
+        trial = StepTrialCall(concrete_function, name, states, on_verdict=on_verdict, then=then,
+                              timer=lambda body, call: self.timer(body, call))
+        self.trials.add(trial)
+        return trial
+
+    def _float32_state(self, concrete_function, traced_state: dict) -> dict:
+        """The traced state, with the calls of swapped bodies sent to their traced ones where it makes any."""
+        from amp_rewrite.runtime.tf2.concrete import reload_calling
+
+        replacements = {name: record.traced_state["_inference_function"]
+                        for name, record in self._swapped_callees(traced_state).items()}
+        if not replacements:
+            return traced_state
+        current = tf_internals.concrete_function_state(concrete_function)
+        tf_internals.set_concrete_function_state(concrete_function, traced_state)
+        try:
+            new = reload_calling(concrete_function, replacements)
+        finally:
+            tf_internals.set_concrete_function_state(concrete_function, current)
+        if new is None:
+            return traced_state
+        new_state = tf_internals.concrete_function_state(new)
+        tf_internals.take_over_graph_collection(new_state)
+        return {**traced_state, **tf_internals.runnable_state(new_state, inference_only=False)}
+
+    def _swapped_callees(self, state: dict) -> dict[str, SwapRecord]:
+        """The swapped bodies the graph of ``state`` calls: the name its calls give → the callee's record."""
+        graph = tf_internals.graph_in_state(state)
+        called = set(tf_internals.graph_functions(graph)) if graph is not None else set()
+        return {called_name(cf): record for cf, record in list(self.swapped.items()) if called_name(cf) in called}
+
+    def time_call(self, body: str, call: Callable[[], Any]) -> tuple[Any, float]:
+        """Runs ``call`` and returns its outputs and its seconds, the device's queue included on a GPU."""
+        began = time.perf_counter()
+        outputs = call()
+        if self.device_type == "GPU":
+            import tensorflow as tf
+
+            tf.test.experimental.sync_devices()
+        return outputs, time.perf_counter() - began
+
+    # --- the cache and the lines ------------------------------------------
+
+    def _key(self, state: dict) -> str:
+        graph = tf_internals.graph_in_state(state)
+        functions = [f.definition for f in tf_internals.graph_functions(graph).values()]
+        functions.append(state["_inference_function"].definition)
+        inputs = [(t.dtype.name, tuple(t.shape.as_list()) if t.shape.rank is not None else ())
+                  for t in graph.inputs]
+        return steps.step_key(functions, inputs)
+
+    def _cached(self, key: str) -> StepVerdict | None:
+        if key in self.verdicts:
+            return replace(self.verdicts[key], is_cached=True)
+        timing = self.cache.get(key)
+        return steps.verdict_of(timing, is_cached=True) if timing is not None else None
+
+    def _remember(self, key: str, verdict: StepVerdict) -> None:
+        self.verdicts[key] = verdict
+        self.cache.put(key, verdict.timing())
+        self.cache.save()
+
+    def _say(self, name: str, verdict: StepVerdict, concrete_function) -> None:
+        self.decisions.append((name, verdict, weakref.ref(concrete_function)))
+        reason = verdict.reason(self.target, self.device_type)
+        if verdict.is_half:
+            logger.info("amp-rewrite: tf.function %s runs in %s: %s", name, self.target, reason)
+        else:
+            logger.info("amp-rewrite: tf.function %s stays float32: %s", name, reason)
+
+
+def _gpu_name() -> str | None:
+    """The first GPU's name, for the cache's device description; None without one."""
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return None
+    return str(tf.config.experimental.get_device_details(gpus[0]).get("device_name", "unknown"))

@@ -1,0 +1,164 @@
+"""The step decides: a function runs in half only where its real calls ran faster in half here.
+
+The op lists guess which ops are faster in half; whether the *step* is
+depends on the device, the shapes, and what the kernel library makes of the
+whole graph (oneDNN fuses a convolution's filter gradient with its bias
+gradient in float32 and not around a Cast; its bfloat16 kernels win on one
+shape and lose on another). So the runtime times the step the user runs: it
+alternates real calls of the rewritten body and of the traced float32 body
+(both are training steps, so nothing is wasted), and keeps half only when
+its fastest call beat float32's fastest by :data:`MARGIN`.
+
+:class:`StepTrial` is that schedule and verdict, with no TensorFlow in it:
+
+- the first call of each body is not timed (:data:`WARMUP`): it optimizes
+  the graph and sets up the kernels;
+- then :data:`ROUNDS` timed calls of each, in the order half, float32,
+  float32, half, half, float32, ... (each pair mirrors the last), so a machine
+  that slows down or speeds up during the trial favours neither;
+- the best call of each counts: on a shared machine a neighbour's load only
+  ever adds time, so the minimum is the stablest estimate of what a body
+  costs;
+- half wins only when its best is at most ``1 - MARGIN`` of float32's; a
+  near tie stays float32, which keeps float32's numbers and never loses.
+
+Ten calls in all (:data:`CALLS`). The two best times are cached per device,
+TensorFlow version and graph (:func:`step_key`, in the tuning cache), so a
+second run measures nothing and decides the same; a changed graph has a new
+key and is measured again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from amp_rewrite.tune.cache import Timing
+
+HALF, FLOAT32 = "half", "float32"
+#: Half must save at least this share of the float32 step. The best of four
+#: calls of the same step on a shared machine differ run to run by a few
+#: percent; a choice inside that noise would flip between runs, and a near
+#: tie is not worth half's precision.
+MARGIN = 0.05
+#: Untimed calls of each body before the timed ones.
+WARMUP = 1
+#: Timed calls of each body.
+ROUNDS = 4
+CALLS = 2 * (WARMUP + ROUNDS)
+#: The key of a step's timings in the tuning cache begins with this, apart from the ops' keys.
+KEY_PREFIX = "step "
+
+# Attributes that name things rather than compute them: a graph traced again
+# in another run gets new function names and resource names.
+_NAMING_ATTRS = frozenset({"shared_name", "container", "f", "then_branch", "else_branch", "cond", "body",
+                           "branches"})
+
+
+def schedule(warmup: int = WARMUP, rounds: int = ROUNDS) -> list[str]:
+    """The bodies the trial's calls run, in order: each warm-up pair, then mirrored timed pairs."""
+    order = [HALF, FLOAT32] * warmup
+    for index in range(rounds):
+        order += [HALF, FLOAT32] if index % 2 == 0 else [FLOAT32, HALF]
+    return order
+
+
+@dataclass(frozen=True)
+class StepVerdict:
+    """What a trial decided: half or float32, and the best time of each body in seconds."""
+
+    is_half: bool
+    half_seconds: float
+    float32_seconds: float
+    is_cached: bool = False
+
+    def reason(self, target: str, device_type: str) -> str:
+        """``the step ran 449 ms in bfloat16 and 373 ms in float32 on this CPU`` (with the speed-up when half won)."""
+        where = f"this {device_type}" if device_type else "this machine"
+        text = (f"the step ran {_ms(self.half_seconds)} in {target} and {_ms(self.float32_seconds)} in "
+                f"float32 on {where}")
+        if self.is_half and self.half_seconds > 0:
+            text += f" ({self.float32_seconds / self.half_seconds:.2f}x)"
+        elif not self.is_half and self.half_seconds < self.float32_seconds:
+            text += f", less than the {MARGIN:.0%} that half must save"
+        if self.is_cached:
+            text += "; measured in an earlier run"
+        return text
+
+    def timing(self) -> Timing:
+        return Timing(float32=self.float32_seconds, half=self.half_seconds)
+
+
+def verdict_of(timing: Timing, *, is_cached: bool = False) -> StepVerdict:
+    """The verdict two best times give."""
+    is_half = timing.half <= (1.0 - MARGIN) * timing.float32
+    return StepVerdict(is_half, timing.half, timing.float32, is_cached=is_cached)
+
+
+@dataclass
+class StepTrial:
+    """The calls of one trial: which body the next runs, the times so far, and the verdict once all ran.
+
+    A call that was not timed (the warm-ups, or a call the caller could not
+    time) is recorded with ``seconds=None``.
+    """
+
+    order: list[str] = field(default_factory=schedule)
+    times: dict[str, list[float]] = field(default_factory=lambda: {HALF: [], FLOAT32: []})
+    calls: int = 0
+
+    @property
+    def is_done(self) -> bool:
+        return self.calls >= len(self.order)
+
+    def next_body(self) -> str:
+        """The body the next call runs (half once the trial is done: the caller settles before)."""
+        return self.order[self.calls] if not self.is_done else HALF
+
+    def record(self, body: str, seconds: float | None) -> None:
+        """One call of ``body`` finished; timed ones count towards the verdict after the warm-ups."""
+        if self.calls >= WARMUP * 2 and seconds is not None:
+            self.times[body].append(seconds)
+        self.calls += 1
+
+    def verdict(self) -> StepVerdict | None:
+        """Half or float32, by the best times; None while the trial runs or a body has no timed call."""
+        if not self.is_done or not self.times[HALF] or not self.times[FLOAT32]:
+            return None
+        return verdict_of(Timing(float32=min(self.times[FLOAT32]), half=min(self.times[HALF])))
+
+
+def step_key(functions: Iterable, inputs: Iterable[tuple[str, tuple]]) -> str:
+    """The cache key of a step: a digest of what its graph computes, not of what its parts are named.
+
+    Args:
+        functions: the FunctionDefs of the step (its own and those it calls).
+        inputs: each input's dtype name and shape (None for an unknown dimension).
+
+    Every node's op and attributes count (but those that only name a function
+    or a resource, which change from run to run), as a multiset, with the
+    input signature: the same model traced in another run has the same key,
+    another shape or a changed model another.
+    """
+    digest = hashlib.sha256()
+    for dtype, shape in inputs:
+        digest.update(f"{dtype}{list(shape)};".encode())
+    nodes = sorted(_node_text(node) for fdef in functions for node in fdef.node_def)
+    for text in nodes:
+        digest.update(text)
+    return KEY_PREFIX + digest.hexdigest()[:32]
+
+
+def _node_text(node) -> bytes:
+    parts = [node.op.encode(), str(len(node.input)).encode()]
+    for name in sorted(node.attr):
+        if name.startswith("_") or name in _NAMING_ATTRS:
+            continue
+        parts.append(name.encode() + b"=" + node.attr[name].SerializeToString(deterministic=True))
+    return b"|".join(parts)
+
+
+def _ms(seconds: float) -> str:
+    milliseconds = seconds * 1000.0
+    return f"{milliseconds:.1f} ms" if milliseconds < 100 else f"{milliseconds:.0f} ms"
