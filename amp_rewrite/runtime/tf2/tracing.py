@@ -400,6 +400,20 @@ def rewritten_functions() -> list[FunctionReport]:
         return [report for hook in installed_hooks() for report in hook.history]
 
 
+def step_decisions() -> list[tuple[str, bool, str]]:
+    """What the runtime's step trials decided, oldest first: ``(function name, runs in half, why)``.
+
+    ``why`` is the INFO line's reason (both times, on which device; whether
+    an earlier run measured them). Empty when no step was tried.
+    """
+    hook = _runtime_hook()
+    if hook is None or hook.trials is None:
+        return []
+    with LOCK:
+        return [(name, verdict.is_half, verdict.reason(hook.trials.target, hook.trials.device_type))
+                for name, verdict, _ in hook.trials.decisions]
+
+
 def swapped() -> list[tuple[object, FunctionReport]]:
     """The ConcreteFunctions running rewritten now, each with its report."""
     with LOCK:

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from amp_rewrite import runtime, tf_internals
 from amp_rewrite.runtime.settings import RuntimeSettings
+from amp_rewrite.runtime.tf2 import tracing
 from amp_rewrite.tune import steps
 
 TRACING_LOGGER = "amp_rewrite.runtime.tf2.tracing"
@@ -69,6 +70,8 @@ def test_half_that_runs_faster_is_kept(amp_runtime, tmp_path, caplog):
     assert tf_internals.call_override(cf) is None  # the trial is over and left nothing behind
     assert "amp-rewrite: tf.function step runs in bfloat16: the step ran 5.0 ms in bfloat16 and 10.0 ms in " \
            "float32 on this CPU (2.00x)" in lines(caplog)
+    assert tracing.step_decisions() == [("step", True, "the step ran 5.0 ms in bfloat16 and 10.0 ms in float32 "
+                                                       "on this CPU (2.00x)")]
     assert np.all(np.isfinite(losses)) and losses[-1] < losses[0]
 
 
