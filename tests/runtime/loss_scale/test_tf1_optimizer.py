@@ -114,7 +114,7 @@ def test_train_op_collection_holds_the_guarded_step(amp_runtime):
 
 
 def test_settings_from_env():
-    assert RuntimeSettings.from_env({}) == RuntimeSettings()
+    assert RuntimeSettings.from_env({}) == RuntimeSettings(is_timing_steps=True)  # the step decides by default
     fixed = RuntimeSettings.from_env({"AMP_LOSS_SCALE": "128", "AMP_REWRITE_STRICT": "1"})
     assert fixed.loss_scale == LossScaleSettings(is_dynamic=False, initial_scale=128.0, is_asked=True)
     assert fixed.is_strict

@@ -94,5 +94,7 @@ def test_masked_attention_trains_in_float16_with_float32_losses(amp_runtime, cap
     np.testing.assert_allclose(half["loss"], float32["loss"], rtol=5e-3)
     np.testing.assert_allclose(half["val_loss"], float32["val_loss"], rtol=5e-3)
     assert half["loss"] != float32["loss"]  # the half math really ran
-    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]  # no skipped step, no fallback
+    # no skipped step, no fallback (TensorFlow's own retracing warning counts calls across the suite)
+    assert not [r.getMessage() for r in caplog.records
+                if r.levelno >= logging.WARNING and r.name.startswith("amp_rewrite")]
     assert ops == {"Einsum": {"float16"}, "Softmax": {"float32"}}, ops
