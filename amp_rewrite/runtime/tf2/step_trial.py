@@ -149,6 +149,8 @@ class StepTrials:
         self.decisions: list[tuple[str, StepVerdict, weakref.ref]] = []
         self.trials: weakref.WeakSet[StepTrialCall] = weakref.WeakSet()
         self._cache: TuneCache | None = None
+        # traced body (an AtomicFunction) → its step key: a large step's key costs a tenth of a second
+        self._keys: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     @property
     def target(self) -> str:
@@ -277,12 +279,16 @@ class StepTrials:
     # --- the cache and the lines ------------------------------------------
 
     def _key(self, state: dict) -> str:
-        graph = tf_internals.graph_in_state(state)
-        functions = [f.definition for f in tf_internals.graph_functions(graph).values()]
-        functions.append(state["_inference_function"].definition)
-        inputs = [(t.dtype.name, tuple(t.shape.as_list()) if t.shape.rank is not None else ())
-                  for t in graph.inputs]
-        return steps.step_key(functions, inputs)
+        """The step key of the function whose state is ``state`` (:func:`~amp_rewrite.tune.steps.step_key`)."""
+        body = state["_inference_function"]
+        key = self._keys.get(body)
+        if key is None:
+            graph = tf_internals.graph_in_state(state)
+            functions = [f.definition for f in tf_internals.graph_functions(graph).values()]
+            inputs = [(t.dtype.name, tuple(t.shape.as_list()) if t.shape.rank is not None else ())
+                      for t in graph.inputs]
+            key = self._keys[body] = steps.step_key([*functions, body.definition], inputs)
+        return key
 
     def _cached(self, key: str) -> StepVerdict | None:
         if key in self.verdicts:
