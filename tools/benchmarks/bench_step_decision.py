@@ -44,10 +44,11 @@ Under ``auto`` and ``lists`` the TF1 scripts run unmodified: amp-rewrite's
 runtime rewrites the graph their ``Session.run`` runs. TF1 sessions have
 no step decision; their decision column reads "—".
 
-The decision column gives, per round, what each run's stderr said:
-``bfloat16`` or ``float32`` with the two step times the line gives, or
-"lists only" for an ``ENABLE_AUTO_MP=1`` run that logged no decision (the
-op lists alone decided). The whole lines follow the table.
+The decision column gives what each run's stderr said (once, where every
+round said the same; else round by round): ``bfloat16`` or ``float32`` with
+the two step times the line gives, or "lists only" for an
+``ENABLE_AUTO_MP=1`` Keras run that logged no decision (the op lists alone
+decided). amp-rewrite's whole lines follow the table.
 
 The tuning cache (``AMP_REWRITE_TUNE_CACHE``) is a directory made fresh
 for each run of this tool and shared by all its processes: the first
@@ -59,6 +60,10 @@ round, so a busy machine slows the modes alike; a cell is the best of the
 rounds (the lowest wall time, and separately the lowest profiler op time:
 the durations of the op events per step, summed over the threads that ran
 them, so they can exceed the wall time).
+
+A full run takes about half an hour on 2 cores, more than half of it
+ResNet-50; ``--quick`` (1 round, 1 timed step per ``fit``, small TF1
+graphs) about 10 minutes.
 
 Usage: ``python tools/benchmarks/bench_step_decision.py [--workloads cnn gpt resnet50 bert transformer]
 [--rounds 3] [--steps N] [--quick] [--out results.json]``
@@ -81,7 +86,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_keras_policy as keras_runs  # noqa: E402
 import profiling  # noqa: E402
 
-KERAS, TF1 = ("cnn", "gpt", "resnet50"), ("bert", "transformer")
+KERAS = ("cnn", "gpt", "resnet50")
 WORKLOADS = {
     "cnn": "Keras CNN fit (3 convs, 32x32, batch 64)",
     "gpt": "Keras mini-GPT fit (2 blocks, width 256, 128 tokens, batch 16)",
@@ -235,7 +240,7 @@ def cell(runs: list[dict], loss_step: int) -> dict:
     one); for a Keras fit, the running mean over the epoch that ``fit`` reports.
     """
     good = [r for r in runs if "failed" not in r]
-    decisions = [f"r{r['round']}: {r.get('decision', '?') if 'failed' not in r else 'failed'}" for r in runs]
+    decisions = [r.get("decision", "?") if "failed" not in r else "failed" for r in runs]
     if not good:
         return {"failed": runs[-1]["failed"] if runs else "not run", "decisions": decisions}
     fastest = min(good, key=lambda r: r["wall_ms"])
@@ -247,25 +252,32 @@ def cell(runs: list[dict], loss_step: int) -> dict:
             "lines": list(dict.fromkeys(line for r in good for line in r.get("amp_rewrite", [])))}
 
 
+def by_round(decisions: list[str]) -> str:
+    """The decisions of a cell's runs: one, if every round took it; else each round's."""
+    if len(set(decisions)) == 1:
+        return decisions[0] + (" (every round)" if len(decisions) > 1 and decisions[0] != "—" else "")
+    return "; ".join(f"r{index}: {text}" for index, text in enumerate(decisions, 1))
+
+
 def ratio(value, base) -> str:
     return "-" if value is None or not base else f"{value / base:.2f}"
 
 
 def table(workloads: list[str], cells: dict) -> list[str]:
     out = ["| workload | mode | wall ms/step | op ms/step | wall ÷ float32 | op ÷ float32 | loss (at step) "
-           "| decision by round |", "|---|---|---:|---:|---:|---:|---:|---|"]
+           "| decision |", "|---|---|---:|---:|---:|---:|---:|---|"]
     for workload in workloads:
         base = cells[workload]["float32"]
         for mode in MODES:
             c = cells[workload][mode]
             label = PEER_LABELS[kind(workload)] if mode == "peer" else MODE_LABELS[mode]
             if "failed" in c:
-                out.append(f"| {workload} | {label} | failed: {c['failed'][:100]} ||||| {'; '.join(c['decisions'])} |")
+                out.append(f"| {workload} | {label} | failed: {c['failed'][:100]} ||||| {by_round(c['decisions'])} |")
                 continue
             loss = "-" if c["loss"] is None else f"{c['loss']:.4f} ({c['loss_step']})"
             out.append(f"| {workload} | {label} | {keras_runs.fmt(c['wall_ms'])} | {keras_runs.fmt(c['op_ms'])} "
                        f"| {ratio(c['wall_ms'], base.get('wall_ms'))} | {ratio(c['op_ms'], base.get('op_ms'))} "
-                       f"| {loss} | {'; '.join(c['decisions'])} |")
+                       f"| {loss} | {by_round(c['decisions'])} |")
     return out
 
 
