@@ -42,8 +42,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -146,16 +144,16 @@ def gpt(steps: int):
     return model, 16, token_runs(steps * 16)
 
 
-def worker(name: str, steps: int, policy: str | None, out: str) -> None:
-    """Builds and trains one model for one epoch of WARMUP + ``steps`` + PROFILED steps; writes the result."""
+def worker(name: str, steps: int, policy: str | None, out: str, warmup: int = WARMUP) -> None:
+    """Builds and trains one model for one epoch of ``warmup`` + ``steps`` + PROFILED steps; writes the result."""
     import keras
 
     if policy:
         keras.mixed_precision.set_global_policy(policy)
     keras.utils.set_random_seed(0)
-    total = WARMUP + steps + PROFILED
+    total = warmup + steps + PROFILED
     model, batch, (x, y) = globals()[name](total)
-    timer = profiling.step_timer(warmup=WARMUP, profile_epoch=0, profile_batch=WARMUP + steps, profiled=PROFILED)
+    timer = profiling.step_timer(warmup=warmup, profile_epoch=0, profile_batch=warmup + steps, profiled=PROFILED)
     started = time.perf_counter()
     history = model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0, callbacks=[timer])
     result = {"fit_s": time.perf_counter() - started, "loss": history.history["loss"],
@@ -168,35 +166,9 @@ def worker(name: str, steps: int, policy: str | None, out: str) -> None:
 
 def run_one(model: str, mode: str, steps: int, cache_dir: str) -> dict:
     """One model in one mode in a fresh process: the worker's result, or ``{"failed": why}``."""
-    from bench_auto_mp import clean_environment
-
-    env = clean_environment()
-    env.update(MODES[mode], TF_CPP_MIN_LOG_LEVEL="2", PYTHONHASHSEED="0", AMP_REWRITE_TUNE_CACHE=cache_dir)
     policy = ["--policy", POLICIES[mode]] if mode in POLICIES else []
-    with tempfile.TemporaryDirectory(prefix="bench_keras_policy_") as tmp:
-        out = os.path.join(tmp, "result.json")
-        command = [sys.executable, __file__, "--worker", model, "--steps", str(steps), "--out", out, *policy]
-        started = time.perf_counter()
-        try:
-            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            return {"failed": f"timed out after {TIMEOUT_S} s"}
-        lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
-        if done.returncode != 0 or not os.path.exists(out):
-            return {"failed": lines[-1] if lines else f"exit status {done.returncode}", "stderr_tail": lines[-30:]}
-        result = json.loads(Path(out).read_text())
-    result["process_s"] = time.perf_counter() - started
-    result["amp_rewrite"] = [ours for ours in map(own_line, lines) if ours]
-    result["warnings"] = sorted({line for line in lines if "warning" in line.lower() and not own_line(line)})
-    return result
-
-
-def own_line(line: str) -> str | None:
-    """amp-rewrite's message in a stderr line (``INFO amp_rewrite.runtime: amp-rewrite: ...``), with its level."""
-    if "amp-rewrite" not in line:
-        return None
-    level = line.split(" ", 1)[0] if line.split(" ", 1)[0].isupper() else ""
-    return f"{level} {line[line.index('amp-rewrite'):]}".strip()
+    return profiling.run_worker([__file__, "--worker", model, "--steps", str(steps), *policy],
+                                {**MODES[mode], "AMP_REWRITE_TUNE_CACHE": cache_dir}, timeout_s=TIMEOUT_S)
 
 
 def rotated(modes: list[str], round_index: int) -> list[str]:
@@ -334,11 +306,12 @@ def main() -> None:
     parser.add_argument("--markdown", action="store_true", help="print Markdown tables")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--policy", help=argparse.SUPPRESS)
+    parser.add_argument("--warmup", type=int, default=WARMUP, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.steps < 1 or args.rounds < 1:
         parser.error("--steps and --rounds must be at least 1")
     if args.worker:
-        worker(args.worker, args.steps, args.policy, args.out)
+        worker(args.worker, args.steps, args.policy, args.out, args.warmup)
         return
     started = time.perf_counter()
     runs = run_all(args.models, args.modes, args.rounds, args.steps)

@@ -7,7 +7,11 @@
   :func:`op_ms` is their total.
 - :func:`step_timer` makes a Keras callback that times each training step
   (wall and process CPU time), profiles a few chosen consecutive steps, and
-  keeps the loss ``fit`` reports after each step.
+  keeps the loss ``fit`` reports after each step; :func:`profile_calls`
+  profiles any other step (a ``Session.run``) the same way.
+- :func:`run_worker` runs one measurement in a fresh Python process with
+  its own amp-rewrite variables, and keeps amp-rewrite's lines from its
+  stderr (:func:`own_line`).
 - :func:`cpu_model` and :func:`cpu_flags` say which CPU this is and which of
   the instruction sets that matter for half precision it has.
 
@@ -17,11 +21,15 @@ Not a tool to run: the benchmarks beside it import it (they run as
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 HALF_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
@@ -50,6 +58,20 @@ def op_ms(logdir: Path | str) -> float:
 def per_step(types: dict[str, dict[str, float]], steps: int) -> dict[str, dict[str, float]]:
     """``types`` divided by the number of steps the trace holds."""
     return {name: {key: value / steps for key, value in row.items()} for name, row in types.items()}
+
+
+def profile_calls(call: Callable[[], object], times: int) -> dict[str, dict[str, float]]:
+    """Runs ``call`` ``times`` times under the profiler; its op types per call, as :func:`per_step` gives them."""
+    import tensorflow as tf
+
+    logdir = tempfile.mkdtemp(prefix="amp_rewrite_profile_")
+    tf.profiler.experimental.start(logdir)
+    try:
+        for _ in range(times):
+            call()
+    finally:
+        tf.profiler.experimental.stop()
+    return per_step(op_types(logdir), times)
 
 
 # --- the Keras callback ----------------------------------------------------------------------------
@@ -110,6 +132,50 @@ def step_timer(*, warmup: int, profile_epoch: int, profile_batch: int, profiled:
                     "op_ms": self.op_ms, "warmup_ms": [1e3 * wall for wall in self.warmup_walls]}
 
     return StepTimer()
+
+
+# --- a measurement in its own process -------------------------------------------------------------
+
+
+def run_worker(command: list[str], env_vars: dict[str, str], *, timeout_s: float) -> dict:
+    """Runs ``python *command --out FILE`` in a fresh process; the JSON it wrote there, or ``{"failed": why}``.
+
+    The child gets this process's environment without any variable
+    amp-rewrite reads, then ``env_vars`` (so each measurement sets its own
+    mode), with TensorFlow's C++ logging quiet and hashing seeded. It runs
+    this interpreter (``sys.executable``), so it imports the same
+    amp-rewrite. Added to the result: ``process_s`` (the child's whole run),
+    ``amp_rewrite`` (amp-rewrite's own lines from its stderr, in order) and
+    ``warnings`` (the other stderr lines that mention a warning).
+    """
+    from bench_auto_mp import clean_environment
+
+    env = clean_environment()
+    env.update(env_vars, TF_CPP_MIN_LOG_LEVEL="2", PYTHONHASHSEED="0")
+    with tempfile.TemporaryDirectory(prefix="amp_rewrite_bench_") as tmp:
+        out = os.path.join(tmp, "result.json")
+        started = time.perf_counter()
+        try:
+            done = subprocess.run([sys.executable, *command, "--out", out], env=env, capture_output=True,
+                                  text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return {"failed": f"timed out after {timeout_s:.0f} s"}
+        lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+        if done.returncode != 0 or not os.path.exists(out):
+            return {"failed": lines[-1] if lines else f"exit status {done.returncode}", "stderr_tail": lines[-30:]}
+        result = json.loads(Path(out).read_text())
+    result["process_s"] = time.perf_counter() - started
+    result["amp_rewrite"] = [ours for ours in map(own_line, lines) if ours]
+    result["warnings"] = sorted({line for line in lines if "warning" in line.lower() and not own_line(line)})
+    return result
+
+
+def own_line(line: str) -> str | None:
+    """amp-rewrite's message in a stderr line (``INFO amp_rewrite.runtime: amp-rewrite: ...``), with its level."""
+    if "amp-rewrite" not in line:
+        return None
+    level = line.split(" ", 1)[0] if line.split(" ", 1)[0].isupper() else ""
+    return f"{level} {line[line.index('amp-rewrite'):]}".strip()
 
 
 # --- this CPU --------------------------------------------------------------------------------------
