@@ -48,7 +48,13 @@ rounded to whole milliseconds, is reported beside it as a check (the figure on
 the closing line also counts validation, and is not used). A run's step time
 is the median over its epochs; a mode's is the best (lowest) over the rounds.
 The modes run in rounds, in an order rotated each round, so another job
-loading the machine slows all of them alike.
+loading the machine slows all of them alike; with fewer rounds than modes,
+some mode never runs first in a round, so on a machine whose load changes
+within a round compare modes by CPU time too. The CPU time of a step is
+taken the same way as its wall time: the run's CPU seconds (all its threads,
+from ``/proc/PID/stat``, on Linux) read as each update arrives. Another job
+on the machine lengthens a step's wall time much more than its CPU time.
+The CPU's model and half-precision flags head the report.
 
 Per mode the tool also reports each run's per-epoch ``loss`` and ``val_loss``
 (the closing line's values), the number of epochs (``EarlyStopping`` may end
@@ -91,6 +97,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from profiling import cpu_line
 
 COLUMNS = ("Date Time", "p (mbar)", "T (degC)", "Tpot (K)", "Tdew (degC)", "rh (%)", "VPmax (mbar)",
            "VPact (mbar)", "VPdef (mbar)", "sh (g/kg)", "H2OC (mmol/mol)", "rho (g/m**3)", "wv (m/s)",
@@ -178,11 +185,17 @@ def write_dataset(home: Path, rows: int, seed: int) -> tuple[Path, str]:
 
 # ---------------------------------------------------------------- one run
 
+# When a piece of stdout arrived: (wall seconds, the run's CPU seconds or None).
+Stamp = tuple[float, float | None]
+NO_STAMP: Stamp = (0.0, None)
+
+
 @dataclass
 class Epoch:
     step_ms: float | None
     keras_ms: float | None
     metrics: dict[str, float]
+    cpu_ms: float | None = None
 
 
 @dataclass
@@ -199,6 +212,11 @@ class Run:
     @property
     def step_ms(self) -> float | None:
         times = [e.step_ms for e in self.epochs if e.step_ms is not None]
+        return statistics.median(times) if times else None
+
+    @property
+    def cpu_ms(self) -> float | None:
+        times = [e.cpu_ms for e in self.epochs if e.cpu_ms is not None]
         return statistics.median(times) if times else None
 
     @property
@@ -231,8 +249,11 @@ def run_environment(mode: str, home: Path, workdir: Path, dump: bool) -> dict:
     return env
 
 
-def stream(command: list[str], env: dict, cwd: Path, timeout: float) -> tuple[int, list[tuple[float, bytes]], str]:
-    """Runs ``command``; returns its exit code, its stdout as (arrival time, bytes) chunks, and its stderr."""
+def stream(command: list[str], env: dict, cwd: Path, timeout: float) -> tuple[int, list[tuple[Stamp, bytes]], str]:
+    """Runs ``command``; returns its exit code, its stdout as (stamp, bytes) chunks, and its stderr.
+
+    A chunk's stamp is when it arrived and the CPU seconds the run had used by then.
+    """
     proc = subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     errors: list[bytes] = []
     reader = threading.Thread(target=lambda: errors.append(proc.stderr.read()), daemon=True)
@@ -242,7 +263,7 @@ def stream(command: list[str], env: dict, cwd: Path, timeout: float) -> tuple[in
     chunks = []
     try:
         while chunk := os.read(proc.stdout.fileno(), 1 << 16):
-            chunks.append((time.perf_counter(), chunk))
+            chunks.append(((time.perf_counter(), cpu_seconds(proc.pid)), chunk))
         proc.wait()
     finally:
         timer.cancel()
@@ -250,10 +271,20 @@ def stream(command: list[str], env: dict, cwd: Path, timeout: float) -> tuple[in
     return proc.returncode, chunks, b"".join(errors).decode("utf-8", "replace")
 
 
-def segments(chunks: list[tuple[float, bytes]]) -> list[tuple[float, str]]:
-    """The stdout split at ``\\r`` and ``\\n``, each piece with the time its first character arrived."""
+def cpu_seconds(pid: int) -> float | None:
+    """The CPU seconds process ``pid`` has used so far, all threads, user and system; None off Linux."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def segments(chunks: list[tuple[Stamp, bytes]]) -> list[tuple[Stamp, str]]:
+    """The stdout split at ``\\r`` and ``\\n``, each piece with the stamp (wall, CPU) of its first character."""
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
-    pieces, text, start = [], "", 0.0
+    pieces: list[tuple[Stamp, str]] = []
+    text, start = "", NO_STAMP
     for stamp, chunk in chunks:
         for piece in re.split(r"([\r\n])", decoder.decode(chunk)):
             if piece in ("\r", "\n"):
@@ -267,16 +298,18 @@ def segments(chunks: list[tuple[float, bytes]]) -> list[tuple[float, str]]:
     return [(stamp, text) for stamp, text in cleaned if text]
 
 
-def close_epoch(progress: list[tuple[int, float, str]], closing: str) -> Epoch:
-    """An epoch from its training updates (batch, arrival, text) and its closing line."""
-    step_ms = keras_ms = None
+def close_epoch(progress: list[tuple[int, Stamp, str]], closing: str) -> Epoch:
+    """An epoch from its training updates (batch, stamp, text) and its closing line."""
+    step_ms = keras_ms = cpu_ms = None
     if len(progress) >= 2 and progress[-1][0] > progress[0][0]:
-        (first, t0, _), (last, t1, _) = progress[0], progress[-1]
+        (first, (t0, c0), _), (last, (t1, c1), _) = progress[0], progress[-1]
         step_ms = 1000.0 * (t1 - t0) / (last - first)
+        if c0 is not None and c1 is not None:
+            cpu_ms = 1000.0 * (c1 - c0) / (last - first)
     if progress and (found := KERAS_STEP.search(progress[-1][2])):
         keras_ms = int(found.group(1)) * UNIT_MS[found.group(2)]
     metrics = {name: float(value) for name, value in METRIC.findall(closing)}
-    return Epoch(step_ms, keras_ms, metrics)
+    return Epoch(step_ms, keras_ms, metrics, cpu_ms)
 
 
 def parse_epochs(pieces: list[tuple[float, str]]) -> list[Epoch]:
@@ -387,13 +420,14 @@ def report(runs: list[Run], modes: list[str]) -> None:
              for mode, group in by_mode.items()}
     base = min(timed.get("float32") or [0.0]) or None
     print(f"\n| mode | ms/step, best of {max(len(g) for g in by_mode.values())} | vs float32 | all rounds (ms) "
-          "| Keras's ms/step | best val_loss per round | epochs per round | failed |")
-    print("|---|---:|---:|---|---:|---|---|---:|")
+          "| CPU ms/step, all rounds | Keras's ms/step | best val_loss per round | epochs per round | failed |")
+    print("|---|---:|---:|---|---|---:|---|---|---:|")
     for mode, group in by_mode.items():
         best = min(timed[mode]) if timed[mode] else None
         best_run = next((r for r in group if r.step_ms == best), None)
         print(f"| {mode} | {fmt(best, '.1f')} | {fmt(base / best if base and best else None, '.2f')}x "
-              f"| {', '.join(fmt(r.step_ms, '.1f') for r in group)} | {fmt(best_run and best_run.keras_ms, '.0f')} "
+              f"| {', '.join(fmt(r.step_ms, '.1f') for r in group)} | {', '.join(fmt(r.cpu_ms, '.1f') for r in group)} "
+              f"| {fmt(best_run and best_run.keras_ms, '.0f')} "
               f"| {', '.join(fmt(r.best_val_loss, '.4f') for r in group)} "
               f"| {', '.join(str(len(r.epochs)) for r in group)} | {sum(r.returncode != 0 for r in group)} |")
     for mode, group in by_mode.items():
@@ -411,7 +445,9 @@ def describe(run: Run) -> str:
     losses = " ".join(f"{e.metrics.get('loss', float('nan')):.4f}/{e.metrics.get('val_loss', float('nan')):.4f}"
                       for e in run.epochs)
     steps = " ".join(fmt(e.step_ms, ".0f") for e in run.epochs)
-    text = f"{head}, {len(run.epochs)} epochs; loss/val_loss per epoch: {losses}; ms/step per epoch: {steps}"
+    cpus = " ".join(fmt(e.cpu_ms, ".0f") for e in run.epochs)
+    text = (f"{head}, {len(run.epochs)} epochs; loss/val_loss per epoch: {losses}; ms/step per epoch: {steps}; "
+            f"CPU ms/step per epoch: {cpus}")
     return "\n".join([text] + [f"    half nodes: {line}" for line in run.half_nodes])
 
 
@@ -438,6 +474,7 @@ def main() -> None:
     began = time.perf_counter()
     try:
         zip_path, digest = write_dataset(home, args.rows, args.seed)
+        print(f"CPU: {cpu_line()}")
         print(f"script: {script} (sha256 {hashlib.sha256(script.read_bytes()).hexdigest()[:16]})")
         print(f"data: {zip_path} ({args.rows} rows, seed {args.seed}, sha256 {digest[:16]})")
         runs = []
