@@ -510,4 +510,4 @@ def test_the_runtime_times_a_step_traced_with_an_unknown_batch_at_the_hint(amp_r
     assert [tuple(spec.shape for spec in case.inputs) for case in cases if not isinstance(case, RegionCase)] == [
         ((32, 16), (16, 8))]
     said = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO and "stays float32" in r.getMessage()]
-    assert len(said) == 1 and "no op measured faster in bfloat16" in said[0]
+    assert len(said) == 1 and "no op or half region measured faster in bfloat16" in said[0]

@@ -111,8 +111,9 @@ def swap_in(tools: SwapTools, swap: Swap) -> SwapRecord | None:
     if swap.rewritten.concrete_function is None:
         if swap.config.is_tuning and _kept_by_timings(swap.rewritten.result):
             # said, so that a user who turned tuning on sees what it chose
-            logger.info("amp-rewrite: tf.function %s: stays float32: no op measured faster in %s on this "
-                        "machine (amp-rewrite explain names each op's timings)", swap.name, swap.config.target)
+            logger.info("amp-rewrite: tf.function %s: stays float32: no op or half region measured faster in %s "
+                        "on this machine (amp-rewrite explain names each one's timings)", swap.name,
+                        swap.config.target)
         else:
             logger.debug("tf.function %s: nothing to run in %s", swap.name, swap.config.target)
         return None
