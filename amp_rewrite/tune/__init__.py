@@ -5,7 +5,8 @@ face); modules may move between releases.
 
 - :mod:`~amp_rewrite.tune.steps`: a whole step's trial, its half and float32 bodies alternated
   (what ``ENABLE_AUTO_MP`` does unless ``AMP_REWRITE_TUNE=0``);
-- :mod:`~amp_rewrite.tune.tuner`: with ``--tune`` or ``AMP_REWRITE_TUNE=1``, which ops to time and the verdicts the painting reads;
+- :mod:`~amp_rewrite.tune.tuner`: with ``--tune`` or ``AMP_REWRITE_TUNE=1``, which ops to time and
+  the verdicts the painting reads;
 - :mod:`~amp_rewrite.tune.shapes`: each op's input shapes, from TensorFlow's shape inference;
 - :mod:`~amp_rewrite.tune.timing`: one op timed in each precision, its Casts included;
 - :mod:`~amp_rewrite.tune.regions`: connected regions of half ops, timed as a whole;
