@@ -83,7 +83,7 @@ class StepVerdict:
         elif not self.is_half and self.half_seconds < self.float32_seconds:
             text += f", less than the {MARGIN:.0%} that half must save"
         if self.is_cached:
-            text += "; measured in an earlier run"
+            text += "; measured before, read from the cache"
         return text
 
     def timing(self) -> Timing:

@@ -66,7 +66,7 @@ def test_the_reason_gives_both_times_on_this_device(half, float32, is_cached, ex
     else:
         assert not verdict.is_half
         assert reason == "the step ran 449 ms in bfloat16 and 373 ms in float32 on this CPU"
-    assert reason.endswith("; measured in an earlier run") == is_cached
+    assert reason.endswith("; measured before, read from the cache") == is_cached
 
 
 def function(name: str, callee: str, nodes: list[tuple[str, str, dict]]):

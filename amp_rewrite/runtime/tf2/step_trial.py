@@ -172,21 +172,18 @@ class StepTrials:
                                     device=device_description(self.device_type, gpu_name=_gpu_name()))
         return self._cache
 
-    def decided_float32(self, concrete_function) -> bool:
-        """Whether a cached verdict keeps this just-traced function float32 (said in one line): no rewrite then."""
+    def cached_verdict(self, concrete_function) -> StepVerdict | None:
+        """The verdict an earlier trial of this just-traced function's step left (said in one line), or None."""
         verdict = self._cached(self._key(tf_internals.concrete_function_state(concrete_function)))
-        if verdict is None or verdict.is_half:
-            return False
-        self._say(function_name(concrete_function), verdict, concrete_function)
-        return True
+        if verdict is not None:
+            self._say(function_name(concrete_function), verdict, concrete_function)
+        return verdict
 
-    def cached_half(self, concrete_function) -> bool:
-        """Whether a cached verdict keeps this just-traced function's rewrite (said in one line): no trial then."""
-        verdict = self._cached(self._key(tf_internals.concrete_function_state(concrete_function)))
-        if verdict is None or not verdict.is_half:
-            return False
-        self._say(function_name(concrete_function), verdict, concrete_function)
-        return True
+    def keep_float32(self, concrete_function) -> None:
+        """Runs a just-traced function in float32 without a rewrite: as traced, its calls of swapped bodies
+        sent to their traced ones."""
+        state = tf_internals.concrete_function_state(concrete_function)
+        tf_internals.set_concrete_function_state(concrete_function, self._float32_state(concrete_function, state))
 
     def forget(self) -> None:
         """Ends the trials still running (the hook is going): each function keeps the body it has."""
@@ -205,25 +202,12 @@ class StepTrials:
                            on_float32=self.swapped.restore)
 
     def for_caller(self, concrete_function, then: CallStep | None = None):
-        """What runs a function whose graph calls swapped bodies after its first call: a trial, or ``then``.
-
-        A cached verdict is applied at once: float32 gives the function its
-        float32 state now, and nothing follows (None).
-        """
+        """What runs a function whose graph calls swapped bodies after its first call: a trial, or ``then``."""
         state = tf_internals.concrete_function_state(concrete_function)
         if not self._swapped_callees(state):
             return then
-        key = self._key(state)
-        cached = self._cached(key)
-        if cached is not None:
-            self._say(function_name(concrete_function), cached, concrete_function)
-            if cached.is_half:
-                return then
-            tf_internals.set_concrete_function_state(concrete_function,
-                                                     self._float32_state(concrete_function, state))
-            return None
         states = {HALF: state, FLOAT32: self._float32_state(concrete_function, state)}
-        return self._trial(concrete_function, function_name(concrete_function), states, key, then,
+        return self._trial(concrete_function, function_name(concrete_function), states, self._key(state), then,
                            on_float32=lambda cf: None)
 
     # --- the trial --------------------------------------------------------

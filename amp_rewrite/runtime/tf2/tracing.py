@@ -233,9 +233,11 @@ class TracingHook:
                 return
             calls_guarded = self.fallback.note_guarded_calls(concrete_function)
             trials = self.trials if not is_explicit else None
-            if trials is not None and trials.decided_float32(concrete_function):
+            verdict = trials.cached_verdict(concrete_function) if trials is not None else None
+            if trials is not None and verdict is not None and not verdict.is_half:
+                trials.keep_float32(concrete_function)  # decided in an earlier run: no rewrite
                 return
-            is_timed = trials is not None and not trials.cached_half(concrete_function)
+            is_timed = trials is not None and verdict is None
             try:
                 self._swap_in(concrete_function, config, is_explicit=is_explicit, calls_guarded=calls_guarded,
                               is_timed=is_timed)
@@ -245,7 +247,7 @@ class TracingHook:
                     raise RuntimeRewriteError(f"tf.function {name}: rewrite failed: {reason}") from exc
                 logger.warning("amp-rewrite: tf.function %s runs in float32: rewrite failed: %s", name, reason)
             if concrete_function not in self.swapped:
-                self._watch_as_traced(concrete_function, calls_guarded=calls_guarded, is_timed=trials is not None)
+                self._watch_as_traced(concrete_function, calls_guarded=calls_guarded, is_timed=is_timed)
             if self.profiles is not None and concrete_function not in self.swapped:
                 self.profiles.watch_if_caller(concrete_function)
 

@@ -106,7 +106,7 @@ def test_a_second_run_decides_from_the_cache_before_the_first_call(amp_runtime, 
     assert half_ops(cf) == [] and tf_internals.call_override(cf) is None
     assert not runtime.current_runtime().tracing.swapped  # not even rewritten
     assert lines(caplog) == ["amp-rewrite: tf.function step stays float32: the step ran 12.0 ms in bfloat16 and "
-                             "10.0 ms in float32 on this CPU; measured in an earlier run"]
+                             "10.0 ms in float32 on this CPU; measured before, read from the cache"]
 
 
 def test_settings_made_in_code_and_tune_0_time_nothing(amp_runtime, tmp_path):
@@ -149,6 +149,24 @@ def test_keras3_fit_whose_half_step_loses_runs_float32_bodies(amp_runtime, tmp_p
     # its body now calls the one-step function's traced body (rebuilt, so named apart)
     assert "_float32_" in tf_internals.concrete_function_state(caller)["_inference_function"].name.decode()
     np.testing.assert_allclose(losses, float32_losses, rtol=0.02)
+
+
+def test_keras3_fit_in_a_second_run_gets_its_float32_bodies_from_the_cache(amp_runtime, tmp_path, caplog):
+    """The train function decided float32 before: it runs float32 bodies from its first call, nothing timed."""
+    start(amp_runtime, tmp_path, {steps.HALF: 0.030, steps.FLOAT32: 0.020})
+    keras3_fit(1)
+    runtime.disable()
+    float32_losses = keras3_fit(2)
+    start(amp_runtime, tmp_path, {steps.HALF: 0.001, steps.FLOAT32: 0.020})  # never read: nothing is timed
+    with caplog.at_level(logging.INFO, TRACING_LOGGER):
+        losses = keras3_fit(2)
+    decided = [line for line in lines(caplog) if "stays float32" in line]
+    assert decided and all(line.endswith("measured before, read from the cache") for line in decided), lines(caplog)
+    assert not [line for line in lines(caplog) if "runs in bfloat16" in line]
+    [caller] = [function() for name, _, function in runtime.current_runtime().tracing.trials.decisions
+                if "step_on_iterator" in name][:1]
+    assert "_float32_" in tf_internals.concrete_function_state(caller)["_inference_function"].name.decode()
+    np.testing.assert_allclose(losses, float32_losses, rtol=1e-6)  # float32 from the first step
 
 
 @pytest.mark.parametrize("is_half", [True, False])
