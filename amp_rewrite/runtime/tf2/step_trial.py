@@ -137,6 +137,7 @@ class StepTrials:
         verdicts: each step key decided in this process → its verdict.
         decisions: each function decided in this process, oldest first: its name, verdict, and the
             function (held weakly).
+        trials: the trials made, held weakly (a settled one goes with its function's reference to it).
     """
 
     def __init__(self, swapped: SwapTable, *, config: Callable[[], Config], cache_dir: str | None = None,

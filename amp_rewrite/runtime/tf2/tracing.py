@@ -134,6 +134,8 @@ class TracingHook:
             (:class:`~amp_rewrite.runtime.tf2.fallback.FloorFallback`, given the table ``swapped``).
         first_calls: its first-call guards
             (:class:`~amp_rewrite.runtime.tf2.first_call_guard.FirstCallGuards`, given the table ``swapped``).
+        trials: with step timing on (the runtime's hook, unless ``AMP_REWRITE_TUNE=0``), its step trials
+            (:class:`~amp_rewrite.runtime.tf2.step_trial.StepTrials`, given the table ``swapped``); else None.
         tools: what the swap steps use (:class:`~amp_rewrite.runtime.tf2.swap_steps.SwapTools`).
         marked: on the marked functions' hook, each graph :func:`marked` traced → its
             :class:`~amp_rewrite.Config` (the runtime's hook reads this table too).
@@ -235,7 +237,7 @@ class TracingHook:
             trials = self.trials if not is_explicit else None
             verdict = trials.cached_verdict(concrete_function) if trials is not None else None
             if trials is not None and verdict is not None and not verdict.is_half:
-                trials.keep_float32(concrete_function)  # decided in an earlier run: no rewrite
+                trials.keep_float32(concrete_function)  # decided before: no rewrite, no trial
                 return
             is_timed = trials is not None and verdict is None
             try:
