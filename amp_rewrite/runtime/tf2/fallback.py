@@ -400,12 +400,9 @@ class FloorFallback:
                         if other.report.name in names and self._holds_guarded_apply(other)]
             replacements: dict[str, Any] = {}
             for cf in dict.fromkeys([concrete_function, *hopeless]):
-                rewritten_name = called_name(cf)
                 if swapped.record_of(cf) is not None:
-                    swapped.restore(cf)
-                    replacements[rewritten_name] = tf_internals.inference_function(cf)
+                    self._restore(cf, replacements)
                     self.fell_back.add(function_name(cf), cf.graph)
-                    self.fell_back.add_body(called_name(cf))
             sharers = self._forward_overflowed(name, concrete_function.graph, replacements) if reason == \
                 LOSS_NOT_FINITE else []
             self._fall_back_callers(name, replacements)
@@ -425,14 +422,21 @@ class FloorFallback:
         self.fell_back.add_overflowed(name, graph)
         names = []
         for cf, record in list(self.swapped.items()):
-            if self.fell_back.overflowed_with(cf.graph) is None:
-                continue
-            rewritten_name = called_name(cf)
-            self.swapped.restore(cf)
-            replacements[rewritten_name] = tf_internals.inference_function(cf)
-            self.fell_back.add_body(called_name(cf))
-            names.append(record.report.name)
+            if self.fell_back.overflowed_with(cf.graph) is not None:
+                self._restore(cf, replacements)
+                names.append(record.report.name)
         return sorted(set(names))
+
+    def _restore(self, concrete_function, replacements: dict[str, Any]) -> None:
+        """Gives a swapped function its traced body back, for good.
+
+        ``replacements`` gets its rewritten body's name → the traced body, for
+        the functions calling it; later traces calling the traced body keep it.
+        """
+        rewritten_name = called_name(concrete_function)
+        self.swapped.restore(concrete_function)
+        replacements[rewritten_name] = tf_internals.inference_function(concrete_function)
+        self.fell_back.add_body(called_name(concrete_function))
 
     def _fall_back_callers(self, name: str, replacements: dict) -> None:
         """Gives the functions calling the replaced bodies float32 bodies (a warning if one fails)."""
