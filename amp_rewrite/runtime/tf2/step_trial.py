@@ -40,7 +40,6 @@ import logging
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from amp_rewrite import tf_internals
@@ -134,7 +133,6 @@ class StepTrials:
         config: returns the rewrite configuration (read at first use: the target chosen, the device type).
         cache_dir: where the tuning cache lives (None: the user's cache directory).
         timer: runs one call of a body and times it (:data:`Timer`; tests give their own).
-        verdicts: each step key decided in this process → its verdict.
         decisions: each function decided in this process, oldest first: its name, verdict, and the
             function (held weakly).
         trials: the trials made, held weakly (a settled one goes with its function's reference to it).
@@ -146,7 +144,6 @@ class StepTrials:
         self.config = config
         self.cache_dir = cache_dir
         self.timer = timer or self.time_call
-        self.verdicts: dict[str, StepVerdict] = {}
         self.decisions: list[tuple[str, StepVerdict, weakref.ref]] = []
         self.trials: weakref.WeakSet[StepTrialCall] = weakref.WeakSet()
         self._cache: TuneCache | None = None
@@ -276,13 +273,11 @@ class StepTrials:
         return key
 
     def _cached(self, key: str) -> StepVerdict | None:
-        if key in self.verdicts:
-            return replace(self.verdicts[key], is_cached=True)
+        """The verdict of the times the cache holds for ``key`` (this process's trials put theirs there too)."""
         timing = self.cache.get(key)
         return steps.verdict_of(timing, is_cached=True) if timing is not None else None
 
     def _remember(self, key: str, verdict: StepVerdict) -> None:
-        self.verdicts[key] = verdict
         self.cache.put(key, verdict.timing())
         self.cache.save()
 
