@@ -33,24 +33,16 @@ def sequences():
     return tokens, np.roll(tokens, -1, axis=1)
 
 
-def tf_keras_model():
-    import tf_keras
+def masked_attention_model(flavour: str):
+    """The model above, built with tf_keras or Keras 3 (``flavour``), the same layers in each."""
+    if flavour == "tf_keras":
+        import tf_keras as keras
 
-    tf_keras.utils.set_random_seed(0)
-    layers = tf_keras.layers
-    tokens = tf_keras.Input((LENGTH,), dtype="int32")
-    x = layers.Embedding(VOCAB, WIDTH, mask_zero=True)(tokens)
-    attended = layers.MultiHeadAttention(num_heads=2, key_dim=8)(x, x, use_causal_mask=True)
-    logits = layers.Dense(VOCAB)(layers.LayerNormalization()(x + attended))
-    model = tf_keras.Model(tokens, logits)
-    model.compile(optimizer=tf_keras.optimizers.Adam(1e-2),
-                  loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model
+        compile_options = {}
+    else:
+        import keras
 
-
-def keras3_model():
-    import keras
-
+        compile_options = {"jit_compile": False}
     keras.utils.set_random_seed(0)
     layers = keras.layers
     tokens = keras.Input((LENGTH,), dtype="int32")
@@ -58,16 +50,16 @@ def keras3_model():
     attended = layers.MultiHeadAttention(num_heads=2, key_dim=8)(x, x, use_causal_mask=True)
     logits = layers.Dense(VOCAB)(layers.LayerNormalization()(x + attended))
     model = keras.Model(tokens, logits)
-    model.compile(optimizer=keras.optimizers.Adam(1e-2), jit_compile=False,
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), **compile_options,
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model
 
 
-def fit(make_model):
+def fit(flavour: str):
     """The history of ``fit``: loss and val_loss per epoch."""
     x, y = sequences()
-    history = make_model().fit(x, y, batch_size=BATCH, epochs=EPOCHS, validation_data=(x[:BATCH], y[:BATCH]),
-                               shuffle=False, verbose=0)
+    history = masked_attention_model(flavour).fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
+                                                  validation_data=(x[:BATCH], y[:BATCH]))
     return history.history
 
 
@@ -83,12 +75,12 @@ def half_and_float32_ops(op_types):
     return found
 
 
-@pytest.mark.parametrize("make_model", [tf_keras_model, keras3_model])
-def test_masked_attention_trains_in_float16_with_float32_losses(amp_runtime, caplog, make_model):
-    float32 = fit(make_model)
+@pytest.mark.parametrize("flavour", ["tf_keras", "keras3"])
+def test_masked_attention_trains_in_float16_with_float32_losses(amp_runtime, caplog, flavour):
+    float32 = fit(flavour)
     amp_runtime(RuntimeSettings(target="float16"))
     with caplog.at_level(logging.WARNING, logger="amp_rewrite"):
-        half = fit(make_model)
+        half = fit(flavour)
         ops = half_and_float32_ops({"Einsum", "Softmax"})
     assert np.all(np.isfinite(half["loss"])) and np.all(np.isfinite(half["val_loss"])), half
     np.testing.assert_allclose(half["loss"], float32["loss"], rtol=5e-3)
