@@ -176,17 +176,23 @@ def rotated(modes: list[str], round_index: int) -> list[str]:
     return modes[shift:] + modes[:shift]
 
 
+def interleaved(subjects: list[str], modes: list[str], rounds: int):
+    """``(round, subject, mode)`` of every run, rounds from 1: each subject in every mode once a round,
+    the mode order rotated each round, so another job's load falls on all modes alike."""
+    for round_index in range(rounds):
+        for subject in subjects:
+            for mode in rotated(modes, round_index):
+                yield round_index + 1, subject, mode
+
+
 def run_all(models: list[str], modes: list[str], rounds: int, steps: int) -> list[dict]:
     """Every (model, mode) once a round, in a mode order rotated each round; one record per run."""
     runs = []
     with tempfile.TemporaryDirectory(prefix="bench_keras_policy_tune_") as cache_dir:
-        for round_index in range(rounds):
-            for model in models:
-                for mode in rotated(modes, round_index):
-                    result = run_one(model, mode, steps, cache_dir)
-                    runs.append({"model": model, "mode": mode, "round": round_index + 1, **result})
-                    print(f"round {round_index + 1}/{rounds} {model} {mode}: {progress(result)}",
-                          file=sys.stderr, flush=True)
+        for round_number, model, mode in interleaved(models, modes, rounds):
+            result = run_one(model, mode, steps, cache_dir)
+            runs.append({"model": model, "mode": mode, "round": round_number, **result})
+            print(f"round {round_number}/{rounds} {model} {mode}: {progress(result)}", file=sys.stderr, flush=True)
     return runs
 
 

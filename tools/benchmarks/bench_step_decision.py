@@ -186,13 +186,11 @@ def run_all(workloads: list[str], rounds: int, steps: dict, quick: bool) -> list
     """Every (workload, mode) once a round, in a mode order rotated each round; one record per run."""
     runs = []
     with tempfile.TemporaryDirectory(prefix="bench_step_decision_cache_") as cache_dir:
-        for round_index in range(rounds):
-            for workload in workloads:
-                for mode in keras_runs.rotated(list(MODES), round_index):
-                    result = run_one(workload, mode, steps[kind(workload)], quick, cache_dir)
-                    runs.append({"workload": workload, "mode": mode, "round": round_index + 1, **result})
-                    print(f"round {round_index + 1}/{rounds} {workload} {mode}: {progress(result)}",
-                          file=sys.stderr, flush=True)
+        for round_number, workload, mode in keras_runs.interleaved(workloads, list(MODES), rounds):
+            result = run_one(workload, mode, steps[kind(workload)], quick, cache_dir)
+            runs.append({"workload": workload, "mode": mode, "round": round_number, **result})
+            print(f"round {round_number}/{rounds} {workload} {mode}: {progress(result)}", file=sys.stderr,
+                  flush=True)
     return runs
 
 
