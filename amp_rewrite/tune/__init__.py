@@ -5,6 +5,8 @@ face); modules may move between releases.
 
 - :mod:`~amp_rewrite.tune.steps`: a whole step's trial, its half and float32 bodies alternated
   (what ``ENABLE_AUTO_MP`` does unless ``AMP_REWRITE_TUNE=0``);
+- :mod:`~amp_rewrite.tune.step_regions`: the half regions of a rewritten step, their op times in a
+  profiled half and float32 step, and the mixed step those times propose;
 - :mod:`~amp_rewrite.tune.tuner`: with ``--tune`` or ``AMP_REWRITE_TUNE=1``, which ops to time and
   the verdicts the painting reads;
 - :mod:`~amp_rewrite.tune.shapes`: each op's input shapes, from TensorFlow's shape inference;
