@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from amp_rewrite.paint.context import PaintContext
+from amp_rewrite.paint.fusions import bias_gradients_beside_filter_gradients
 from amp_rewrite.paint.half_range import LIMITS as HALF_RANGE_LIMITS
 from amp_rewrite.paint.half_range import beyond_range
 from amp_rewrite.paint.normalization import REASON as NORMALIZATION_REASON
@@ -457,6 +458,19 @@ def paint_clear_around_allow(ctx: PaintContext, painting: Painting) -> None:
             painting.mark_allow(v, "clear op next to an allow op", parents.get(v))
 
 
+def keep_bias_gradients_beside_their_filter_gradients(ctx: PaintContext, painting: Painting) -> None:
+    """For bfloat16 on a CPU, paints ALLOW a bias gradient that reads the gradient an ALLOW filter gradient reads.
+
+    ``BiasAddGrad(g)`` beside ``ALLOW Conv2DBackpropFilter(x, shape, g)`` becomes
+    ``ALLOW``, even downstream of a deny op, so that oneDNN fuses the two
+    (:mod:`amp_rewrite.paint.fusions`).
+    """
+    for vid, partner, name in list(bias_gradients_beside_filter_gradients(ctx, painting.allow)):
+        painting.deny.discard(vid)
+        painting.mark_allow(vid, f"bias gradient beside the filter gradient {name}, which oneDNN fuses with it",
+                            partner)
+
+
 def choose_loop_variable_types(ctx: PaintContext, painting: Painting) -> None:
     """Gives each While loop variable the dtype that needs fewer Casts per iteration.
 
@@ -599,6 +613,7 @@ SPREAD_RULES: tuple[Rule, ...] = (
     paint_between_allow,
     paint_infer_after_allow,
     paint_clear_around_allow,
+    keep_bias_gradients_beside_their_filter_gradients,
     match_tensor_list_clusters,  # clear ops around allow ops may have painted a member
     choose_loop_variable_types,
     match_call_boundaries,

@@ -109,13 +109,18 @@ QUICK_WORKLOADS = {
 PEER_LABELS = {"keras": "Keras `mixed_bfloat16` policy", "tf1": "Grappler oneDNN bfloat16"}
 KERAS_POLICY = "mixed_bfloat16"
 GRAPPLER_PASS = "auto_mixed_precision_onednn_bfloat16"
-DECISION_CALLS = 10  # the calls the step decision times before its verdict
+# the calls the step decision takes at most: the pure trial, one profiled call of each body, and the
+# trial confirming a mixed body
+DECISION_CALLS = 10 + 2 + 5
 DECISION_WARMUP = DECISION_CALLS + 2
 TF1_WARMUP, PROFILED, TIMEOUT_S = 3, 2, 3600
 STEPS = {"keras": 3, "tf1": 10}
 QUICK_STEPS = {"keras": 1, "tf1": 3}
-DECISION = re.compile(r"tf\.function (?P<name>\S+) (?P<verdict>runs in b?float16|stays float32):\s*(?P<why>.*)")
+DECISION = re.compile(r"tf\.function (?P<name>\S+) (?P<verdict>runs in b?float16|stays float32|"
+                      r"runs \d+ of \d+ half regions in b?float16):\s*(?P<why>.*)")
 STEP_TIMES = re.compile(r"ran (?P<half>[\d.]+) ms in b?float16 and (?P<full>[\d.]+) ms in float32")
+MIXED_TIMES = re.compile(r"ran (?P<mixed>[\d.]+) ms with (?P<regions>\d+ of \d+) half regions in b?float16 and "
+                         r"(?P<pure>[\d.]+) ms in (?P<pure_kind>\S+) .*alone it ran (?P<other>[\d.]+) ms")
 
 
 def kind(workload: str) -> str:
@@ -221,6 +226,10 @@ def decision(workload: str, mode: str, lines: list[str]) -> str:
 
 
 def short(match: re.Match) -> str:
+    mixed = MIXED_TIMES.search(match["why"])
+    if mixed:
+        return (f"mixed, {mixed['regions']} regions half ({mixed['mixed']} ms vs {mixed['pure']} in "
+                f"{mixed['pure_kind']}, {mixed['other']} in the other)")
     verdict = "float32" if match["verdict"] == "stays float32" else match["verdict"].split()[-1]
     times = STEP_TIMES.search(match["why"])
     if times:
