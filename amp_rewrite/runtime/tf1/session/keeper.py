@@ -6,6 +6,11 @@ replaced by a float32 copy, and keeps what is made on one shadow (plans,
 fast calls, partial-run handles) in step with it; its
 :class:`~amp_rewrite.runtime.tf1.session.fallback.FallbackState` says which graph
 runs. Running a call is :class:`~amp_rewrite.runtime.tf1.session.runner.ShadowRunner`'s work.
+
+With step trials on (``RuntimeSettings.is_timing_steps``), a new plan that
+runs half ops gets a trial against its float32 copy
+(:mod:`~amp_rewrite.runtime.tf1.session.step_trial`); the keeper holds the
+trials running on the current shadow and makes the winner the key's plan.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from amp_rewrite.runtime.core import Runtime
 from amp_rewrite.runtime.tf1.session.fallback import FallbackState, error_line
 from amp_rewrite.runtime.tf1.session.fast_calls import FastCalls
 from amp_rewrite.runtime.tf1.session.plans import PlanKey, RunPlan, make_plan
+from amp_rewrite.runtime.tf1.session.step_trial import SessionStepTrial, SessionStepTrials, trials_of
 from amp_rewrite.runtime.tf1.shadow_graph import ShadowGraph, ShadowState
 
 # One logger for the whole package: its lines keep the name they have always had.
@@ -40,6 +46,8 @@ class ShadowKeeper:
         partial_handles: the partial-run handles made on the current shadow.
         fetched, fed: names of the nodes fetched and fed so far (the shadow keeps them).
         has_run: the rewritten graph ran a step (its variables hold trained values).
+        trials: per :class:`PlanKey`, the step trial running on the current shadow.
+        step_trials: the runtime's :class:`SessionStepTrials`; None when steps are not timed.
     """
 
     def __init__(self, graph, runtime: Runtime, target: str = "", config=None):
@@ -55,12 +63,18 @@ class ShadowKeeper:
         self.fetched: set[str] = set()
         self.fed: set[str] = set()
         self.has_run = False
+        self.trials: dict[PlanKey, SessionStepTrial] = {}
+        self.step_trials: SessionStepTrials | None = trials_of(runtime)
         self._stopped_rewriting = False
 
     # --- planning --------------------------------------------------------
 
-    def new_plan(self, key: PlanKey) -> RunPlan | None:
-        """A new :class:`RunPlan` for ``key``, the shadow built or grown first; None on the script's graph."""
+    def new_plan(self, key: PlanKey, *, is_tried: bool = True) -> RunPlan | None:
+        """A new :class:`RunPlan` for ``key``, the shadow built or grown first; None on the script's graph.
+
+        With ``is_tried`` (not for partial runs) and step trials on, a plan
+        running half ops gets a trial, or the plan a cached verdict chose.
+        """
         with self.lock:
             if self.fallback.runs_script_graph:
                 return None
@@ -83,8 +97,39 @@ class ShadowKeeper:
                     raise
                 self.fall_back_keeping_values(reason)
                 return self.new_plan(key)
+            if is_tried and self.step_trials is not None and self.fallback.is_rewritten:
+                plan = self._tried(key, plan)
             self.plans[key] = plan
             return plan
+
+    def _tried(self, key: PlanKey, plan: RunPlan) -> RunPlan:
+        """The plan the step runs first: ``plan``, on trial where it gets one, or the plan the cache chose."""
+        assert self.step_trials is not None
+        try:
+            plan, trial = self.step_trials.plan(self.graph, self.shadow.graph, key, plan)
+        except Exception as exc:
+            reason = f"no step trial: {error_line(exc)}"
+            if self.settings.is_strict:
+                raise RuntimeRewriteError(reason) from exc
+            logger.debug("amp-rewrite: %s", reason)
+            return plan
+        if trial is not None:
+            self.trials[key] = trial
+        return plan
+
+    def record_trial(self, key: PlanKey, trial: SessionStepTrial, body: str, seconds: float | None) -> None:
+        """One run of a step on trial finished; once all ran, the winner is the key's plan for good."""
+        assert self.step_trials is not None
+        with self.lock:
+            if self.trials.get(key) is not trial:
+                return  # a new shadow started meanwhile
+            trial.trial.record(body, seconds)
+            if not trial.trial.is_done:
+                return
+            del self.trials[key]
+            verdict = trial.trial.verdict()
+            if verdict is not None:  # else a variant was never timed: the rewritten plan stays
+                self.plans[key] = self.step_trials.settle(trial, verdict)
 
     def _build(self) -> None:
         """Has the whole graph rewritten into a new shadow, which starts without plans."""
@@ -126,13 +171,14 @@ class ShadowKeeper:
                 float32 = self._float32_copy()
             except Exception:
                 raise exc from None
-            saved, saved_plans = self.shadow.state(), self.plans
+            saved, saved_plans, saved_trials = self.shadow.state(), self.plans, self.trials
             self._use_shadow(float32)
             self.fallback.try_float32(reason)  # a failure now is the script's, not the rewrite's
             try:
                 result = retry()
             except Exception:
                 self._keep_rewrite(float32, saved, saved_plans)
+                self.trials = saved_trials
                 raise exc from None
             if self.settings.is_strict:
                 self._keep_rewrite(float32, saved, saved_plans)
@@ -152,6 +198,7 @@ class ShadowKeeper:
                 self.fallback.fall_back(reason, keeps_values=False)
                 self.shadow.discard()
                 self.plans.clear()
+                self.trials = {}
                 self.calls = FastCalls()
                 return
             self.shadow.close()
@@ -175,6 +222,7 @@ class ShadowKeeper:
     def _start_afresh(self, plans=None) -> None:
         """Plans, fast calls and partial runs are made on one shadow: a new one starts without them."""
         self.plans = {} if plans is None else plans
+        self.trials = {}
         self.calls = FastCalls()
         self.partial_handles.clear()
 

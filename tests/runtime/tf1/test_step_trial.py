@@ -1,0 +1,231 @@
+"""TF1: a session step's first runs alternate its rewritten and its float32 variant, and the faster one stays.
+
+The timer is the test's: each timed run takes what the test says its variant
+takes, so each verdict is decided here, on any machine.
+"""
+
+import logging
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from helpers import rng, runner_of, tf1
+
+from amp_rewrite import runtime
+from amp_rewrite.runtime.settings import RuntimeSettings
+from amp_rewrite.runtime.tf1.session import RuntimeRewriteError
+from amp_rewrite.runtime.tf1.session import step_trial as session_trials
+from amp_rewrite.runtime.tf1.session.plans import ancestors
+from amp_rewrite.tune import steps
+
+SESSION_LOGGER = "amp_rewrite.runtime.tf1.session"
+X = rng().normal(size=(8, 16)).astype(np.float32)
+T = (X[:, :1] * 2.0 - X[:, 1:2]).astype(np.float32)
+FEEDS = {"x:0": X, "t:0": T}
+STEP = ["train_op", "loss:0"]
+HALF_WINS = {steps.HALF: 0.005, steps.FLOAT32: 0.008}
+HALF_LOSES = {steps.HALF: 0.020, steps.FLOAT32: 0.010}
+
+
+def training_graph(optimizer: str = "sgd", inputs: str = "placeholders"):
+    """x → MatMul → Relu → MatMul → squared error ``loss``; ``train_op`` by SGD or Adam; ``init``.
+
+    ``inputs``: ``placeholders`` (x and t fed), ``iterator`` (x from a tf.data
+    iterator, ``iterator_init``), or ``queue`` (x dequeued; ``enqueue`` fills it).
+    """
+    graph = tf.Graph()
+    with graph.as_default():
+        if inputs == "iterator":
+            dataset = tf.data.Dataset.from_tensor_slices(X).repeat().batch(8)
+            iterator = tf1.data.make_initializable_iterator(dataset)
+            graph.add_to_collection("iterator_init", iterator.initializer)
+            x = tf.ensure_shape(iterator.get_next(), [8, 16])
+        elif inputs == "queue":
+            queue = tf1.FIFOQueue(64, [tf.float32], shapes=[[8, 16]])
+            queue.enqueue([tf.constant(X)], name="enqueue")
+            x = queue.dequeue()
+        else:
+            x = tf1.placeholder(tf.float32, [None, 16], name="x")
+        t = tf1.placeholder(tf.float32, [None, 1], name="t")
+        w1 = tf1.get_variable("w1", [16, 32], initializer=tf1.initializers.random_normal(seed=1, stddev=0.3))
+        w2 = tf1.get_variable("w2", [32, 1], initializer=tf1.initializers.random_normal(seed=2, stddev=0.3))
+        y = tf.matmul(tf.nn.relu(tf.matmul(x, w1, name="mm1")), w2, name="mm2")
+        loss = tf.reduce_mean(tf.square(y - t), name="loss")
+        if optimizer == "adam":
+            tf1.train.AdamOptimizer(0.01).minimize(loss, name="train_op")
+        else:
+            tf1.train.GradientDescentOptimizer(0.05).minimize(loss, name="train_op")
+        tf1.global_variables_initializer()
+    return graph
+
+
+def float32_losses(steps_run: int, weights=None, optimizer: str = "sgd") -> list[float]:
+    """The losses of a plain float32 session (no runtime), from ``weights`` (w1, w2) or the initialisers'."""
+    graph = training_graph(optimizer)
+    with tf1.Session(graph=graph) as sess:
+        sess.run("init")
+        if weights is not None:
+            for name, value in zip(("w1", "w2"), weights):
+                variable = next(v for v in graph.get_collection("variables") if v.op.name == name)
+                variable.load(value, sess)
+        return [float(sess.run(STEP, FEEDS)[1]) for _ in range(steps_run)]
+
+
+def start(amp_runtime, tmp_path, seconds=None, **fields):
+    """The runtime in forced bfloat16 with step trials and a cache in ``tmp_path``; the test's timer, or one
+    that fails the test when it is called."""
+    amp_runtime(RuntimeSettings(target="bfloat16", is_timing_steps=True, tune_cache_dir=str(tmp_path), **fields))
+    trials = session_trials.trials_of(runtime.current_runtime())
+    calls = []
+
+    def timer(body, run):
+        calls.append(body)
+        if seconds is None:
+            pytest.fail("a step was timed")
+        return run(), seconds[body]
+
+    trials.timer = timer
+    return calls
+
+
+def step_plan(sess, fetches=STEP, feeds=("x:0", "t:0")):
+    """The plan the session keeps for the step ``fetches`` with ``feeds`` fed."""
+    runner = runner_of(sess)
+    return next(plan for key, plan in runner.plans.items()
+                if [n.split(":")[0] for n in key.fetches] == [n.split(":")[0] for n in fetches]
+                and key.feeds == feeds)
+
+
+def matmul_types(plan) -> dict[str, object]:
+    """The MatMuls the plan runs: name → T."""
+    return {op.name: op.get_attr("T") for op in ancestors(plan.fetches) if op.type == "MatMul"}
+
+
+def weights(sess, graph):
+    return sess.run([v for v in graph.get_collection("variables") if v.op.name in ("w1", "w2")])
+
+
+def lines(caplog, level=logging.INFO) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == SESSION_LOGGER and r.levelno == level]
+
+
+def test_half_that_runs_faster_keeps_the_rewritten_step(amp_runtime, tmp_path, caplog):
+    calls = start(amp_runtime, tmp_path, HALF_WINS)
+    graph = training_graph("adam")
+    with caplog.at_level(logging.INFO, SESSION_LOGGER), tf1.Session(graph=graph) as sess:
+        sess.run("init")
+        losses = [float(sess.run(STEP, FEEDS)[1]) for _ in range(steps.CALLS + 3)]
+        plan = step_plan(sess)
+        metadata = tf1.RunMetadata()
+        sess.run(STEP, FEEDS, options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE), run_metadata=metadata)
+    assert calls == steps.schedule()  # the init step runs no half op: no trial
+    assert {"mm1", "mm2"} <= set(matmul_types(plan)) and set(matmul_types(plan).values()) == {tf.bfloat16}
+    ran = {node.node_name for device in metadata.step_stats.dev_stats for node in device.node_stats}
+    assert "mm1" in ran and not any(name.startswith(session_trials.FLOAT32_SCOPE) for name in ran)
+    reason = "the step ran 5.0 ms in bfloat16 and 8.0 ms in float32 on this CPU (1.60x)"
+    assert lines(caplog) [-1:] == [f"amp-rewrite: session step (fetches train_op, loss) runs in bfloat16: {reason}"]
+    assert runtime.session_step_decisions() == [("(fetches train_op, loss)", True, reason)]
+    assert np.all(np.isfinite(losses)) and losses[-1] < losses[0]
+
+
+def test_half_that_runs_slower_runs_the_float32_step_on_the_same_variables(amp_runtime, tmp_path, caplog):
+    calls = start(amp_runtime, tmp_path, HALF_LOSES)
+    graph = training_graph()
+    with caplog.at_level(logging.INFO, SESSION_LOGGER), tf1.Session(graph=graph) as sess:
+        sess.run("init")
+        trial_losses = [float(sess.run(STEP, FEEDS)[1]) for _ in range(steps.CALLS)]
+        after_trial = weights(sess, graph)
+        losses = [float(sess.run(STEP, FEEDS)[1]) for _ in range(5)]
+        plan = step_plan(sess)
+    runtime.disable()
+    assert len(calls) == steps.CALLS
+    assert len(matmul_types(plan)) == 6 and set(matmul_types(plan).values()) == {tf.float32}
+    assert all(name.startswith(session_trials.FLOAT32_SCOPE + "/") for name in matmul_types(plan))
+    assert "stays float32: the step ran 20.0 ms in bfloat16 and 10.0 ms in float32 on this CPU" in lines(caplog)[-1]
+    # every step of the trial trained the one set of variables, in either variant
+    assert all(later < earlier for earlier, later in zip(trial_losses, trial_losses[1:]))
+    np.testing.assert_allclose(losses, float32_losses(5, after_trial), rtol=1e-6, atol=1e-6)
+
+
+def test_a_second_run_decides_from_the_cache_before_its_first_step(amp_runtime, tmp_path, caplog):
+    want = float32_losses(6, optimizer="adam")
+    start(amp_runtime, tmp_path, HALF_LOSES)
+    graph = training_graph("adam")
+    with tf1.Session(graph=graph) as sess:
+        sess.run("init")
+        for _ in range(steps.CALLS):
+            sess.run(STEP, FEEDS)
+    runtime.disable()
+    start(amp_runtime, tmp_path)  # as a new process: its timer fails the test
+    graph = training_graph("adam")
+    with caplog.at_level(logging.INFO, SESSION_LOGGER), tf1.Session(graph=graph) as sess:
+        sess.run("init")
+        got = [float(sess.run(STEP, FEEDS)[1]) for _ in range(6)]
+        plan = step_plan(sess)
+    assert set(matmul_types(plan).values()) == {tf.float32}
+    assert lines(caplog)[-1].endswith("; measured before, read from the cache")
+    assert "stays float32" in lines(caplog)[-1]
+    [(name, is_half, reason)] = runtime.session_step_decisions()
+    assert (name, is_half) == ("(fetches train_op, loss)", False)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("inputs", ["iterator", "queue"])
+def test_a_step_reading_an_iterator_or_a_queue_gets_no_trial(amp_runtime, tmp_path, caplog, inputs):
+    calls = start(amp_runtime, tmp_path, HALF_LOSES)
+    graph = training_graph(inputs=inputs)
+    with caplog.at_level(logging.DEBUG, SESSION_LOGGER), tf1.Session(graph=graph) as sess:
+        sess.run("init")
+        if inputs == "iterator":
+            sess.run(graph.get_collection("iterator_init"))
+        else:
+            for _ in range(steps.CALLS + 2):
+                sess.run("enqueue")
+        for _ in range(steps.CALLS + 2):
+            sess.run(STEP, {"t:0": T})
+        plan = step_plan(sess, feeds=("t:0",))
+    assert not calls
+    assert set(matmul_types(plan).values()) == {tf.bfloat16}
+    assert any("no step trial for session step (fetches train_op, loss): it reads" in line
+               for line in lines(caplog, logging.DEBUG))
+    assert runtime.session_step_decisions() == []
+
+
+def test_steps_are_not_timed_unless_asked(amp_runtime):
+    amp_runtime(RuntimeSettings(target="bfloat16"))
+    graph = training_graph()
+    with tf1.Session(graph=graph) as sess:
+        sess.run("init")
+        sess.run(STEP, FEEDS)
+        assert runner_of(sess).keeper.step_trials is None
+        assert set(matmul_types(step_plan(sess)).values()) == {tf.bfloat16}
+
+
+def failing_float32_timer(body, run):
+    if body == steps.FLOAT32:
+        raise tf.errors.InternalError(None, None, "the float32 variant broke")
+    return run(), 0.01
+
+
+def test_a_failed_trial_run_falls_back_to_float32(amp_runtime, tmp_path, caplog):
+    start(amp_runtime, tmp_path)
+    session_trials.trials_of(runtime.current_runtime()).timer = failing_float32_timer
+    graph = training_graph()
+    with caplog.at_level(logging.WARNING, SESSION_LOGGER), tf1.Session(graph=graph) as sess:
+        sess.run("init")
+        losses = [float(sess.run(STEP, FEEDS)[1]) for _ in range(4)]
+        assert runner_of(sess).fallback_reason is not None
+    assert any("running the float32 graph" in line and "the float32 variant broke" in line
+               for line in lines(caplog, logging.WARNING))
+    assert np.all(np.isfinite(losses))
+
+
+def test_a_failed_trial_run_raises_in_strict_mode(amp_runtime, tmp_path):
+    start(amp_runtime, tmp_path, is_strict=True)
+    session_trials.trials_of(runtime.current_runtime()).timer = failing_float32_timer
+    graph = training_graph()
+    with tf1.Session(graph=graph) as sess:
+        sess.run("init")
+        sess.run(STEP, FEEDS)
+        with pytest.raises(RuntimeRewriteError, match="the float32 variant broke"):
+            sess.run(STEP, FEEDS)
