@@ -229,3 +229,17 @@ def test_a_failed_trial_run_raises_in_strict_mode(amp_runtime, tmp_path):
         sess.run(STEP, FEEDS)
         with pytest.raises(RuntimeRewriteError, match="the float32 variant broke"):
             sess.run(STEP, FEEDS)
+
+
+def test_a_loss_scaled_float16_step_gets_no_trial(amp_runtime, tmp_path, caplog):
+    amp_runtime(RuntimeSettings(target="float16", is_timing_steps=True, tune_cache_dir=str(tmp_path)))
+    graph = training_graph()
+    with caplog.at_level(logging.DEBUG, SESSION_LOGGER), tf1.Session(graph=graph) as sess:
+        sess.run("init")
+        for _ in range(3):
+            sess.run(STEP, FEEDS)
+        plan = step_plan(sess)
+        assert not runner_of(sess).keeper.trials
+    assert plan.reports and set(matmul_types(plan).values()) == {tf.float16}
+    assert any("no step trial for session step (fetches train_op, loss): it applies loss scaling" in line
+               for line in lines(caplog, logging.DEBUG))
