@@ -59,6 +59,12 @@ def training_graph(optimizer: str = "sgd", inputs: str = "placeholders"):
     return graph
 
 
+def step_call(graph):
+    """The training step's fetches and feeds as a script writes them (objects, which the fast path takes)."""
+    fetches = [graph.get_operation_by_name("train_op"), graph.get_tensor_by_name("loss:0")]
+    return fetches, {graph.get_tensor_by_name("x:0"): X, graph.get_tensor_by_name("t:0"): T}
+
+
 def float32_losses(steps_run: int, weights=None, optimizer: str = "sgd") -> list[float]:
     """The losses of a plain float32 session (no runtime), from ``weights`` (w1, w2) or the initialisers'."""
     graph = training_graph(optimizer)
@@ -133,10 +139,12 @@ def test_half_that_runs_slower_runs_the_float32_step_on_the_same_variables(amp_r
     graph = training_graph()
     with caplog.at_level(logging.INFO, SESSION_LOGGER), tf1.Session(graph=graph) as sess:
         sess.run("init")
-        trial_losses = [float(sess.run(STEP, FEEDS)[1]) for _ in range(steps.CALLS)]
+        trial_losses = [float(sess.run(*step_call(graph))[1]) for _ in range(steps.CALLS)]
         after_trial = weights(sess, graph)
-        losses = [float(sess.run(STEP, FEEDS)[1]) for _ in range(5)]
+        losses = [float(sess.run(*step_call(graph))[1]) for _ in range(5)]
         plan = step_plan(sess)
+        assert [call.plan for call in runner_of(sess).keeper.calls.values()] == [plan]  # the fast path runs it
+        assert runner_of(sess).fallback_reason is None
     runtime.disable()
     assert len(calls) == steps.CALLS
     assert len(matmul_types(plan)) == 6 and set(matmul_types(plan).values()) == {tf.float32}
@@ -160,8 +168,11 @@ def test_a_second_run_decides_from_the_cache_before_its_first_step(amp_runtime, 
     graph = training_graph("adam")
     with caplog.at_level(logging.INFO, SESSION_LOGGER), tf1.Session(graph=graph) as sess:
         sess.run("init")
-        got = [float(sess.run(STEP, FEEDS)[1]) for _ in range(6)]
+        fetches, feeds = step_call(graph)
+        got = [float(sess.run(fetches, feeds)[1]) for _ in range(6)]
         plan = step_plan(sess)
+        assert [call.plan for call in runner_of(sess).keeper.calls.values()] == [plan]
+        assert runner_of(sess).fallback_reason is None
     assert set(matmul_types(plan).values()) == {tf.float32}
     assert lines(caplog)[-1].endswith("; measured before, read from the cache")
     assert "stays float32" in lines(caplog)[-1]
