@@ -254,3 +254,24 @@ def test_a_loss_scaled_float16_step_gets_no_trial(amp_runtime, tmp_path, caplog)
     assert plan.reports and set(matmul_types(plan).values()) == {tf.float16}
     assert any("no step trial for session step (fetches train_op, loss): it applies loss scaling" in line
                for line in lines(caplog, logging.DEBUG))
+
+
+def test_a_step_calling_a_function_the_rewrite_changed_gets_no_trial(amp_runtime, tmp_path, caplog):
+    calls = start(amp_runtime, tmp_path, HALF_LOSES)
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [None, 16], name="x")
+        w = tf1.get_variable("w", [16, 4], initializer=tf1.initializers.random_normal(seed=1, stddev=0.1))
+        y = tf.matmul(x, w, name="mm")  # half: the branches read it as it is
+        flag = tf1.placeholder_with_default(False, [], name="flag")
+        loss = tf.reduce_mean(tf.cond(flag, lambda: y * 2.0, lambda: y * 1.0), name="loss")
+        train = tf1.train.GradientDescentOptimizer(0.01).minimize(loss, name="train_op")
+        tf1.global_variables_initializer()
+    with caplog.at_level(logging.DEBUG, SESSION_LOGGER), tf1.Session(graph=graph) as sess:
+        sess.run("init")
+        for _ in range(steps.CALLS + 1):
+            sess.run([train, loss], {x: X})
+        assert not runner_of(sess).keeper.trials
+    assert not calls
+    assert any("no step trial for session step (fetches train_op, loss): it calls functions the rewrite changed"
+               in line for line in lines(caplog, logging.DEBUG))

@@ -28,8 +28,9 @@ plan and a DEBUG line says why:
 - the step reads a resource other than a variable (an iterator, a queue, a
   reader, a table): a second copy of its creator would be another resource
   (an iterator starting over), and sharing it is not what the script wrote;
-- the step calls functions (``tf.function``, control flow v2): the
-  rewrite may have rewritten their bodies under the same names;
+- the step calls functions (``tf.function``, control flow v2) that the
+  rewrite changed in place: the copy's calls would reach their half bodies
+  (a step calling only functions the rewrite left as they were is tried);
 - the step applies loss scaling (float16, or bfloat16 with
   ``AMP_LOSS_SCALE``) or fetches the overflow probe: its float32 copy would
   scale too, so a trial would not time float32's step. Auto picks bfloat16
@@ -52,6 +53,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from amp_rewrite import tf_internals
 from amp_rewrite.graph.facts import node_name
 from amp_rewrite.runtime.tf1.session.plans import FeedPlan, PlanKey, RunPlan, ancestors, dtype_change
 from amp_rewrite.tune import steps
@@ -136,7 +138,7 @@ class SessionStepTrials:
             return half, None
         name = step_name(key)
         try:
-            why_not = why_no_trial(script_graph, key, half)
+            why_not = why_no_trial(script_graph, shadow_graph, key, half)
             if why_not:
                 raise NoTrial(why_not)
             step_key = self.key_of(script_graph, key)
@@ -164,6 +166,7 @@ class SessionStepTrials:
         """The step's cache key: the ops its fetches depend on, what it fetches and feeds, the target."""
         elements = [script_graph.as_graph_element(name) for name in key.fetches]
         nodes = [op.node_def for op in ancestors(elements)]
+        nodes += _function_nodes(script_graph, [name for node in nodes for name in _called(node)])
         fetches = [f"op {e.type}" if not hasattr(e, "dtype") else f"{e.dtype.name}{_dims(e)}" for e in elements]
         inputs = [(tensor.dtype.name, _dims(tensor)) for tensor in map(script_graph.get_tensor_by_name, key.feeds)]
         return steps.session_step_key(nodes, fetches, inputs, target=self.target)
@@ -232,20 +235,72 @@ def runs_half(plan: RunPlan) -> bool:
                for op in ancestors(plan.fetches) for tensor in op.outputs)
 
 
-def why_no_trial(script_graph, key: PlanKey, plan: RunPlan) -> str | None:
+def why_no_trial(script_graph, shadow_graph, key: PlanKey, plan: RunPlan) -> str | None:
     """Why the step cannot be tried with a float32 copy over the shadow's variables; None when it can."""
     if plan.reports:
         return "it applies loss scaling, which its float32 copy would apply too"
     if plan.has_probe:
         return "it fetches the overflow probe"
+    called: list[str] = []
     for op in ancestors(script_graph.as_graph_element(name) for name in key.fetches):
         if op.type in VARIABLE_OPS:
             continue
         if _creates_resource(op):
             return f"it reads {op.type} {op.name!r}, which a float32 copy could not share"
-        if any(value.HasField("func") or value.list.func for value in op.node_def.attr.values()):
-            return f"it calls functions ({op.type} {op.name!r})"
+        called += _called(op.node_def)
+    changed = _changed_functions(script_graph, shadow_graph, called)
+    if changed:
+        return f"it calls functions the rewrite changed under the same names ({', '.join(changed)})"
     return None
+
+
+def _called(node) -> list[str]:
+    """The names of the functions a NodeDef calls through its attributes (a call, a branch, a loop body)."""
+    names = []
+    for value in node.attr.values():
+        if value.HasField("func"):
+            names.append(value.func.name)
+        names += [function.name for function in value.list.func]
+    return names
+
+
+def _function_nodes(script_graph, called: list[str]) -> list:
+    """The NodeDefs of the functions ``called`` and of those they call, as the script defined them."""
+    if not called:
+        return []
+    script = tf_internals.graph_functions(script_graph)
+    nodes, seen, pending = [], set(), list(called)
+    while pending:
+        name = pending.pop()
+        if name in seen or name not in script:
+            continue
+        seen.add(name)
+        body = list(script[name].definition.node_def)
+        nodes += body
+        pending += [callee for node in body for callee in _called(node)]
+    return nodes
+
+
+def _changed_functions(script_graph, shadow_graph, called: list[str]) -> list[str]:
+    """The functions among ``called`` (and those they call) whose shadow definition is not the script's.
+
+    The float32 copy's calls reach the shadow's functions by name: where the
+    rewrite changed one in place, the copy would run its half body.
+    """
+    if not called:
+        return []
+    script, shadow = tf_internals.graph_functions(script_graph), tf_internals.graph_functions(shadow_graph)
+    changed, seen, pending = [], set(), list(called)
+    while pending:
+        name = pending.pop()
+        if name in seen or name not in script:
+            continue
+        seen.add(name)
+        definition = script[name].definition
+        if name not in shadow or shadow[name].definition != definition:
+            changed.append(name)
+        pending += [callee for node in definition.node_def for callee in _called(node)]
+    return sorted(changed)
 
 
 def float32_plan(script_graph, shadow_graph, key: PlanKey) -> RunPlan:
