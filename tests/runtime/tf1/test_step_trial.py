@@ -95,11 +95,11 @@ def start(amp_runtime, tmp_path, seconds=None, **fields):
 
 
 def step_plan(sess, fetches=STEP, feeds=("x:0", "t:0")):
-    """The plan the session keeps for the step ``fetches`` with ``feeds`` fed."""
+    """The plan the session keeps for the step ``fetches`` with ``feeds`` fed, at the latest graph version."""
     runner = runner_of(sess)
-    return next(plan for key, plan in runner.plans.items()
-                if [n.split(":")[0] for n in key.fetches] == [n.split(":")[0] for n in fetches]
-                and key.feeds == feeds)
+    keys = [key for key in runner.plans if [n.split(":")[0] for n in key.fetches] == [n.split(":")[0] for n in fetches]
+            and key.feeds == feeds]
+    return runner.plans[max(keys, key=lambda key: key.version)]
 
 
 def matmul_types(plan) -> dict[str, object]:
@@ -275,3 +275,22 @@ def test_a_step_calling_a_function_the_rewrite_changed_gets_no_trial(amp_runtime
     assert not calls
     assert any("no step trial for session step (fetches train_op, loss): it calls functions the rewrite changed"
                in line for line in lines(caplog, logging.DEBUG))
+
+
+def test_ops_added_between_steps_neither_restart_the_trial_nor_copy_the_step_again(amp_runtime, tmp_path, caplog):
+    calls = start(amp_runtime, tmp_path, HALF_LOSES)
+    graph = training_graph()
+    with caplog.at_level(logging.INFO, SESSION_LOGGER), tf1.Session(graph=graph) as sess:
+        sess.run("init")
+        for index in range(steps.CALLS + 3):
+            with graph.as_default():
+                tf.identity(graph.get_tensor_by_name("loss:0"), name=f"added_{index}")  # a new graph version
+            sess.run(*step_call(graph))
+        shadow = runner_of(sess).shadow_graph
+        plan = step_plan(sess)
+    assert len(calls) == steps.CALLS
+    assert sum("stays float32" in line for line in lines(caplog)) == 1
+    scopes = {op.name.split("/")[0] for op in shadow.get_operations()
+              if op.name.startswith(session_trials.FLOAT32_SCOPE)}
+    assert scopes == {session_trials.FLOAT32_SCOPE}
+    assert set(matmul_types(plan).values()) == {tf.float32}

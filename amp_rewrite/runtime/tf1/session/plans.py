@@ -11,13 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeAlias
 
 import numpy as np
 
 from amp_rewrite import tf_internals
 from amp_rewrite.runtime import overflow_probe
 from amp_rewrite.runtime.loss_scale.tf1_optimizer import Report
+
+# A step whatever the graph's version: the names it fetches, and those it feeds.
+StepId: TypeAlias = tuple[tuple, tuple]
 
 
 class PlanKey(NamedTuple):
@@ -32,6 +35,11 @@ class PlanKey(NamedTuple):
     version: int
     fetches: tuple
     feeds: tuple
+
+    @property
+    def step(self) -> StepId:
+        """The step this call runs, at any graph version (ops added later never change it)."""
+        return self.fetches, self.feeds
 
 
 class DtypeChange(NamedTuple):

@@ -87,7 +87,7 @@ class ShadowRunner:
         plan = keeper.plans.get(key) or keeper.new_plan(key)
         if plan is None:
             return original_run(session, fetches, feed_dict, options, run_metadata)
-        trial = keeper.trials.get(key) if keeper.trials else None
+        trial = keeper.trials.get(key.step) if keeper.trials else None
         body, seconds = "", None
         if trial is not None:
             body = trial.trial.next_body()
