@@ -294,3 +294,19 @@ def test_ops_added_between_steps_neither_restart_the_trial_nor_copy_the_step_aga
               if op.name.startswith(session_trials.FLOAT32_SCOPE)}
     assert scopes == {session_trials.FLOAT32_SCOPE}
     assert set(matmul_types(plan).values()) == {tf.float32}
+
+
+def test_a_fed_tensor_the_step_does_not_read_is_fed_to_either_variant(amp_runtime, tmp_path):
+    calls = start(amp_runtime, tmp_path, HALF_LOSES)
+    graph = training_graph()
+    with graph.as_default():
+        phase = tf1.placeholder_with_default(False, [], name="phase")  # as Keras feeds its learning phase
+    with tf1.Session(graph=graph) as sess:
+        sess.run("init")
+        fetches, feeds = step_call(graph)
+        for _ in range(steps.CALLS + 2):
+            sess.run(fetches, {**feeds, phase: True})
+        plan = step_plan(sess, feeds=("x:0", "t:0", "phase:0"))
+        assert runner_of(sess).fallback_reason is None
+    assert calls == steps.schedule()
+    assert set(matmul_types(plan).values()) == {tf.float32}

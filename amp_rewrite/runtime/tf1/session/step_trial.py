@@ -145,10 +145,10 @@ class SessionStepTrials:
             timing = self.cache.get(step_key)
             if timing is not None:
                 verdict = steps.verdict_of(timing, is_cached=True)
-                plan = half if verdict.is_half else float32_plan(script_graph, shadow_graph, key)
+                plan = half if verdict.is_half else float32_plan(script_graph, shadow_graph, key, half)
                 self.say(name, step_key, verdict)
                 return plan, None
-            trial = SessionStepTrial({HALF: half, FLOAT32: float32_plan(script_graph, shadow_graph, key)},
+            trial = SessionStepTrial({HALF: half, FLOAT32: float32_plan(script_graph, shadow_graph, key, half)},
                                      step_key, name)
         except NoTrial as exc:
             logger.debug("amp-rewrite: no step trial for session step %s: %s", name, exc)
@@ -303,8 +303,11 @@ def _changed_functions(script_graph, shadow_graph, called: list[str]) -> list[st
     return sorted(changed)
 
 
-def float32_plan(script_graph, shadow_graph, key: PlanKey) -> RunPlan:
+def float32_plan(script_graph, shadow_graph, key: PlanKey, half: RunPlan) -> RunPlan:
     """The plan of the step's float32 copy, imported into ``shadow_graph`` over the shadow's own variables.
+
+    A fed tensor the step does not depend on (Keras feeds its learning
+    phase to every step) is fed as ``half``, the rewritten plan, feeds it.
 
     Raises :class:`NoTrial` when a variable the step reads is not the
     shadow's variable of the same kind and dtype.
@@ -329,14 +332,16 @@ def float32_plan(script_graph, shadow_graph, key: PlanKey) -> RunPlan:
             if name in variables:
                 input_map[ref if ref.startswith("^") else f"{name}:{port}"] = _shared(script_graph, shadow_graph,
                                                                                    name, port)
-    wanted = [*key.fetches, *key.feeds]
+    copied = {node.name for node in copy.node}
+    inside = [name for name in key.feeds if node_name(name) in copied]
     with shadow_graph.as_default():
-        elements = tf.compat.v1.import_graph_def(copy, input_map=input_map, return_elements=wanted,
+        elements = tf.compat.v1.import_graph_def(copy, input_map=input_map, return_elements=[*key.fetches, *inside],
                                                  name=FLOAT32_SCOPE)
     fetches = elements[:len(key.fetches)]
     fetch_dtypes = [dtype_change(script_graph.as_graph_element(name), element)
                     for name, element in zip(key.fetches, fetches)]
-    feeds = {name: FeedPlan(element, None) for name, element in zip(key.feeds, elements[len(key.fetches):])}
+    fed = dict(zip(inside, elements[len(key.fetches):]))
+    feeds = {name: FeedPlan(fed[name], None) if name in fed else half.feeds[name] for name in key.feeds}
     return RunPlan(fetches, fetch_dtypes, feeds)
 
 
