@@ -310,3 +310,22 @@ def test_a_fed_tensor_the_step_does_not_read_is_fed_to_either_variant(amp_runtim
         assert runner_of(sess).fallback_reason is None
     assert calls == steps.schedule()
     assert set(matmul_types(plan).values()) == {tf.float32}
+
+
+def test_a_step_fetching_a_variable_is_tried(amp_runtime, tmp_path):
+    calls = start(amp_runtime, tmp_path, HALF_LOSES)
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [None, 16], name="x")
+        w = tf1.Variable(np.full((16, 4), 0.1, np.float32), name="w", use_resource=False)  # a ref variable
+        loss = tf.reduce_mean(tf.square(tf.matmul(x, w, name="mm")), name="loss")
+        train = tf1.train.GradientDescentOptimizer(0.01).minimize(loss, name="train_op")
+        tf1.global_variables_initializer()
+    with tf1.Session(graph=graph) as sess:
+        sess.run("init")
+        values = [sess.run([train, loss, w], {x: X}) for _ in range(steps.CALLS + 2)]
+        plan = step_plan(sess, fetches=["train_op", "loss:0", "w:0"], feeds=("x:0",))
+        assert runner_of(sess).fallback_reason is None
+    assert calls == steps.schedule()
+    assert set(matmul_types(plan).values()) == {tf.float32}
+    assert values[-1][2].shape == (16, 4) and not np.array_equal(values[-1][2], values[0][2])

@@ -307,7 +307,8 @@ def float32_plan(script_graph, shadow_graph, key: PlanKey, half: RunPlan) -> Run
     """The plan of the step's float32 copy, imported into ``shadow_graph`` over the shadow's own variables.
 
     A fed tensor the step does not depend on (Keras feeds its learning
-    phase to every step) is fed as ``half``, the rewritten plan, feeds it.
+    phase to every step), and a fetched variable, are fed and fetched as
+    ``half``, the rewritten plan, does.
 
     Raises :class:`NoTrial` when a variable the step reads is not the
     shadow's variable of the same kind and dtype.
@@ -333,15 +334,19 @@ def float32_plan(script_graph, shadow_graph, key: PlanKey, half: RunPlan) -> Run
                 input_map[ref if ref.startswith("^") else f"{name}:{port}"] = _shared(script_graph, shadow_graph,
                                                                                    name, port)
     copied = {node.name for node in copy.node}
-    inside = [name for name in key.feeds if node_name(name) in copied]
+    inside = [name for name in (*key.fetches, *key.feeds) if node_name(name) in copied]
     with shadow_graph.as_default():
-        elements = tf.compat.v1.import_graph_def(copy, input_map=input_map, return_elements=[*key.fetches, *inside],
-                                                 name=FLOAT32_SCOPE)
-    fetches = elements[:len(key.fetches)]
-    fetch_dtypes = [dtype_change(script_graph.as_graph_element(name), element)
-                    for name, element in zip(key.fetches, fetches)]
-    fed = dict(zip(inside, elements[len(key.fetches):]))
-    feeds = {name: FeedPlan(fed[name], None) if name in fed else half.feeds[name] for name in key.feeds}
+        elements = dict(zip(inside, tf.compat.v1.import_graph_def(copy, input_map=input_map, return_elements=inside,
+                                                                  name=FLOAT32_SCOPE)))
+    fetches, fetch_dtypes = [], []
+    for index, name in enumerate(key.fetches):
+        if name in elements:
+            fetches.append(elements[name])
+            fetch_dtypes.append(dtype_change(script_graph.as_graph_element(name), elements[name]))
+        else:
+            fetches.append(half.fetches[index])
+            fetch_dtypes.append(half.fetch_dtypes[index])
+    feeds = {name: FeedPlan(elements[name], None) if name in elements else half.feeds[name] for name in key.feeds}
     return RunPlan(fetches, fetch_dtypes, feeds)
 
 
