@@ -15,7 +15,7 @@ from amp_rewrite import runtime
 from amp_rewrite.runtime.settings import RuntimeSettings
 from amp_rewrite.runtime.tf1.session import RuntimeRewriteError
 from amp_rewrite.runtime.tf1.session import step_trial as session_trials
-from amp_rewrite.runtime.tf1.session.plans import ancestors
+from amp_rewrite.runtime.tf1.session.plans import PlanKey, RunPlan, ancestors
 from amp_rewrite.tune import steps
 
 SESSION_LOGGER = "amp_rewrite.runtime.tf1.session"
@@ -329,3 +329,14 @@ def test_a_step_fetching_a_variable_is_tried(amp_runtime, tmp_path):
     assert calls == steps.schedule()
     assert set(matmul_types(plan).values()) == {tf.float32}
     assert values[-1][2].shape == (16, 4) and not np.array_equal(values[-1][2], values[0][2])
+
+
+def test_a_step_running_collective_ops_gets_no_trial():
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [8], name="x")
+        tf.raw_ops.CollectiveReduceV2(input=x, group_size=2, group_key=1, instance_key=1, ordering_token=[],
+                                      merge_op="Add", final_op="Id", name="sum")
+    key = PlanKey(graph.version, ("sum:0",), ("x:0",))
+    why = session_trials.why_no_trial(graph, graph, key, RunPlan([], [], {}))
+    assert why == "it runs CollectiveReduceV2 'sum': every worker or replica must run the same variant"

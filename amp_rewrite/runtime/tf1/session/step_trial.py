@@ -31,6 +31,9 @@ plan and a DEBUG line says why:
 - the step calls functions (``tf.function``, control flow v2) that the
   rewrite changed in place: the copy's calls would reach their half bodies
   (a step calling only functions the rewrite left as they were is tried);
+- the step runs collective ops (a distributed step): each worker times
+  its own trial, and workers that chose differently would wait for each
+  other's collectives forever;
 - the step applies loss scaling (float16, or bfloat16 with
   ``AMP_LOSS_SCALE``) or fetches the overflow probe: its float32 copy would
   scale too, so a trial would not time float32's step. Auto picks bfloat16
@@ -65,6 +68,8 @@ logger = logging.getLogger(__package__)
 
 # The ops that hold a variable (as the shadow graph's copy of variables knows them).
 VARIABLE_OPS = ("VarHandleOp", "VariableV2", "Variable")
+# Ops that exchange values with other workers or devices: each one's peers must run the same variant.
+COLLECTIVE_PREFIXES = ("Collective", "Nccl")
 #: The scope the float32 variants of the shadow's steps are imported under.
 FLOAT32_SCOPE = "Float32-AmpRewrite"
 
@@ -250,6 +255,8 @@ def why_no_trial(script_graph, shadow_graph, key: PlanKey, plan: RunPlan) -> str
             continue
         if _creates_resource(op):
             return f"it reads {op.type} {op.name!r}, which a float32 copy could not share"
+        if op.type.startswith(COLLECTIVE_PREFIXES):
+            return f"it runs {op.type} {op.name!r}: every worker or replica must run the same variant"
         called += _called(op.node_def)
     changed = _changed_functions(script_graph, shadow_graph, called)
     if changed:
