@@ -68,7 +68,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = ["Runtime", "RuntimeSettings", "TargetChoice", "current_runtime", "current_settings", "current_target",
-           "disable", "enable", "installed_changes", "is_enabled", "loss_scaling", "scales_loss", "target_choice"]
+           "disable", "enable", "installed_changes", "is_enabled", "loss_scaling", "scales_loss",
+           "session_step_decisions", "target_choice"]
 
 
 # Names of the runtime's entries in the ledger.
@@ -135,6 +136,19 @@ def installed_changes(name: str | None = None) -> list[Entry]:
 def current_runtime() -> Runtime | None:
     """The :class:`Runtime` value while the runtime is enabled (its settings, choice, ledger, records); else None."""
     return _ACTIVE
+
+
+def session_step_decisions() -> list[tuple[str, bool, str]]:
+    """What the TF1 session step trials decided, oldest first: ``(step, runs in half, why)``.
+
+    ``step`` names what the step fetches (``(fetches train_op, loss)``),
+    ``why`` is the INFO line's reason. The parallel of
+    :func:`amp_rewrite.runtime.tf2.tracing.step_decisions` for
+    ``tf.function``; empty while the runtime is off or no step was decided.
+    """
+    from amp_rewrite.runtime.tf1.session.step_trial import step_decisions
+
+    return step_decisions(_ACTIVE)
 
 
 def target_choice() -> TargetChoice | None:

@@ -25,7 +25,7 @@ The TF1 session patches, above this module, are given the value itself.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from amp_rewrite.config import Config
 from amp_rewrite.runtime.ledger import Ledger
@@ -51,6 +51,10 @@ class Runtime:
             Savers it met (:mod:`amp_rewrite.runtime.records`); nothing is set on them.
         tracing: its ``tf.function`` tracing hook, once installed.
         loss_scaling: what its TF2 loss-scaling patches share, once installed (float16, or when asked).
+        session_trials: its TF1 session step trials (a
+            :class:`~amp_rewrite.runtime.tf1.session.step_trial.SessionStepTrials`: their cache,
+            timer and decisions), made by the first session that times its steps. Untyped here:
+            the sessions sit above this module, which names none of their types.
     """
 
     requested: RuntimeSettings
@@ -60,6 +64,7 @@ class Runtime:
     objects: ObjectRecords = field(default_factory=ObjectRecords)
     tracing: TracingHook | None = None
     loss_scaling: TF2LossScaling | None = None
+    session_trials: Any = None
 
     def choose(self, choice: TargetChoice) -> None:
         """Records the target chosen (again, when a multi-worker job decides otherwise)."""

@@ -211,11 +211,31 @@ def step_key(functions: Iterable, inputs: Iterable[tuple[str, tuple]]) -> str:
     input signature: the same model traced in another run has the same key,
     another shape or a changed model another.
     """
+    return _digest((node for fdef in functions for node in fdef.node_def), inputs)
+
+
+def session_step_key(nodes: Iterable, fetches: Iterable[str], inputs: Iterable[tuple[str, tuple]], *,
+                     target: str) -> str:
+    """The cache key of a TF1 session step: :func:`step_key`'s digest of the NodeDefs it runs, and what it fetches.
+
+    Args:
+        nodes: the NodeDefs of the script graph's ops the step's fetches depend on.
+        fetches: what each fetch is, not what it is called (``op NoOp``, ``float32[]``), in fetch order.
+        inputs: each fed tensor's dtype name and shape (None for an unknown dimension), in feed order.
+        target: the half type the step's rewrite computes in (its graph is rewritten for it).
+
+    The same script run again builds the same graph under the same or other
+    names and gets the same key; another model, batch shape or target another.
+    """
+    signature = [("session", (target,)), *(("fetch " + text, ()) for text in fetches), *inputs]
+    return _digest(nodes, signature)
+
+
+def _digest(nodes: Iterable, inputs: Iterable[tuple[str, tuple]]) -> str:
     digest = hashlib.sha256()
     for dtype, shape in inputs:
         digest.update(f"{dtype}{list(shape)};".encode())
-    nodes = sorted(_node_text(node) for fdef in functions for node in fdef.node_def)
-    for text in nodes:
+    for text in sorted(_node_text(node) for node in nodes):
         digest.update(text)
     return KEY_PREFIX + digest.hexdigest()[:32]
 

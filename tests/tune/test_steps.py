@@ -101,3 +101,32 @@ def test_the_key_changes_with_an_op_an_attribute_or_the_inputs():
     assert steps.step_key([function("f", "g", other_op)], INPUTS) != key
     assert steps.step_key([function("f", "g", other_attr)], INPUTS) != key
     assert steps.step_key([function("f", "g", NODES)], [("float32", (16, 8)), ("resource", ())]) != key
+
+
+def session_nodes(prefix: str):
+    """The NodeDefs of a small session step, its names beginning with ``prefix``."""
+    from tensorflow.core.framework import node_def_pb2
+
+    out = []
+    for name, op, attrs in [("x", "Placeholder", {"dtype": 1}), ("mm", "MatMul", {"T": 1}),
+                            ("w", "VariableV2", {"shared_name": b""})]:
+        node = node_def_pb2.NodeDef(name=prefix + name, op=op)
+        node.input.extend([prefix + "x"] if op == "MatMul" else [])
+        for key, value in attrs.items():
+            if isinstance(value, bytes):
+                node.attr[key].s = prefix + value if value else value
+            else:
+                node.attr[key].type = value
+        out.append(node)
+    return out
+
+
+def test_a_session_step_key_ignores_names_and_follows_fetches_feeds_and_target():
+    fetches, inputs = ["op NoOp", "float32()"], [("float32", (None, 16))]
+    key = steps.session_step_key(session_nodes("a/"), fetches, inputs, target="bfloat16")
+    assert steps.session_step_key(list(reversed(session_nodes("b/"))), fetches, inputs, target="bfloat16") == key
+    assert key.startswith(steps.KEY_PREFIX)
+    assert steps.session_step_key(session_nodes("a/"), fetches, inputs, target="float16") != key
+    assert steps.session_step_key(session_nodes("a/"), fetches[:1], inputs, target="bfloat16") != key
+    assert steps.session_step_key(session_nodes("a/"), fetches, [("float32", (8, 16))], target="bfloat16") != key
+    assert steps.session_step_key(session_nodes("a/")[1:], fetches, inputs, target="bfloat16") != key

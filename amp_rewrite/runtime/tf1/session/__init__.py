@@ -28,6 +28,11 @@ and every node without consumers) and import the result into a shadow
   once in the shadow session.
 - ``make_callable``, the raw callables Keras uses, and partial runs go to the
   shadow graph too.
+- With step trials on (``ENABLE_AUTO_MP`` unless ``AMP_REWRITE_TUNE=0``), a
+  step whose plan runs half ops first alternates it with a float32 copy of
+  the step imported beside it over the same variables, and keeps the faster
+  for good, saying so in one INFO line;
+  :func:`amp_rewrite.runtime.session_step_decisions` returns the verdicts. A later run reads them from the tuning cache.
 - If the rewrite, or any run of the rewritten graph, fails, a warning names
   the reason and the session runs the script's float32 graph from then on,
   with the variable values the shadow held; with ``AMP_REWRITE_STRICT=1`` a
@@ -47,6 +52,8 @@ The modules, one job each:
   :data:`CallKey`);
 - :mod:`~amp_rewrite.runtime.tf1.session.keeper`: :class:`ShadowKeeper`, which
   shadow is current (built, grown, a float32 copy) and what is made on it;
+- :mod:`~amp_rewrite.runtime.tf1.session.step_trial`: the step trials, each
+  step's float32 copy in the shadow, and their verdicts;
 - :mod:`~amp_rewrite.runtime.tf1.session.fallback`: the explicit
   :class:`FallbackState` and whose a failure is.
 

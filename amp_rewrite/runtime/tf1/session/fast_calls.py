@@ -174,7 +174,7 @@ def _resolve_call(shadow_session, fetches, feed_keys, key: PlanKey, plan: RunPla
         shape = shadow_tensor.shape
         dims = None if shape.rank is None else tuple(shape.as_list())
         feeds.append(FastFeed(shadow_tensor.dtype.as_numpy_dtype, dims))
-        options.feed.append(name)
+        options.feed.append(shadow_tensor.name)  # a step's float32 copy feeds its own placeholders
     run = tf_internals.make_callable_from_options(shadow_session, options)
     keep = (tuple(fetches) if kind else (fetches,), feed_keys)
     return FastCall(keep, key.version, plan, shadow_session, run, feeds, results, reports, kind)

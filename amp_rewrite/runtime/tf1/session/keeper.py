@@ -6,6 +6,15 @@ replaced by a float32 copy, and keeps what is made on one shadow (plans,
 fast calls, partial-run handles) in step with it; its
 :class:`~amp_rewrite.runtime.tf1.session.fallback.FallbackState` says which graph
 runs. Running a call is :class:`~amp_rewrite.runtime.tf1.session.runner.ShadowRunner`'s work.
+
+With step trials on (``RuntimeSettings.is_timing_steps``), a new plan that
+runs half ops gets a trial against its float32 copy
+(:mod:`~amp_rewrite.runtime.tf1.session.step_trial`); the keeper holds the
+trials running on the current shadow and makes the winner the key's plan.
+Trials and verdicts are kept per step (fetches and feeds), not per graph
+version: ops added to the graph never change what a step runs, so a script
+adding a summary between two steps neither restarts a trial nor imports
+another float32 copy.
 """
 
 from __future__ import annotations
@@ -19,8 +28,10 @@ from amp_rewrite.pipeline import rewrite
 from amp_rewrite.runtime.core import Runtime
 from amp_rewrite.runtime.tf1.session.fallback import FallbackState, error_line
 from amp_rewrite.runtime.tf1.session.fast_calls import FastCalls
-from amp_rewrite.runtime.tf1.session.plans import PlanKey, RunPlan, make_plan
+from amp_rewrite.runtime.tf1.session.plans import PlanKey, RunPlan, StepId, make_plan
+from amp_rewrite.runtime.tf1.session.step_trial import SessionStepTrial, SessionStepTrials, trials_of
 from amp_rewrite.runtime.tf1.shadow_graph import ShadowGraph, ShadowState
+from amp_rewrite.tune.steps import HALF
 
 # One logger for the whole package: its lines keep the name they have always had.
 logger = logging.getLogger(__package__)
@@ -40,6 +51,9 @@ class ShadowKeeper:
         partial_handles: the partial-run handles made on the current shadow.
         fetched, fed: names of the nodes fetched and fed so far (the shadow keeps them).
         has_run: the rewritten graph ran a step (its variables hold trained values).
+        trials: per :data:`StepId`, the step trial running on the current shadow.
+        decided: per :data:`StepId`, the plan a verdict (or the lack of a trial) chose on the current shadow.
+        step_trials: the runtime's :class:`SessionStepTrials`; None when steps are not timed.
     """
 
     def __init__(self, graph, runtime: Runtime, target: str = "", config=None):
@@ -55,12 +69,19 @@ class ShadowKeeper:
         self.fetched: set[str] = set()
         self.fed: set[str] = set()
         self.has_run = False
+        self.trials: dict[StepId, SessionStepTrial] = {}
+        self.decided: dict[StepId, RunPlan] = {}
+        self.step_trials: SessionStepTrials | None = trials_of(runtime)
         self._stopped_rewriting = False
 
     # --- planning --------------------------------------------------------
 
-    def new_plan(self, key: PlanKey) -> RunPlan | None:
-        """A new :class:`RunPlan` for ``key``, the shadow built or grown first; None on the script's graph."""
+    def new_plan(self, key: PlanKey, *, is_tried: bool = True) -> RunPlan | None:
+        """A new :class:`RunPlan` for ``key``, the shadow built or grown first; None on the script's graph.
+
+        With ``is_tried`` (not for partial runs) and step trials on, a plan
+        running half ops gets a trial, or the plan a cached verdict chose.
+        """
         with self.lock:
             if self.fallback.runs_script_graph:
                 return None
@@ -83,8 +104,49 @@ class ShadowKeeper:
                     raise
                 self.fall_back_keeping_values(reason)
                 return self.new_plan(key)
+            if is_tried and self.step_trials is not None and self.fallback.is_rewritten:
+                plan = self._tried(key, plan)
             self.plans[key] = plan
             return plan
+
+    def _tried(self, key: PlanKey, plan: RunPlan) -> RunPlan:
+        """The plan the step runs first: ``plan``, on trial where it gets one, or the plan the cache chose."""
+        assert self.step_trials is not None
+        step = key.step
+        if step in self.trials:
+            return plan  # the step's trial goes on at this graph version
+        decided = self.decided.get(step)
+        if decided is not None:
+            return decided
+        try:
+            plan, trial = self.step_trials.plan(self.graph, self.shadow.graph, key, plan)
+        except Exception as exc:
+            reason = f"no step trial: {error_line(exc)}"
+            if self.settings.is_strict:
+                raise RuntimeRewriteError(reason) from exc
+            logger.debug("amp-rewrite: %s", reason)
+            trial = None
+        if trial is not None:
+            self.trials[step] = trial
+        else:
+            self.decided[step] = plan
+        return plan
+
+    def record_trial(self, key: PlanKey, trial: SessionStepTrial, body: str, seconds: float | None) -> None:
+        """One run of a step on trial finished; once all ran, the winner is the key's plan for good."""
+        assert self.step_trials is not None
+        step = key.step
+        with self.lock:
+            if self.trials.get(step) is not trial:
+                return  # a new shadow started meanwhile
+            trial.trial.record(body, seconds)
+            if not trial.trial.is_done:
+                return
+            del self.trials[step]
+            verdict = trial.trial.verdict()
+            # without a verdict (a variant was never timed) the rewritten plan stays
+            plan = self.step_trials.settle(trial, verdict) if verdict is not None else trial.plans[HALF]
+            self.plans[key] = self.decided[step] = plan
 
     def _build(self) -> None:
         """Has the whole graph rewritten into a new shadow, which starts without plans."""
@@ -126,13 +188,14 @@ class ShadowKeeper:
                 float32 = self._float32_copy()
             except Exception:
                 raise exc from None
-            saved, saved_plans = self.shadow.state(), self.plans
+            saved, saved_plans, saved_trials = self.shadow.state(), self.plans, (self.trials, self.decided)
             self._use_shadow(float32)
             self.fallback.try_float32(reason)  # a failure now is the script's, not the rewrite's
             try:
                 result = retry()
             except Exception:
                 self._keep_rewrite(float32, saved, saved_plans)
+                self.trials, self.decided = saved_trials
                 raise exc from None
             if self.settings.is_strict:
                 self._keep_rewrite(float32, saved, saved_plans)
@@ -152,6 +215,7 @@ class ShadowKeeper:
                 self.fallback.fall_back(reason, keeps_values=False)
                 self.shadow.discard()
                 self.plans.clear()
+                self.trials, self.decided = {}, {}
                 self.calls = FastCalls()
                 return
             self.shadow.close()
@@ -175,6 +239,7 @@ class ShadowKeeper:
     def _start_afresh(self, plans=None) -> None:
         """Plans, fast calls and partial runs are made on one shadow: a new one starts without them."""
         self.plans = {} if plans is None else plans
+        self.trials, self.decided = {}, {}
         self.calls = FastCalls()
         self.partial_handles.clear()
 

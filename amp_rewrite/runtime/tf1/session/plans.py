@@ -11,13 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeAlias
 
 import numpy as np
 
 from amp_rewrite import tf_internals
 from amp_rewrite.runtime import overflow_probe
 from amp_rewrite.runtime.loss_scale.tf1_optimizer import Report
+
+# A step whatever the graph's version: the names it fetches, and those it feeds.
+StepId: TypeAlias = tuple[tuple, tuple]
 
 
 class PlanKey(NamedTuple):
@@ -32,6 +35,11 @@ class PlanKey(NamedTuple):
     version: int
     fetches: tuple
     feeds: tuple
+
+    @property
+    def step(self) -> StepId:
+        """The step this call runs, at any graph version (ops added later never change it)."""
+        return self.fetches, self.feeds
 
 
 class DtypeChange(NamedTuple):
@@ -89,7 +97,7 @@ def make_plan(graph, shadow, key: PlanKey, *, reports: Sequence[Report] = (), is
         feeds[name] = FeedPlan(element, dtype_change(graph.get_tensor_by_name(name), element))
     reports = _reports_for(graph, key.fetches, reports)
     fetches += [shadow.get_tensor_by_name(report.tensor.name) for report in reports]
-    probe = overflow_probe.session_probe(shadow, _ancestors(fetches)) if is_probing and reports else None
+    probe = overflow_probe.session_probe(shadow, ancestors(fetches)) if is_probing and reports else None
     if probe is not None:
         fetches.append(probe)
     return RunPlan(fetches, fetch_dtypes, feeds, len(reports), has_probe=probe is not None)
@@ -101,13 +109,13 @@ def _reports_for(graph, fetch_names, reports: Sequence[Report]) -> list[Report]:
         return []
     wanted = {report.op.name: report for report in reports}
     found = []
-    for op in _ancestors(graph.as_graph_element(n) for n in fetch_names):
+    for op in ancestors(graph.as_graph_element(n) for n in fetch_names):
         if op.name in wanted:
             found.append(wanted[op.name])
     return found
 
 
-def _ancestors(elements):
+def ancestors(elements):
     """Every op the given tensors/ops depend on, through data and control edges."""
     stack = [getattr(e, "op", e) for e in elements]
     seen = {}

@@ -4,8 +4,11 @@ A :class:`ShadowRunner` maps each ``run`` (through a
 :class:`~amp_rewrite.runtime.tf1.session.fast_calls.FastCall`, or a
 :class:`~amp_rewrite.runtime.tf1.session.plans.RunPlan`) and each partial run
 onto the current shadow, converts values between the two graphs' dtypes, and
-logs the loss-scale reports. Which shadow is current, and what a failure
-changes, is its :class:`~amp_rewrite.runtime.tf1.session.keeper.ShadowKeeper`'s.
+logs the loss-scale reports. A step on trial
+(:mod:`~amp_rewrite.runtime.tf1.session.step_trial`) runs the variant its
+schedule names, timed, on the general path. Which shadow is current, and
+what a failure changes, is its
+:class:`~amp_rewrite.runtime.tf1.session.keeper.ShadowKeeper`'s.
 """
 
 from __future__ import annotations
@@ -84,16 +87,30 @@ class ShadowRunner:
         plan = keeper.plans.get(key) or keeper.new_plan(key)
         if plan is None:
             return original_run(session, fetches, feed_dict, options, run_metadata)
+        trial = keeper.trials.get(key.step) if keeper.trials else None
+        body, seconds = "", None
+        if trial is not None:
+            body = trial.trial.next_body()
+            plan = trial.plans[body]
         shadow_feeds = {plan.feeds[name].tensor: to_shadow(value, plan.feeds[name].change)
                         for name, value in feeds}
         try:
-            values = keeper.shadow.session.run(plan.fetches, shadow_feeds, options, run_metadata)
+            if trial is None:
+                values = keeper.shadow.session.run(plan.fetches, shadow_feeds, options, run_metadata)
+            else:
+                assert keeper.step_trials is not None
+                shadow_session = keeper.shadow.session
+                values, seconds = keeper.step_trials.timer(
+                    body, lambda: shadow_session.run(plan.fetches, shadow_feeds, options, run_metadata))
         except Exception as exc:
             if not keeper.fallback.blames_rewrite(exc):
                 raise
             return keeper.run_failed(exc, lambda: self.run(original_run, session, fetches, feed_dict, options,
                                                            run_metadata))
         keeper.has_run = True
+        if trial is not None:
+            keeper.record_trial(key, trial, body, seconds)
+            return self._results(plan, mapper, fetches, values)
         plan.runs += 1
         if flat is not None and plan.runs >= 2 and key.version == self.graph.version:
             keeper.calls.remember(self.graph, keeper.shadow.session, fetches, feed_dict, key, plan)
@@ -139,7 +156,7 @@ class ShadowRunner:
         if not keeper.fallback.runs_script_graph:
             fetch_names = element_names(self.graph, fetches)
             feed_names = element_names(self.graph, feeds or [])
-            plan = keeper.new_plan(PlanKey(self.graph.version, fetch_names, feed_names))
+            plan = keeper.new_plan(PlanKey(self.graph.version, fetch_names, feed_names), is_tried=False)
             if plan is not None:
                 n_script = len(plan.fetch_dtypes)
                 handle = keeper.shadow.session.partial_run_setup(

@@ -1,0 +1,389 @@
+"""A TF1 session step keeps half only where its real runs were faster in half here.
+
+The schedule and the verdict are :mod:`amp_rewrite.tune.steps`' (the same as
+for a ``tf.function``, :mod:`amp_rewrite.runtime.tf2.step_trial`); this
+module runs them on ``Session.run`` steps. Each :class:`PlanKey` whose plan
+runs half ops gets a :class:`SessionStepTrial`: its first runs alternate the
+rewritten plan and a float32 plan of the same step, each timed around the
+shadow session's ``run``; after :data:`~amp_rewrite.tune.steps.CALLS` runs
+the winner becomes the key's plan for good, and one INFO line says which and
+why (``amp-rewrite: session step (fetches Adam, loss) runs in bfloat16: the
+step ran 8.0 ms in bfloat16 and 16.2 ms in float32 on this CPU (2.02x)``,
+for an MLP of 512, 1024, 1024 and 10 units trained with Adam on batches of 256).
+
+The float32 variant lives in the same shadow graph, beside the rewritten
+one: the script graph's ops the step's fetches depend on are imported once
+more, as the script built them (float32), under a scope of their own
+(:data:`FLOAT32_SCOPE`), every variable left out and every input that read
+one mapped to the shadow's own variable op. Both variants therefore read and
+update the same variables, in the same session: every run of the trial is
+a real training step, whichever variant ran it, and a float32 verdict runs
+exactly the script's float32 computation on the variables the rewritten
+steps trained. (Copying values between two sessions instead would cost a
+copy of every variable at every switch, and a second session's memory.)
+
+No trial where sharing is not that simple; the step keeps the rewritten
+plan and a DEBUG line says why:
+
+- the step reads a resource other than a variable (an iterator, a queue, a
+  reader, a table): a second copy of its creator would be another resource
+  (an iterator starting over), and sharing it is not what the script wrote;
+- the step calls functions (``tf.function``, control flow v2) that the
+  rewrite changed in place: the copy's calls would reach their half bodies
+  (a step calling only functions the rewrite left as they were is tried);
+- the step runs collective ops (a distributed step): each worker times
+  its own trial, and workers that chose differently would wait for each
+  other's collectives forever;
+- the step applies loss scaling (float16, or bfloat16 with
+  ``AMP_LOSS_SCALE``) or fetches the overflow probe: its float32 copy would
+  scale too, so a trial would not time float32's step. Auto picks bfloat16
+  on CPUs with bfloat16 kernels, which is the case trials are for.
+
+The two best times go into the tuning cache under the step's key
+(:func:`~amp_rewrite.tune.steps.session_step_key`: the script graph's ops
+the fetches depend on, what is fetched and fed, the target), so the same
+script run again decides each step when its plan is made, measuring
+nothing. A failed run of either variant falls back as any failed run does
+(:meth:`~amp_rewrite.runtime.tf1.session.keeper.ShadowKeeper.run_failed`);
+a new shadow (the graph grew, or a fallback) starts without trials.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from amp_rewrite import tf_internals
+from amp_rewrite.graph.facts import node_name
+from amp_rewrite.runtime.tf1.session.plans import FeedPlan, PlanKey, RunPlan, ancestors, dtype_change
+from amp_rewrite.tune import steps
+from amp_rewrite.tune.cache import TuneCache
+from amp_rewrite.tune.steps import FLOAT32, HALF, StepTrial, StepVerdict
+
+# One logger for the whole package: its lines keep the name they have always had.
+logger = logging.getLogger(__package__)
+
+# The ops that hold a variable (as the shadow graph's copy of variables knows them).
+VARIABLE_OPS = ("VarHandleOp", "VariableV2", "Variable")
+# Ops that exchange values with other workers or devices: each one's peers must run the same variant.
+COLLECTIVE_PREFIXES = ("Collective", "Nccl")
+#: The scope the float32 variants of the shadow's steps are imported under.
+FLOAT32_SCOPE = "Float32-AmpRewrite"
+
+#: ``(body, run)`` → ``(values, seconds)``: runs one step of the variant (``half`` or ``float32``) and times it.
+Timer = Callable[[str, Callable[[], Any]], tuple[Any, float]]
+
+
+class NoTrial(Exception):
+    """A step that cannot be tried: the message says why."""
+
+
+@dataclass
+class SessionStepTrial:
+    """One step on trial: its two plans, the schedule and times, and its cache key.
+
+    Attributes:
+        plans: ``half`` (the rewritten plan) and ``float32`` (the plan of its float32 copy).
+        key: the step's cache key (:func:`~amp_rewrite.tune.steps.session_step_key`).
+        name: the step, in words, for the INFO line.
+        trial: the schedule, times and verdict.
+    """
+
+    plans: dict[str, RunPlan]
+    key: str
+    name: str
+    trial: StepTrial = field(default_factory=StepTrial)
+
+
+class SessionStepTrials:
+    """The runtime's session step trials: which steps get one, the cache, the lines, the decisions.
+
+    Attributes:
+        target: the half type the rewrites compute in.
+        device_type: the device type the steps run on (``CPU``, ``GPU``).
+        cache_dir: where the tuning cache lives (None: the user's cache directory).
+        timer: runs one step of a variant and times it (:data:`Timer`; tests give their own).
+        decisions: each step decided in this process, oldest first: its name and verdict.
+    """
+
+    def __init__(self, *, target: str, device_type: str, cache_dir: str | None = None,
+                 timer: Timer | None = None):
+        self.target = target
+        self.device_type = device_type or "CPU"
+        self.cache_dir = cache_dir
+        self.timer: Timer = timer or time_run
+        self.decisions: list[tuple[str, StepVerdict]] = []
+        self._cache: TuneCache | None = None
+        self._said: set[str] = set()
+
+    @property
+    def cache(self) -> TuneCache:
+        """The tuning cache of this device and TensorFlow (made at first use; the file the TF2 trials use)."""
+        if self._cache is None:
+            import tensorflow as tf
+
+            from amp_rewrite.tune.cache import default_cache_dir, device_description
+
+            gpus = tf.config.list_physical_devices("GPU") if self.device_type == "GPU" else []
+            gpu_name = str(tf.config.experimental.get_device_details(gpus[0]).get("device_name", "unknown")) \
+                if gpus else None
+            self._cache = TuneCache(self.cache_dir or default_cache_dir(), tensorflow=tf.__version__,
+                                    device=device_description(self.device_type, gpu_name=gpu_name))
+        return self._cache
+
+    def plan(self, script_graph, shadow_graph, key: PlanKey, half: RunPlan) -> tuple[RunPlan, SessionStepTrial | None]:
+        """The plan a new step runs, and its trial when it gets one.
+
+        A step without half ops runs ``half`` (its rewritten plan) untried; a
+        step the cache has times for runs the plan they chose; a step that
+        cannot be tried (:class:`NoTrial`) keeps ``half``, with a DEBUG line.
+        Otherwise ``half`` runs first, on trial.
+        """
+        if not runs_half(half):
+            return half, None
+        name = step_name(key)
+        try:
+            why_not = why_no_trial(script_graph, shadow_graph, key, half)
+            if why_not:
+                raise NoTrial(why_not)
+            step_key = self.key_of(script_graph, key)
+            timing = self.cache.get(step_key)
+            if timing is not None:
+                verdict = steps.verdict_of(timing, is_cached=True)
+                plan = half if verdict.is_half else float32_plan(script_graph, shadow_graph, key, half)
+                self.say(name, step_key, verdict)
+                return plan, None
+            trial = SessionStepTrial({HALF: half, FLOAT32: float32_plan(script_graph, shadow_graph, key, half)},
+                                     step_key, name)
+        except NoTrial as exc:
+            logger.debug("amp-rewrite: no step trial for session step %s: %s", name, exc)
+            return half, None
+        return half, trial
+
+    def settle(self, trial: SessionStepTrial, verdict: StepVerdict) -> RunPlan:
+        """The plan the verdict keeps; its times go into the cache, and the line is said."""
+        self.cache.put(trial.key, verdict.timing())
+        self.cache.save()
+        self.say(trial.name, trial.key, verdict)
+        return trial.plans[HALF if verdict.is_half else FLOAT32]
+
+    def key_of(self, script_graph, key: PlanKey) -> str:
+        """The step's cache key: the ops its fetches depend on, what it fetches and feeds, the target."""
+        elements = [script_graph.as_graph_element(name) for name in key.fetches]
+        nodes = [op.node_def for op in ancestors(elements)]
+        nodes += _function_nodes(script_graph, [name for node in nodes for name in _called(node)])
+        fetches = [f"op {e.type}" if not hasattr(e, "dtype") else f"{e.dtype.name}{_dims(e)}" for e in elements]
+        inputs = [(tensor.dtype.name, _dims(tensor)) for tensor in map(script_graph.get_tensor_by_name, key.feeds)]
+        return steps.session_step_key(nodes, fetches, inputs, target=self.target)
+
+    def say(self, name: str, step_key: str, verdict: StepVerdict) -> None:
+        """The INFO line of a decided step, once per step and process; the decision is kept."""
+        if step_key in self._said:
+            return
+        self._said.add(step_key)
+        self.decisions.append((name, verdict))
+        reason = verdict.reason(self.target, self.device_type)
+        if verdict.is_half:
+            logger.info("amp-rewrite: session step %s runs in %s: %s", name, self.target, reason)
+        else:
+            logger.info("amp-rewrite: session step %s stays float32: %s", name, reason)
+
+
+def trials_of(runtime) -> SessionStepTrials | None:
+    """The runtime's session step trials (made at first use); None when its steps are not timed."""
+    if not runtime.settings.is_timing_steps or runtime.target is None:
+        return None
+    trials = runtime.session_trials
+    if trials is None or trials.target != runtime.target:
+        trials = runtime.session_trials = SessionStepTrials(
+            target=runtime.target, device_type=runtime.rewrite_config().device_type,
+            cache_dir=runtime.requested.tune_cache_dir)
+    return trials
+
+
+def step_decisions(runtime) -> list[tuple[str, bool, str]]:
+    """What ``runtime``'s session step trials decided, oldest first: ``(step, runs in half, why)``.
+
+    ``step`` names what the step fetches (``(fetches train_op, loss)``);
+    ``why`` is the INFO line's reason (both times, on which device; whether
+    an earlier run measured them). Empty when no step was decided, or
+    ``runtime`` is None. Scripts call
+    :func:`amp_rewrite.runtime.session_step_decisions`.
+    """
+    trials = runtime.session_trials if runtime is not None else None
+    if trials is None:
+        return []
+    return [(name, verdict.is_half, verdict.reason(trials.target, trials.device_type))
+            for name, verdict in trials.decisions]
+
+
+def time_run(body: str, run: Callable[[], Any]) -> tuple[Any, float]:
+    """Runs one step and returns its values and seconds (``Session.run`` returns once the step is done)."""
+    began = time.perf_counter()
+    values = run()
+    return values, time.perf_counter() - began
+
+
+def step_name(key: PlanKey) -> str:
+    """``(fetches train_op, loss)``: the step, by what it fetches."""
+    return f"(fetches {', '.join(node_name(name) for name in key.fetches)})"
+
+
+# --- which steps, and their float32 variant ------------------------------------
+
+HALF_DTYPES = ("bfloat16", "float16")
+
+
+def runs_half(plan: RunPlan) -> bool:
+    """Whether any op the plan runs computes in half."""
+    return any(tensor.dtype.base_dtype.name in HALF_DTYPES
+               for op in ancestors(plan.fetches) for tensor in op.outputs)
+
+
+def why_no_trial(script_graph, shadow_graph, key: PlanKey, plan: RunPlan) -> str | None:
+    """Why the step cannot be tried with a float32 copy over the shadow's variables; None when it can."""
+    if plan.reports:
+        return "it applies loss scaling, which its float32 copy would apply too"
+    if plan.has_probe:
+        return "it fetches the overflow probe"
+    called: list[str] = []
+    for op in ancestors(script_graph.as_graph_element(name) for name in key.fetches):
+        if op.type in VARIABLE_OPS:
+            continue
+        if _creates_resource(op):
+            return f"it reads {op.type} {op.name!r}, which a float32 copy could not share"
+        if op.type.startswith(COLLECTIVE_PREFIXES):
+            return f"it runs {op.type} {op.name!r}: every worker or replica must run the same variant"
+        called += _called(op.node_def)
+    changed = _changed_functions(script_graph, shadow_graph, called)
+    if changed:
+        return f"it calls functions the rewrite changed under the same names ({', '.join(changed)})"
+    return None
+
+
+def _called(node) -> list[str]:
+    """The names of the functions a NodeDef calls through its attributes (a call, a branch, a loop body)."""
+    names = []
+    for value in node.attr.values():
+        if value.HasField("func"):
+            names.append(value.func.name)
+        names += [function.name for function in value.list.func]
+    return names
+
+
+def _function_nodes(script_graph, called: list[str]) -> list:
+    """The NodeDefs of the functions ``called`` and of those they call, as the script defined them."""
+    if not called:
+        return []
+    script = tf_internals.graph_functions(script_graph)
+    nodes, seen, pending = [], set(), list(called)
+    while pending:
+        name = pending.pop()
+        if name in seen or name not in script:
+            continue
+        seen.add(name)
+        body = list(script[name].definition.node_def)
+        nodes += body
+        pending += [callee for node in body for callee in _called(node)]
+    return nodes
+
+
+def _changed_functions(script_graph, shadow_graph, called: list[str]) -> list[str]:
+    """The functions among ``called`` (and those they call) whose shadow definition is not the script's.
+
+    The float32 copy's calls reach the shadow's functions by name: where the
+    rewrite changed one in place, the copy would run its half body.
+    """
+    if not called:
+        return []
+    script, shadow = tf_internals.graph_functions(script_graph), tf_internals.graph_functions(shadow_graph)
+    changed, seen, pending = [], set(), list(called)
+    while pending:
+        name = pending.pop()
+        if name in seen or name not in script:
+            continue
+        seen.add(name)
+        definition = script[name].definition
+        if name not in shadow or shadow[name].definition != definition:
+            changed.append(name)
+        pending += [callee for node in definition.node_def for callee in _called(node)]
+    return sorted(changed)
+
+
+def float32_plan(script_graph, shadow_graph, key: PlanKey, half: RunPlan) -> RunPlan:
+    """The plan of the step's float32 copy, imported into ``shadow_graph`` over the shadow's own variables.
+
+    A fed tensor the step does not depend on (Keras feeds its learning
+    phase to every step), and a fetched variable, are fed and fetched as
+    ``half``, the rewritten plan, does.
+
+    Raises :class:`NoTrial` when a variable the step reads is not the
+    shadow's variable of the same kind and dtype.
+    """
+    import tensorflow as tf
+    from tensorflow.core.framework import graph_pb2
+
+    script_ops = list(ancestors(script_graph.as_graph_element(name) for name in key.fetches))
+    variables = {op.name for op in script_ops if op.type in VARIABLE_OPS}
+    copy = graph_pb2.GraphDef()
+    copy.versions.CopyFrom(script_graph.graph_def_versions)
+    input_map: dict[str, Any] = {}
+    for op in script_ops:
+        if op.name in variables:
+            continue
+        node = op.node_def
+        if "_class" in node.attr:
+            del node.attr["_class"]  # colocation with a variable the copy leaves out; the placer colocates refs
+        copy.node.add().CopyFrom(node)
+        for ref in node.input:
+            name, port = (ref[1:], 0) if ref.startswith("^") else _split(ref)
+            if name in variables:
+                input_map[ref if ref.startswith("^") else f"{name}:{port}"] = _shared(script_graph, shadow_graph,
+                                                                                   name, port)
+    copied = {node.name for node in copy.node}
+    inside = [name for name in (*key.fetches, *key.feeds) if node_name(name) in copied]
+    with shadow_graph.as_default():
+        elements = dict(zip(inside, tf.compat.v1.import_graph_def(copy, input_map=input_map, return_elements=inside,
+                                                                  name=FLOAT32_SCOPE)))
+    fetches, fetch_dtypes = [], []
+    for index, name in enumerate(key.fetches):
+        if name in elements:
+            fetches.append(elements[name])
+            fetch_dtypes.append(dtype_change(script_graph.as_graph_element(name), elements[name]))
+        else:
+            fetches.append(half.fetches[index])
+            fetch_dtypes.append(half.fetch_dtypes[index])
+    feeds = {name: FeedPlan(elements[name], None) if name in elements else half.feeds[name] for name in key.feeds}
+    return RunPlan(fetches, fetch_dtypes, feeds)
+
+
+def _shared(script_graph, shadow_graph, name: str, port: int):
+    """The shadow's output of the variable op ``name``, which the copy reads in place of its own."""
+    mine = script_graph.get_operation_by_name(name)
+    try:
+        theirs = shadow_graph.get_operation_by_name(name)
+    except KeyError:
+        raise NoTrial(f"the shadow has no variable {name!r}") from None
+    if theirs.type != mine.type or theirs.get_attr("dtype") != mine.get_attr("dtype"):
+        raise NoTrial(f"the shadow's variable {name!r} is not the script's")
+    return theirs.outputs[port]
+
+
+def _creates_resource(op) -> bool:
+    """Whether ``op`` makes a resource (a queue, an iterator, a table, a reader) rather than computing."""
+    if op.inputs or not op.outputs or not op.op_def.is_stateful:
+        return False
+    return any(tensor.dtype.base_dtype.name == "resource" or tensor.dtype.is_ref_dtype for tensor in op.outputs)
+
+
+def _split(ref: str) -> tuple[str, int]:
+    name, _, port = ref.partition(":")
+    return name, int(port) if port else 0
+
+
+def _dims(tensor) -> tuple:
+    shape = tensor.shape
+    return tuple(shape.as_list()) if shape.rank is not None else ()
