@@ -41,8 +41,9 @@ The modes, each run in its own process:
   the session. Neither sets an amp-rewrite variable.
 
 Under ``auto`` and ``lists`` the TF1 scripts run unmodified: amp-rewrite's
-runtime rewrites the graph their ``Session.run`` runs. TF1 sessions have
-no step decision; their decision column reads "—".
+runtime rewrites the graph their ``Session.run`` runs, and under ``auto``
+each session step is tried like a ``tf.function`` (``amp-rewrite: session
+step (fetches ...) runs in bfloat16: ...``); ``TF1_WARMUP`` covers its trial.
 
 The decision column gives what each run's stderr said (once, where every
 round said the same; else round by round): ``bfloat16`` or ``float32`` with
@@ -113,11 +114,12 @@ GRAPPLER_PASS = "auto_mixed_precision_onednn_bfloat16"
 # trial confirming a mixed body
 DECISION_CALLS = 10 + 2 + 5
 DECISION_WARMUP = DECISION_CALLS + 2
-TF1_WARMUP, PROFILED, TIMEOUT_S = 3, 2, 3600
+TF1_WARMUP, PROFILED, TIMEOUT_S = 10 + 2, 2, 3600  # a session step's trial is ten runs
 STEPS = {"keras": 3, "tf1": 10}
 QUICK_STEPS = {"keras": 1, "tf1": 3}
-DECISION = re.compile(r"tf\.function (?P<name>\S+) (?P<verdict>runs in b?float16|stays float32|"
-                      r"runs \d+ of \d+ half regions in b?float16):\s*(?P<why>.*)")
+DECISION = re.compile(r"(?:tf\.function|session step) (?P<name>\S+|\([^)]*\)) "
+                      r"(?P<verdict>runs in b?float16|stays float32|runs \d+ of \d+ half regions in b?float16):"
+                      r"\s*(?P<why>.*)")
 STEP_TIMES = re.compile(r"ran (?P<half>[\d.]+) ms in b?float16 and (?P<full>[\d.]+) ms in float32")
 MIXED_TIMES = re.compile(r"ran (?P<mixed>[\d.]+) ms with (?P<regions>\d+ of \d+) half regions in b?float16 and "
                          r"(?P<pure>[\d.]+) ms in (?P<pure_kind>\S+) .*alone it ran (?P<other>[\d.]+) ms")
