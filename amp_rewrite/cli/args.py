@@ -17,6 +17,7 @@ from dataclasses import replace
 import amp_rewrite
 from amp_rewrite.config import DEVICE_TYPES, LEVELS, Config
 from amp_rewrite.paint.op_lists import COLOURS, TARGETS, ListEdit
+from amp_rewrite.tune.steps import ROUNDS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -148,12 +149,13 @@ def _add_benchmark_options(parser: argparse.ArgumentParser) -> None:
     """The doctor's ``--benchmark`` group."""
     bench = parser.add_argument_group("measured speed-up (GraphDef input)")
     bench.add_argument("--benchmark", action="store_true",
-                       help="time the graph in float32 and rewritten on this machine, interleaved, and print the "
-                            "measured speed-up beside the bound")
+                       help="time the graph in float32 and rewritten on this machine, interleaved as --tune does "
+                            "(best step of each), and print the measured speed-up beside the bound")
     bench.add_argument("--inputs", metavar="FEEDS.npz", default=None,
                        help="inputs: an .npz whose keys are placeholder or tensor names (default: random)")
     bench.add_argument("--seed", type=_integer(0, 2 ** 63 - 1), default=0, help="seed for the random inputs")
-    bench.add_argument("--runs", type=_integer(1, 100_000), default=10, help="timed steps of each graph (default 10)")
+    bench.add_argument("--runs", type=_integer(1, 100_000), default=ROUNDS,
+                       help=f"timed steps of each graph, after one untimed step of each (default {ROUNDS})")
     bench.add_argument("--init-op", metavar="NAME", default=None,
                        help="a node to run once before timing, such as a training graph's variable "
                             "initializer (default: a node named 'init', if there is one)")

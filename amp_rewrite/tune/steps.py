@@ -73,10 +73,13 @@ class StepVerdict:
     float32_seconds: float
     is_cached: bool = False
 
-    def reason(self, target: str, device_type: str) -> str:
-        """``the step ran 449 ms in bfloat16 and 373 ms in float32 on this CPU`` (with the speed-up when half won)."""
+    def reason(self, target: str, device_type: str, *, subject: str = "the step") -> str:
+        """``the step ran 449 ms in bfloat16 and 373 ms in float32 on this CPU`` (with the speed-up when half won).
+
+        ``subject`` names what ran (``the graph`` for a whole GraphDef).
+        """
         where = f"this {device_type}" if device_type else "this machine"
-        text = (f"the step ran {_ms(self.half_seconds)} in {target} and {_ms(self.float32_seconds)} in "
+        text = (f"{subject} ran {_ms(self.half_seconds)} in {target} and {_ms(self.float32_seconds)} in "
                 f"float32 on {where}")
         if self.is_half and self.half_seconds > 0:
             text += f" ({self.float32_seconds / self.half_seconds:.2f}x)"
@@ -101,12 +104,14 @@ class StepTrial:
     """The calls of one trial: which body the next runs, the times so far, and the verdict once all ran.
 
     A call that was not timed (the warm-ups, or a call the caller could not
-    time) is recorded with ``seconds=None``.
+    time) is recorded with ``seconds=None``. ``warmup`` is the untimed calls
+    of each body that ``order`` begins with.
     """
 
     order: list[str] = field(default_factory=schedule)
     times: dict[str, list[float]] = field(default_factory=lambda: {HALF: [], FLOAT32: []})
     calls: int = 0
+    warmup: int = WARMUP
 
     @property
     def is_done(self) -> bool:
@@ -118,7 +123,7 @@ class StepTrial:
 
     def record(self, body: str, seconds: float | None) -> None:
         """One call of ``body`` finished; timed ones count towards the verdict after the warm-ups."""
-        if self.calls >= WARMUP * 2 and seconds is not None:
+        if self.calls >= self.warmup * 2 and seconds is not None:
             self.times[body].append(seconds)
         self.calls += 1
 
