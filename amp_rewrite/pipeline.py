@@ -115,6 +115,10 @@ class RewriteResult:
         seconds: wall time of the rewrite.
         applied: what changed, by the report's names (:class:`AppliedNames`).
         unmatched_patterns: the config's keep-float32 patterns that matched no node.
+        tuning: with ``--tune`` (:func:`amp_rewrite.tune.whole_graph.decide`), what
+            timing both graphs decided (a ``GraphDecision``); when float32
+            stays, ``graph_def`` is the float32 graph and the other fields
+            describe the rewrite that was timed. None without tuning.
     """
 
     graph_def: Any
@@ -128,6 +132,7 @@ class RewriteResult:
     validation: Any = None
     step_seconds: dict[str, float] = field(default_factory=dict, repr=False)
     unmatched_patterns: tuple[str, ...] = ()
+    tuning: Any = None
 
     @cached_property
     def node_outcomes(self) -> dict[str, dict]:
@@ -159,6 +164,8 @@ class RewriteResult:
         """
         line = (f"converted {len(self.converted)}/{self.nodes_total} nodes to {self.config.target}, "
                 f"{len(self.casts)} casts")
+        if self.tuning is not None and self.tuning.outcome == "float32":  # the float32 graph was kept
+            return f"{self.tuning.line(self.config.target)}; the {self.config.target} rewrite timed {line}"
         if with_flops:
             share = self.half_flop_share
             line += (", MatMul/Conv FLOPs unknown (no static shapes)" if share is None
@@ -167,6 +174,8 @@ class RewriteResult:
             v = self.validation
             line += (f"; validated in {v.runs} runs, {len(v.range_kept)} nodes kept for range, "
                      f"{len(v.regions_returned)} of {v.regions_total} half regions returned to float32")
+        if self.tuning is not None:
+            line += f"; the graph {self.tuning.line(self.config.target)}"
         return line
 
     def report(self) -> dict:
@@ -187,6 +196,7 @@ class RewriteResult:
             "seconds": round(self.seconds, 6),
             "nodes": self.node_outcomes,
             **({"validation": self.validation.as_dict()} if self.validation is not None else {}),
+            **({"tuning": self.tuning.as_dict(self.config.target)} if self.tuning is not None else {}),
         }
 
 

@@ -26,7 +26,7 @@ from typing import Protocol
 import numpy as np
 
 from amp_rewrite import tf_internals
-from amp_rewrite.errors import AmpRewriteError
+from amp_rewrite.errors import AmpRewriteError, first_line
 from amp_rewrite.graph.facts import tensor_name
 from amp_rewrite.tune import steps
 from amp_rewrite.tune.steps import FLOAT32, HALF, StepTrial, StepVerdict
@@ -169,15 +169,11 @@ def graph_key(float32_graph, half_graph, *, feeds: Mapping[str, object], fetches
     Each graph's digest is :func:`amp_rewrite.tune.steps.step_key`'s (ops and
     attributes, not names), over its nodes and its library.
     """
-    inputs = sorted((f"{name}:{np.asarray(value).dtype}", np.shape(value)) for name, value in feeds.items())
+    arrays = {name: np.asarray(value) for name, value in feeds.items()}
+    inputs = sorted((f"{name}:{array.dtype}", array.shape) for name, array in arrays.items())
     digest = hashlib.sha256()
     for graph_def in (float32_graph, half_graph):
         bodies = [SimpleNamespace(node_def=graph_def.node), *graph_def.library.function]
         digest.update(steps.step_key(bodies, inputs).encode())
     digest.update(repr(sorted(fetches)).encode())
     return KEY_PREFIX + digest.hexdigest()[:32]
-
-
-def first_line(exc: BaseException) -> str:
-    text = (getattr(exc, "message", None) or str(exc)).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import amp, rng, tf1
+from helpers import ScheduledClock, amp, rng, tf1
 from runners import run_cli
 
 from amp_rewrite.report.measure import BenchmarkError, Measurement, cpu_features, measure_speedup, measurement_line
-from amp_rewrite.tune.steps import MARGIN, schedule
+from amp_rewrite.tune.steps import MARGIN
 
 
 def mlp():
@@ -20,21 +20,6 @@ def mlp():
         tf.identity(tf.matmul(h, w, name="mm2"), name="out")
         tf.group(tf1.global_variables_initializer(), name="init")
     return g.as_graph_def()
-
-
-class ScheduledClock:
-    """A fake clock: each step of a body takes that body's cost, in the order the trial's schedule runs them."""
-
-    def __init__(self, half: list[float], float32: list[float], rounds: int = 4):
-        costs = {"half": iter(half), "float32": iter(float32)}
-        self.durations = iter([next(costs[body]) for body in schedule(rounds=rounds)])
-        self.now, self.reads = 0.0, 0
-
-    def __call__(self):
-        self.reads += 1
-        if self.reads % 2 == 0:
-            self.now += next(self.durations)
-        return self.now
 
 
 def test_steps_follow_the_schedule_and_the_best_of_each_counts():

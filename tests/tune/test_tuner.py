@@ -328,24 +328,6 @@ def test_timing_under_the_runtime_runs_the_op_as_given(amp_runtime, caplog):
     assert not [r.getMessage() for r in caplog.records if r.name.startswith("amp_rewrite.runtime.tf1")]
 
 
-def test_the_cli_turns_tuning_on_only_with_the_flag(monkeypatch):
-    from amp_rewrite.cli.args import build_parser, config_from_args
-
-    monkeypatch.setenv("AMP_REWRITE_TUNE", "1")  # the runtime's switch: not the CLI's
-    plain = config_from_args(build_parser().parse_args(["in.pb", "out.pb"]))
-    assert plain.is_tuning is False
-    tuned_config = config_from_args(build_parser().parse_args(
-        ["in.pb", "out.pb", "--tune", "--tune-budget", "5", "--tune-batch", "64"]))
-    assert (tuned_config.is_tuning, tuned_config.tune_budget_seconds, tuned_config.tune_batch) == (True, 5.0, 64)
-    assert plain.tune_batch == 32
-
-
-def test_a_bad_tune_budget_is_a_one_line_usage_error(tmp_path):
-    done = run_cli("in.pb", "out.pb", "--tune", "--tune-budget", "-1", cwd=tmp_path)
-    assert done.returncode == 2
-    assert "--tune-budget: '-1': must be a finite number of seconds >= 0" in done.stderr
-
-
 def test_the_runtime_reads_its_tuning_switches_once(monkeypatch, amp_runtime):
     from amp_rewrite.errors import UsageError
     from amp_rewrite.runtime.settings import RuntimeSettings
