@@ -43,7 +43,8 @@ class Config:
         dump_dir: when set, each rewrite writes the graph before and after, and
             the effective lists, into this directory.
         keep_float32: (node name, reason) pairs: nodes that must stay float32,
-            as accuracy validation decides; the reason goes into the report.
+            as accuracy validation or a profiled step decides (``function::node``
+            names a node of a function); the reason goes into the report.
         release: nodes a deny op upstream does not taint (the elementwise tail
             of a layer norm whose statistics stay float32).
         fixed_signatures: library functions whose arguments and results keep

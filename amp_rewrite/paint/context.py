@@ -37,7 +37,8 @@ class NodeChoices:
 
     Attributes:
         preserved: main-graph names of nodes never to change (fetched, fed or asked to be preserved).
-        keep_float32: main-graph node name → reason, for nodes to leave float32.
+        keep_float32: node name → reason, for nodes to leave float32: ``node`` in the main
+            graph, ``function::node`` in every instance of a function.
         kept_by_pattern: node index (any body) → reason, for the nodes a
             keep-float32 pattern matched; left alone like preserved nodes.
         fixed_signatures: functions whose arguments and results keep their dtypes.
@@ -107,6 +108,7 @@ class PaintContext:
                  if graph.bodies[graph.body_of[i]].function in fixed_signatures} if fixed_signatures else ()
         index = graph.bodies[0].index
         special_nodes = {index[name] for name in special if name in index}  # main-graph nodes, by index
+        special_nodes.update(self._function_nodes_kept())
         special_nodes.update(choices.kept_by_pattern)  # any body's nodes, by index
         for i, node in enumerate(graph.nodes):
             if i in special_nodes or i in opaque or i in fixed:
@@ -117,6 +119,19 @@ class PaintContext:
             append(None if dev is None or dev == self.device_type else f"placed on {dev}")
         return reasons
 
+    def _function_nodes_kept(self) -> set[int]:
+        """The function nodes ``keep_float32`` names (``function::node``), in every instance of the function."""
+        wanted: dict[str, set[str]] = {}
+        for qualified in self.choices.keep_float32:
+            function, sep, name = qualified.partition("::")
+            if sep:
+                wanted.setdefault(function, set()).add(name)
+        if not wanted:
+            return set()
+        graph = self.graph
+        return {i for body in graph.bodies[1:] for name, i in body.index.items()
+                if name in wanted.get(body.function, ()) and i not in graph.virtual}
+
     def _skip_reason(self, i: int) -> str | None:
         graph, choices = self.graph, self.choices
         node = graph.nodes[i]
@@ -124,6 +139,9 @@ class PaintContext:
             return "fetched or preserved: keeps its dtype"
         if graph.body_of[i] == 0 and node.name in choices.keep_float32:
             return choices.keep_float32[node.name]
+        function = graph.bodies[graph.body_of[i]].function
+        if function and f"{function}::{node.name}" in choices.keep_float32:
+            return choices.keep_float32[f"{function}::{node.name}"]
         if i in choices.kept_by_pattern:
             return choices.kept_by_pattern[i]
         if i in graph.opaque_calls:
