@@ -201,7 +201,7 @@ class RewriteResult:
 
 
 def rewrite(graph_def, *, fetches=None, target: str | None = None,
-            config: Config | None = None, in_place: bool = False, tuner=None) -> RewriteResult:
+            config: Config | None = None, in_place: bool = False) -> RewriteResult:
     """Rewrites a float32 GraphDef to mixed precision.
 
     Args:
@@ -219,10 +219,6 @@ def rewrite(graph_def, *, fetches=None, target: str | None = None,
             still made when ``config.dump_dir`` or the self-checks need the
             original.)
 
-        tuner: the :class:`amp_rewrite.tune.tuner.Tuner` to consult instead of the
-            one ``config.is_tuning`` builds (which measures on this machine);
-            with either, heavy ops measured no faster in half stay float32.
-
     Returns:
         A :class:`RewriteResult` with the new GraphDef and the report.
 
@@ -232,8 +228,7 @@ def rewrite(graph_def, *, fetches=None, target: str | None = None,
         ListError: the op lists are inconsistent.
     """
     with _collector_paused():
-        return _rewrite(graph_def, fetches=fetches, target=target, config=config, in_place=in_place,
-                        tuner=tuner)
+        return _rewrite(graph_def, fetches=fetches, target=target, config=config, in_place=in_place)
 
 
 @contextmanager
@@ -253,7 +248,7 @@ def _collector_paused():
             gc.enable()
 
 
-def _rewrite(graph_def, *, fetches, target, config, in_place, tuner) -> RewriteResult:
+def _rewrite(graph_def, *, fetches, target, config, in_place) -> RewriteResult:
     start = time.perf_counter()
     config = _effective_config(config, fetches=fetches, target=target)
     lists = load_lists(config.target, lists_dir=config.lists_dir, edits=config.list_edits, level=config.level)
@@ -266,7 +261,7 @@ def _rewrite(graph_def, *, fetches, target, config, in_place, tuner) -> RewriteR
     graph = TypedGraph(work, OpRegistry(work.library), opaque_functions=dict(config.opaque_functions))
     lap("typed view")
     kept, unmatched = _match_keep_patterns(graph, config)
-    ctx = _paint_context(graph, lists, config, preserved=preserved, kept_by_pattern=kept, tuner=tuner)
+    ctx = _paint_context(graph, lists, config, preserved=preserved, kept_by_pattern=kept)
     painting = paint(ctx)
     lap("painting")
     restore_unconverted_batch_norms(graph, painting, promoted)
@@ -318,17 +313,13 @@ def _match_keep_patterns(graph: TypedGraph, config: Config) -> tuple[dict[int, s
 
 
 def _paint_context(graph: TypedGraph, lists: OpLists, config: Config, *, preserved: frozenset[str],
-                   kept_by_pattern: dict[int, str], tuner) -> PaintContext:
-    """What the rules read; the tuner ``config.is_tuning`` asks for is built here unless one was given."""
+                   kept_by_pattern: dict[int, str]) -> PaintContext:
+    """What the rules read."""
     assert config.device_type is not None, "_effective_config chooses the device type"
-    if tuner is None and config.is_tuning:
-        from amp_rewrite.tune.tuner import tuner_for
-
-        tuner = tuner_for(config)
     choices = NodeChoices(preserved=preserved, keep_float32=dict(config.keep_float32), kept_by_pattern=kept_by_pattern,
                           fixed_signatures=frozenset(config.fixed_signatures), release=frozenset(config.release))
     return PaintContext(graph, lists, target_dtype=TARGET_DTYPES[config.target], device_type=config.device_type,
-                        choices=choices, force_all=config.level == "UNSAFE_FORCE_ALL", tuner=tuner)
+                        choices=choices, force_all=config.level == "UNSAFE_FORCE_ALL")
 
 
 def _check_postconditions(original, result: RewriteResult, ctx: PaintContext) -> None:

@@ -8,9 +8,8 @@ face); modules may move between releases.
 - :mod:`~amp_rewrite.tune.graph_steps`: two GraphDefs stepped in TF1 sessions on the same feeds,
   by that schedule (``--tune`` and ``doctor --benchmark``);
 - :mod:`~amp_rewrite.tune.whole_graph`: ``--tune``, the rewrite kept only where it ran faster;
-- :mod:`~amp_rewrite.tune.shapes`: each op's input shapes, from TensorFlow's shape inference;
-- :mod:`~amp_rewrite.tune.tuner`: with ``AMP_REWRITE_TUNE=1``, heavy ops timed one by one;
-- :mod:`~amp_rewrite.tune.timing`: one op timed in each precision, its Casts included;
-- :mod:`~amp_rewrite.tune.regions`: connected regions of half ops, timed as a whole;
+- :mod:`~amp_rewrite.tune.step_regions`: the half regions of a rewritten step, their op times in a
+  profiled step of each body, and the mixed step those times propose;
+- :mod:`~amp_rewrite.tune.step_stats`: each node's op time in one traced TF1 step;
 - :mod:`~amp_rewrite.tune.cache`: the timings, cached per device and TensorFlow version.
 """

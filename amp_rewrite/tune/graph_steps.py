@@ -10,7 +10,7 @@ the best step of each counts, and half wins only by
 The graphs are reached through a small interface, :class:`StepRunner`: one
 step of a body (``"half"`` or ``"float32"``) and its seconds, and one
 optional profiled step giving each node's op seconds (from ``RunMetadata``
-step stats, :func:`amp_rewrite.runtime.profile.step_stats_ops`), for a
+step stats, :func:`amp_rewrite.tune.step_stats.step_stats_ops`), for a
 choice finer than the whole graph. :class:`SessionSteps` is the real one;
 tests pass their own, or a fake clock.
 """
@@ -29,6 +29,7 @@ from amp_rewrite import tf_internals
 from amp_rewrite.errors import AmpRewriteError, first_line
 from amp_rewrite.graph.facts import tensor_name
 from amp_rewrite.tune import steps
+from amp_rewrite.tune.step_stats import step_stats_ops
 from amp_rewrite.tune.steps import FLOAT32, HALF, StepTrial, StepVerdict
 
 #: The key of a whole graph's timings in the tuning cache begins with this.
@@ -107,8 +108,6 @@ class SessionSteps:
 
     def profile(self, body: str) -> dict[str, float]:
         import tensorflow as tf
-
-        from amp_rewrite.runtime.profile import step_stats_ops
 
         session = self._sessions[body]
         metadata = tf.compat.v1.RunMetadata()
