@@ -17,10 +17,17 @@ the feeds' shapes and the fetches: a second run measures nothing and writes
 the same bytes. A graph that cannot be timed (no feeds can be made, a step
 fails, no GPU for a GPU rewrite) keeps the lists' rewrite, with the reason.
 
+Then a choice finer than the whole graph: one profiled step of each pure
+graph gives every node's op time, :mod:`amp_rewrite.tune.step_regions`
+proposes which of the rewrite's half regions to keep float32 (those that
+ran slower in half), the graph is rewritten with them kept float32
+(``Config.keep_float32``), and the mixed graph is kept only when another
+interleaved trial finds it :data:`~amp_rewrite.tune.steps.MARGIN` faster than
+the better pure graph. Its times are cached beside the graph's.
+
 The graphs are reached through :class:`~amp_rewrite.tune.graph_steps.StepRunner`
 (``runner``): one step of a body and its seconds, and one profiled step with
-each node's op seconds, which a choice finer than the whole graph (some
-regions float32, the rest half) can be built on.
+each node's op seconds (a runner without ``profile`` decides the whole graph only).
 """
 
 from __future__ import annotations
@@ -34,14 +41,17 @@ from typing import Any
 
 from amp_rewrite.errors import AmpRewriteError, first_line
 from amp_rewrite.graph.facts import fetchable_sinks
-from amp_rewrite.tune.cache import TuneCache
+from amp_rewrite.tune.cache import Timing, TuneCache
 from amp_rewrite.tune.graph_steps import SessionSteps, StepRunner, graph_key, run_trial
 from amp_rewrite.tune.steps import FLOAT32, HALF, StepVerdict, verdict_of
 
 logger = logging.getLogger(__name__)
 
-#: What :func:`decide` decided: the rewrite is kept, float32 is kept, or nothing was timed (the lists decide).
-RUNS_IN_HALF, STAYS_FLOAT32, NOT_TIMED = "half", "float32", "not timed"
+#: What :func:`decide` decided: the rewrite is kept, float32 is kept, some regions of the rewrite are kept
+#: float32 (a mixed step), or nothing was timed (the lists decide).
+RUNS_IN_HALF, STAYS_FLOAT32, RUNS_MIXED, NOT_TIMED = "half", "float32", "mixed", "not timed"
+#: Beside a graph's key in the tuning cache: the profiled steps' op times, and the mixed step's trial.
+PROFILE_KEY, MIXED_KEY = " profile", " mixed"
 
 RunnerFactory = Callable[..., StepRunner]
 #: The clock the steps are timed by when none is given (tests replace it).
@@ -55,12 +65,16 @@ class GraphDecision:
     Attributes:
         outcome: :data:`RUNS_IN_HALF`, :data:`STAYS_FLOAT32` or :data:`NOT_TIMED`.
         reason: ``the graph ran 449 ms in bfloat16 and 373 ms in float32 on this CPU``, or why nothing was timed.
-        verdict: the trial's (or the cache's) verdict; None when nothing was timed.
+        verdict: the trial's (or the cache's) verdict of the whole graph; None when nothing was timed.
+        mixed_seconds: for :data:`RUNS_MIXED`, the mixed step's best time.
+        regions_float32: for :data:`RUNS_MIXED`, how many of the rewrite's half regions it keeps float32.
     """
 
     outcome: str
     reason: str
     verdict: StepVerdict | None = None
+    mixed_seconds: float | None = None
+    regions_float32: int = 0
 
     def line(self, target: str) -> str:
         """The one line said to the user: ``stays float32: the graph ran ...``."""
@@ -68,6 +82,8 @@ class GraphDecision:
             return f"runs in {target}: {self.reason}"
         if self.outcome == STAYS_FLOAT32:
             return f"stays float32: {self.reason}"
+        if self.outcome == RUNS_MIXED:
+            return f"runs mixed: {self.reason}"
         return f"keeps the op lists' rewrite, not timed: {self.reason}"
 
     def as_dict(self, target: str) -> dict:
@@ -76,6 +92,8 @@ class GraphDecision:
         if self.verdict is not None:
             found.update(half_seconds=self.verdict.half_seconds, float32_seconds=self.verdict.float32_seconds,
                          is_cached=self.verdict.is_cached)
+        if self.mixed_seconds is not None:
+            found.update(mixed_seconds=self.mixed_seconds, regions_float32=self.regions_float32)
         return found
 
 
@@ -114,18 +132,29 @@ def decide(original, result, *, feeds: Mapping[str, Any] | None = None, fetches:
     except _NotTimed as exc:
         return _with(result, GraphDecision(NOT_TIMED, str(exc)), original)
     key = graph_key(original, result.graph_def, feeds=feeds, fetches=fetches)
-    cached = cache.get(key)
-    if cached is not None:
-        verdict = verdict_of(cached, is_cached=True)
-    else:
+    trials = _Trials(runner or SessionSteps, original, result.graph_def, feeds=feeds, fetches=fetches,
+                     init_op=init_op, timer=timer or CLOCK)
+    try:
+        cached = cache.get(key)
+        if cached is not None:
+            verdict = verdict_of(cached, is_cached=True)
+        else:
+            try:
+                verdict = trials.whole()
+            except Exception as exc:  # noqa: BLE001 - a graph that does not run keeps the lists' rewrite
+                why = first_line(exc, with_type=not isinstance(exc, AmpRewriteError))
+                return _with(result, GraphDecision(NOT_TIMED, f"it could not be run: {why}"), original)
+            cache.put(key, verdict.timing())
         try:
-            verdict = _trial(runner or SessionSteps, original, result.graph_def, feeds=feeds, fetches=fetches,
-                             init_op=init_op, timer=timer or CLOCK)
-        except Exception as exc:  # noqa: BLE001 - a graph that does not run keeps the lists' rewrite
-            why = first_line(exc, with_type=not isinstance(exc, AmpRewriteError))
-            return _with(result, GraphDecision(NOT_TIMED, f"it could not be run: {why}"), original)
-        cache.put(key, verdict.timing())
+            mixed = _mixed(original, result, verdict, key=key, cache=cache, trials=trials)
+        except Exception as exc:  # noqa: BLE001 - the whole graph's verdict stands
+            logger.warning("amp-rewrite: tuning: no mixed step tried: %s", first_line(exc, with_type=True))
+            mixed = None
+    finally:
+        trials.close()
         cache.save()
+    if mixed is not None:
+        return mixed
     reason = verdict.reason(target, config.device_type or "CPU", subject="the graph")
     return _with(result, GraphDecision(RUNS_IN_HALF if verdict.is_half else STAYS_FLOAT32, reason, verdict),
                  original)
@@ -183,15 +212,112 @@ def _random_feeds(graph_def, *, seed: int, batch: int) -> dict:
         raise _NotTimed(f"no inputs can be drawn for it: {first_line(exc)}") from None
 
 
-def _trial(runner: RunnerFactory, original, rewritten, *, feeds, fetches, init_op, timer) -> StepVerdict:
-    steps = runner({HALF: rewritten, FLOAT32: original}, feeds=feeds, fetches=fetches, init_op=init_op, timer=timer)
-    try:
-        verdict, _ = run_trial(steps.step)
-    finally:
-        steps.close()
-    logger.info("tuning: timed the graph: %.1f ms in half, %.1f ms in float32 (best of each)",
-                verdict.half_seconds * 1e3, verdict.float32_seconds * 1e3)
-    return verdict
+class _Trials:
+    """The runners of one decision: the pure graphs' (kept open from the trial to the profile), the mixed one's."""
+
+    def __init__(self, make: RunnerFactory, original, rewritten, *, feeds, fetches, init_op, timer):
+        self.make, self.original, self.rewritten = make, original, rewritten
+        self.options = {"feeds": feeds, "fetches": fetches, "init_op": init_op, "timer": timer}
+        self._pure: StepRunner | None = None
+
+    @property
+    def pure(self) -> StepRunner:
+        """The float32 graph and the rewritten one, each ready to step."""
+        if self._pure is None:
+            self._pure = self.make({HALF: self.rewritten, FLOAT32: self.original}, **self.options)
+        return self._pure
+
+    def whole(self) -> StepVerdict:
+        """The trial of the rewritten graph against the float32 graph."""
+        verdict, _ = run_trial(self.pure.step)
+        logger.info("tuning: timed the graph: %.1f ms in half, %.1f ms in float32 (best of each)",
+                    verdict.half_seconds * 1e3, verdict.float32_seconds * 1e3)
+        return verdict
+
+    def profiles(self) -> tuple[dict[str, float], dict[str, float]] | None:
+        """Each node's op seconds in one profiled step of the rewritten and of the float32 graph; None: no profiler."""
+        profile = getattr(self.pure, "profile", None)
+        if profile is None:
+            return None
+        return profile(HALF), profile(FLOAT32)
+
+    def mixed(self, mixed_graph, best_graph) -> StepVerdict:
+        """The trial of a mixed graph (as the half body) against the better pure graph (as the float32 body)."""
+        runner = self.make({HALF: mixed_graph, FLOAT32: best_graph}, **self.options)
+        try:
+            verdict, _ = run_trial(runner.step)
+        finally:
+            runner.close()
+        return verdict
+
+    def close(self) -> None:
+        if self._pure is not None:
+            self._pure.close()
+            self._pure = None
+
+
+def _mixed(original, result, verdict: StepVerdict, *, key: str, cache: TuneCache, trials: _Trials):
+    """The rewrite with the regions that ran slower in half kept float32, when it beat both pure graphs; else None.
+
+    The regions' op times come from one profiled step of each pure graph
+    (:mod:`amp_rewrite.tune.step_regions` chooses from them); the mixed graph
+    is kept only when an interleaved trial against the better pure graph
+    finds it :data:`~amp_rewrite.tune.steps.MARGIN` faster. The profile's
+    times and the trial's are cached beside the graph's, so a second run
+    makes the same choice without running anything.
+    """
+    from amp_rewrite.pipeline import rewrite
+    from amp_rewrite.tune import step_regions
+
+    regions = step_regions.half_regions(result.graph_def, result.casts)
+    if len(regions) < 2:
+        return None
+    region_keys = [f"{key}{step_regions.REGION_KEY}{region.digest}" for region in regions]
+    totals = cache.get(key + PROFILE_KEY)
+    known = [cache.get(region_key) for region_key in region_keys]
+    if totals is not None and all(timing is not None for timing in known):
+        times = [step_regions.RegionTimes(region, t.half, t.float32) for region, t in zip(regions, known) if t]
+    else:
+        profiles = trials.profiles()
+        if profiles is None:
+            return None
+        half_ops, float32_ops = profiles
+        names = step_regions.ExecutedNames(regions, step_regions.call_names(result.graph_def))
+        times = step_regions.region_times(regions, names, half_ops, float32_ops)
+        totals = Timing(float32=sum(float32_ops.values()), half=sum(half_ops.values()))
+        cache.put(key + PROFILE_KEY, totals)
+        for region_key, timed in zip(region_keys, times):
+            cache.put(region_key, Timing(float32=timed.float32, half=timed.half))
+    choice = step_regions.choose(times, half_total=totals.half, float32_total=totals.float32,
+                                 is_half_step=verdict.is_half)
+    if choice is None:
+        return None
+    config = result.config
+    kept = choice.keep_float32(config.target, [f.signature.name for f in original.library.function])
+    mixed = rewrite(original, config=dataclasses.replace(
+        config, keep_float32=tuple(config.keep_float32) + tuple(sorted(kept.items()))))
+    confirmed = cache.get(key + MIXED_KEY)
+    if confirmed is not None:
+        trial = verdict_of(confirmed, is_cached=True)
+    else:
+        trial = trials.mixed(mixed.graph_def, result.graph_def if verdict.is_half else original)
+        cache.put(key + MIXED_KEY, trial.timing())
+    dropped = len(regions) - len(choice.half)
+    logger.info("tuning: a mixed step (%d of %d half regions float32) ran %.1f ms against %.1f ms", dropped,
+                len(regions), trial.half_seconds * 1e3, trial.float32_seconds * 1e3)
+    if not trial.is_half:
+        return None
+    where = f"this {config.device_type or 'CPU'}"
+    reason = (f"{dropped} of {len(regions)} half regions kept float32: the graph ran {_ms(trial.half_seconds)} "
+              f"mixed, {_ms(verdict.half_seconds)} in {config.target} and {_ms(verdict.float32_seconds)} in "
+              f"float32 on {where}" + ("; measured before, read from the cache" if trial.is_cached else ""))
+    return _with(mixed, GraphDecision(RUNS_MIXED, reason, verdict, mixed_seconds=trial.half_seconds,
+                                      regions_float32=dropped), original)
+
+
+def _ms(seconds: float) -> str:
+    milliseconds = seconds * 1000.0
+    return f"{milliseconds:.1f} ms" if milliseconds < 100 else f"{milliseconds:.0f} ms"
 
 
 def _with(result, decision: GraphDecision, original):

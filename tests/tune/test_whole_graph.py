@@ -233,3 +233,79 @@ def test_the_tuning_flags_are_the_rewrites_alone_and_a_bad_batch_is_a_usage_erro
     assert done.returncode == 2 and "--tune-batch: '-1': must be from 0 to" in done.stderr
     gone = run_cli("in.pb", "out.pb", "--tune", "--tune-budget", "5", cwd=tmp_path)
     assert gone.returncode == 2 and "unrecognized arguments: --tune-budget" in gone.stderr
+
+
+def two_branches():
+    """Two half regions that share only the Cast of their input: ``x → mm_a → relu_a`` and ``x → mm_b → relu_b``."""
+    r = rng(4)
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [None, 16], name="x")
+        wa = tf.constant((r.standard_normal((16, 16)) * 0.3).astype(np.float32), name="wa")
+        wb = tf.constant((r.standard_normal((16, 16)) * 0.3).astype(np.float32), name="wb")
+        tf.identity(tf.nn.relu(tf.matmul(x, wa, name="mm_a"), name="relu_a"), name="out_a")
+        tf.identity(tf.nn.relu(tf.matmul(x, wb, name="mm_b"), name="relu_b"), name="out_b")
+    return g.as_graph_def()
+
+
+class ProfilingRunner:
+    """The pure graphs step in 4 s (half) and 3 s (float32); their profiles say region a wins in half, b loses.
+
+    The second runner made is the mixed trial's: the mixed graph steps in ``mixed`` s, the better pure one in 3.
+    """
+
+    def __init__(self, mixed: float):
+        self.mixed, self.made, self.profiled = mixed, [], []
+
+    def __call__(self, graphs, *, feeds, fetches, init_op, timer):
+        self.made.append(graphs)
+        return self
+
+    def step(self, body):
+        if len(self.made) == 1:
+            return {HALF: 4.0, FLOAT32: 3.0}[body]
+        return {HALF: self.mixed, FLOAT32: 3.0}[body]
+
+    def profile(self, body):
+        self.profiled.append(body)
+        return {HALF: {"mm_a": 1.0, "mm_b": 3.0}, FLOAT32: {"mm_a": 2.0, "mm_b": 1.0}}[body]
+
+    def close(self):
+        pass
+
+
+def test_a_mixed_step_that_beats_both_keeps_the_slower_region_float32_and_is_cached(tmp_path):
+    gd = two_branches()
+    runner = ProfilingRunner(mixed=2.0)
+    result = tuned_rewrite(gd, fetches=["out_a", "out_b"], target="bfloat16", config=amp_config(), runner=runner,
+                           cache=TuneCache(tmp_path, device="CPU test", tensorflow="test"))
+    assert runner.profiled == [HALF, FLOAT32] and len(runner.made) == 2
+    mixed_graph, best = runner.made[1][HALF], runner.made[1][FLOAT32]
+    assert best == gd  # float32 was the better pure graph
+    assert result.tuning.outcome == "mixed" and result.graph_def == mixed_graph
+    assert result.tuning.line("bfloat16") == ("runs mixed: 1 of 2 half regions kept float32: the graph ran 2000 ms "
+                                              "mixed, 4000 ms in bfloat16 and 3000 ms in float32 on this CPU")
+    types = node_types(result.graph_def)
+    assert (types["mm_a"], types["relu_a"], types["mm_b"], types["relu_b"]) == (
+        DT_BFLOAT16, DT_BFLOAT16, DT_FLOAT, DT_FLOAT)
+    assert result.node_outcomes["mm_b"]["reason"] == ("mm_b (MatMul) stays float32: kept float32: in the step, its "
+                                                      "region (1 MatMul, 1 Relu) ran 3000.0 ms in bfloat16 and "
+                                                      "1000.0 ms in float32")
+    feeds = {"x": rng(2).standard_normal((8, 16)).astype(np.float32)}
+    assert_same_outputs_within_half(gd, result.graph_def, ["out_a", "out_b"], feeds, rtol=5e-2, atol=5e-2)
+    assert result.report()["tuning"]["mixed_seconds"] == 2.0
+
+    never = FakeRunner({})
+    again = tuned_rewrite(gd, fetches=["out_a", "out_b"], target="bfloat16", config=amp_config(), runner=never,
+                          cache=TuneCache(tmp_path, device="CPU test", tensorflow="test"))
+    assert never.made == 0 and again.graph_def == result.graph_def
+    assert again.tuning.line("bfloat16").endswith("; measured before, read from the cache")
+
+
+def test_a_mixed_step_no_faster_than_the_better_pure_graph_is_dropped(tmp_path):
+    gd = two_branches()
+    runner = ProfilingRunner(mixed=2.9)  # predicted faster, but within MARGIN of float32's 3 s in its trial
+    result = tuned_rewrite(gd, fetches=["out_a", "out_b"], target="bfloat16", config=amp_config(), runner=runner,
+                           cache=TuneCache(tmp_path, device="CPU test", tensorflow="test"))
+    assert len(runner.made) == 2
+    assert result.tuning.outcome == STAYS_FLOAT32 and result.graph_def is gd
