@@ -117,7 +117,9 @@ def decide(original, result, *, feeds: Mapping[str, Any] | None = None, fetches:
 
     Returns:
         ``result`` with :attr:`~amp_rewrite.pipeline.RewriteResult.tuning` set;
-        its ``graph_def`` is ``original`` itself when float32 stays.
+        its ``graph_def`` is ``original`` itself when float32 stays; for a
+        mixed graph that won its trial, the rewrite of ``original`` with the
+        losing regions kept float32.
     """
     config = result.config
     target = config.target
