@@ -231,6 +231,36 @@ def profile_call(call: Callable, concrete_function, number: int):
     return outputs
 
 
+def traced_op_seconds(call: Callable) -> tuple[Any, dict[str, float] | None]:
+    """Runs ``call`` once under TensorFlow's profiler: what it returned, and each executed node's op seconds.
+
+    Nodes are named as the trace names them (behind the calls they were
+    inlined through). Where no profile could be taken (another one is
+    running, or its trace cannot be read), ``call`` still runs once and the
+    seconds are None, with the reason at DEBUG.
+    """
+    import tensorflow as tf
+
+    with tempfile.TemporaryDirectory(prefix="amp_rewrite_step_") as logdir:
+        try:
+            tf.profiler.experimental.start(logdir)
+        except Exception as exc:  # noqa: BLE001 - another profiler may be running
+            logger.debug("amp-rewrite: no profile of the step: %s", exc)
+            return call(), None
+        try:
+            outputs = call()
+        finally:
+            tf.profiler.experimental.stop()
+        seconds: dict[str, float] = {}
+        try:
+            for node, _, picos in op_events(Path(logdir).rglob("*.xplane.pb")):
+                seconds[node] = seconds.get(node, 0.0) + picos / 1e12
+        except Exception as exc:  # noqa: BLE001 - a trace this TensorFlow writes otherwise
+            logger.debug("amp-rewrite: the step's profile could not be read: %s", exc)
+            return outputs, None
+    return outputs, seconds or None
+
+
 def xplane_ops(paths: Iterable[Path], precisions: dict[str, str]) -> list[OpTime]:
     """Per node: summed op time from the trace's ``name:Op`` events; precision from ``precisions``."""
     found: dict[tuple[str, str], float] = {}

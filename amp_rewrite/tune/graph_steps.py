@@ -61,13 +61,18 @@ def run_trial(step: Callable[[str], float], *, warmup: int = steps.WARMUP, round
     The calls follow :func:`~amp_rewrite.tune.steps.schedule`; ``step``
     raises to stop the trial.
     """
-    trial = StepTrial(order=steps.schedule(warmup, rounds), warmup=warmup)
-    while not trial.is_done:
-        body = trial.next_body()
-        trial.record(body, step(body))
+    trial = run_calls(step, StepTrial(order=steps.schedule(warmup, rounds), untimed=2 * warmup))
     verdict = trial.verdict()
     assert verdict is not None, "a finished trial with at least one round has a verdict"
     return verdict, rounds
+
+
+def run_calls(step: Callable[[str], float], trial: StepTrial) -> StepTrial:
+    """``trial`` with all its calls run by ``step`` (one step of the body named, its seconds), in its order."""
+    while not trial.is_done:
+        body = trial.next_body()
+        trial.record(body, step(body))
+    return trial
 
 
 class SessionSteps:

@@ -49,6 +49,10 @@ ROUNDS = 4
 CALLS = 2 * (WARMUP + ROUNDS)
 #: The key of a step's timings in the tuning cache begins with this, apart from the ops' keys.
 KEY_PREFIX = "step "
+#: After the step key: the op time of the two profiled steps (float32's, half's).
+PROFILE_KEY = " profile"
+#: After the step key: the best times of the better pure body and of the mixed one, in the trial confirming it.
+MIXED_KEY = " mixed"
 
 # Attributes that name things rather than compute them: a graph traced again
 # in another run gets new function names and resource names.
@@ -104,14 +108,14 @@ class StepTrial:
     """The calls of one trial: which body the next runs, the times so far, and the verdict once all ran.
 
     A call that was not timed (the warm-ups, or a call the caller could not
-    time) is recorded with ``seconds=None``. ``warmup`` is the untimed calls
-    of each body that ``order`` begins with.
+    time) is recorded with ``seconds=None``.
     """
 
     order: list[str] = field(default_factory=schedule)
     times: dict[str, list[float]] = field(default_factory=lambda: {HALF: [], FLOAT32: []})
     calls: int = 0
-    warmup: int = WARMUP
+    #: The first calls, which are not timed.
+    untimed: int = 2 * WARMUP
 
     @property
     def is_done(self) -> bool:
@@ -123,7 +127,7 @@ class StepTrial:
 
     def record(self, body: str, seconds: float | None) -> None:
         """One call of ``body`` finished; timed ones count towards the verdict after the warm-ups."""
-        if self.calls >= self.warmup * 2 and seconds is not None:
+        if self.calls >= self.untimed and seconds is not None:
             self.times[body].append(seconds)
         self.calls += 1
 
@@ -132,6 +136,71 @@ class StepTrial:
         if not self.is_done or not self.times[HALF] or not self.times[FLOAT32]:
             return None
         return verdict_of(Timing(float32=min(self.times[FLOAT32]), half=min(self.times[HALF])))
+
+
+def confirmation() -> StepTrial:
+    """The trial of a mixed step (``half`` here) against the better pure one (``float32`` here).
+
+    The mixed body runs once untimed (the better pure body is warm already),
+    then two mirrored pairs: five calls.
+    """
+    return StepTrial(order=[HALF, HALF, FLOAT32, FLOAT32, HALF], untimed=1)
+
+
+@dataclass(frozen=True)
+class MixedVerdict:
+    """What the trial of a mixed step decided: whether it beat the better pure step, and by how much.
+
+    Attributes:
+        is_mixed: the mixed step's best call was :data:`MARGIN` faster than the better pure step's.
+        mixed_seconds, pure_seconds: the best calls in the confirming trial.
+        pure: the verdict on the two pure steps.
+        half_regions, regions: how many regions the mixed step keeps half, of how many.
+    """
+
+    is_mixed: bool
+    mixed_seconds: float
+    pure_seconds: float
+    pure: StepVerdict
+    half_regions: int
+    regions: int
+
+    @property
+    def is_half(self) -> bool:
+        """Whether the step runs half ops: mixed, or half as a whole."""
+        return self.is_mixed or self.pure.is_half
+
+    def reason(self, target: str, device_type: str, *, subject: str = "the step") -> str:
+        """Why the step runs mixed, or why it runs as the pure verdict says (with what the mixed step ran).
+
+        Mixed: ``the step ran 310 ms with 12 of 53 half regions in bfloat16
+        and 373 ms in float32 on this CPU (1.20x); in bfloat16 alone it ran
+        449 ms``. Not: the pure verdict's reason, then ``; with 12 of 53
+        half regions in bfloat16 it ran 380 ms``. ``subject`` names what ran.
+        """
+        where = f"this {device_type}" if device_type else "this machine"
+        regions = f"{self.half_regions} of {self.regions} half regions in {target}"
+        if not self.is_mixed:
+            return (f"{self.pure.reason(target, device_type, subject=subject)}; with {regions} it ran "
+                    f"{_ms(self.mixed_seconds)}")
+        pure, other = ((target, self.pure.float32_seconds) if self.pure.is_half
+                       else (FLOAT32, self.pure.half_seconds))
+        other_name = FLOAT32 if self.pure.is_half else target
+        text = (f"{subject} ran {_ms(self.mixed_seconds)} with {regions} and {_ms(self.pure_seconds)} in {pure} on "
+                f"{where} ({self.pure_seconds / max(self.mixed_seconds, 1e-12):.2f}x); in {other_name} alone it ran "
+                f"{_ms(other)}")
+        if self.pure.is_cached:
+            text += "; measured before, read from the cache"
+        return text
+
+    def timing(self) -> Timing:
+        return Timing(float32=self.pure_seconds, half=self.mixed_seconds)
+
+
+def mixed_verdict_of(timing: Timing, pure: StepVerdict, half_regions: int, regions: int) -> MixedVerdict:
+    """The verdict two best times of the confirming trial give (the pure body's as ``float32``)."""
+    is_mixed = timing.half <= (1.0 - MARGIN) * timing.float32
+    return MixedVerdict(is_mixed, timing.half, timing.float32, pure, half_regions, regions)
 
 
 def step_key(functions: Iterable, inputs: Iterable[tuple[str, tuple]]) -> str:

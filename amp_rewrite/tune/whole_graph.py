@@ -41,9 +41,10 @@ from typing import Any
 
 from amp_rewrite.errors import AmpRewriteError, first_line
 from amp_rewrite.graph.facts import fetchable_sinks
+from amp_rewrite.tune import steps
 from amp_rewrite.tune.cache import Timing, TuneCache
-from amp_rewrite.tune.graph_steps import SessionSteps, StepRunner, graph_key, run_trial
-from amp_rewrite.tune.steps import FLOAT32, HALF, StepVerdict, verdict_of
+from amp_rewrite.tune.graph_steps import SessionSteps, StepRunner, graph_key, run_calls, run_trial
+from amp_rewrite.tune.steps import FLOAT32, HALF, MixedVerdict, StepVerdict, verdict_of
 
 logger = logging.getLogger(__name__)
 
@@ -66,15 +67,14 @@ class GraphDecision:
         outcome: :data:`RUNS_IN_HALF`, :data:`STAYS_FLOAT32` or :data:`NOT_TIMED`.
         reason: ``the graph ran 449 ms in bfloat16 and 373 ms in float32 on this CPU``, or why nothing was timed.
         verdict: the trial's (or the cache's) verdict of the whole graph; None when nothing was timed.
-        mixed_seconds: for :data:`RUNS_MIXED`, the mixed step's best time.
-        regions_float32: for :data:`RUNS_MIXED`, how many of the rewrite's half regions it keeps float32.
+        mixed: the verdict of the trial of a mixed graph, where one was tried
+            (:class:`~amp_rewrite.tune.steps.MixedVerdict`); None where none was.
     """
 
     outcome: str
     reason: str
     verdict: StepVerdict | None = None
-    mixed_seconds: float | None = None
-    regions_float32: int = 0
+    mixed: MixedVerdict | None = None
 
     def line(self, target: str) -> str:
         """The one line said to the user: ``stays float32: the graph ran ...``."""
@@ -92,8 +92,9 @@ class GraphDecision:
         if self.verdict is not None:
             found.update(half_seconds=self.verdict.half_seconds, float32_seconds=self.verdict.float32_seconds,
                          is_cached=self.verdict.is_cached)
-        if self.mixed_seconds is not None:
-            found.update(mixed_seconds=self.mixed_seconds, regions_float32=self.regions_float32)
+        if self.mixed is not None:
+            found.update(mixed_seconds=self.mixed.mixed_seconds, better_pure_seconds=self.mixed.pure_seconds,
+                         half_regions=self.mixed.half_regions, regions=self.mixed.regions)
         return found
 
 
@@ -148,17 +149,20 @@ def decide(original, result, *, feeds: Mapping[str, Any] | None = None, fetches:
                 return _with(result, GraphDecision(NOT_TIMED, f"it could not be run: {why}"), original)
             cache.put(key, verdict.timing())
         try:
-            mixed = _mixed(original, result, verdict, key=key, cache=cache, trials=trials)
+            mixed, mixed_result = _mixed(original, result, verdict, key=key, cache=cache, trials=trials)
         except Exception as exc:  # noqa: BLE001 - the whole graph's verdict stands
-            logger.warning("amp-rewrite: tuning: no mixed step tried: %s", first_line(exc, with_type=True))
-            mixed = None
+            logger.warning("amp-rewrite: tuning: no mixed graph tried: %s", first_line(exc, with_type=True))
+            mixed, mixed_result = None, None
     finally:
         trials.close()
         cache.save()
-    if mixed is not None:
-        return mixed
-    reason = verdict.reason(target, config.device_type or "CPU", subject="the graph")
-    return _with(result, GraphDecision(RUNS_IN_HALF if verdict.is_half else STAYS_FLOAT32, reason, verdict),
+    device = config.device_type or "CPU"
+    if mixed is not None and mixed_result is not None and mixed.is_mixed:
+        reason = mixed.reason(target, device, subject="the graph")
+        return _with(mixed_result, GraphDecision(RUNS_MIXED, reason, verdict, mixed), original)
+    reason = (mixed.reason(target, device, subject="the graph") if mixed is not None
+              else verdict.reason(target, device, subject="the graph"))
+    return _with(result, GraphDecision(RUNS_IN_HALF if verdict.is_half else STAYS_FLOAT32, reason, verdict, mixed),
                  original)
 
 
@@ -243,14 +247,18 @@ class _Trials:
             return None
         return profile(HALF), profile(FLOAT32)
 
-    def mixed(self, mixed_graph, best_graph) -> StepVerdict:
-        """The trial of a mixed graph (as the half body) against the better pure graph (as the float32 body)."""
+    def mixed(self, mixed_graph, best_graph) -> Timing:
+        """The best times of a mixed graph (``half``) and the better pure graph (``float32``) in their trial.
+
+        The trial is the runtime's confirmation (:func:`~amp_rewrite.tune.steps.confirmation`):
+        the mixed graph runs once untimed, then two mirrored pairs.
+        """
         runner = self.make({HALF: mixed_graph, FLOAT32: best_graph}, **self.options)
         try:
-            verdict, _ = run_trial(runner.step)
+            trial = run_calls(runner.step, steps.confirmation())
         finally:
             runner.close()
-        return verdict
+        return Timing(float32=min(trial.times[FLOAT32]), half=min(trial.times[HALF]))
 
     def close(self) -> None:
         if self._pure is not None:
@@ -259,21 +267,22 @@ class _Trials:
 
 
 def _mixed(original, result, verdict: StepVerdict, *, key: str, cache: TuneCache, trials: _Trials):
-    """The rewrite with the regions that ran slower in half kept float32, when it beat both pure graphs; else None.
+    """The verdict of a mixed graph's trial and the mixed rewrite; ``(None, None)`` where none was proposed.
 
     The regions' op times come from one profiled step of each pure graph
-    (:mod:`amp_rewrite.tune.step_regions` chooses from them); the mixed graph
-    is kept only when an interleaved trial against the better pure graph
-    finds it :data:`~amp_rewrite.tune.steps.MARGIN` faster. The profile's
-    times and the trial's are cached beside the graph's, so a second run
-    makes the same choice without running anything.
+    (:mod:`amp_rewrite.tune.step_regions` chooses from them); the mixed graph,
+    the rewrite with the regions that ran slower in half kept float32, is
+    then timed against the better pure graph, and wins only by
+    :data:`~amp_rewrite.tune.steps.MARGIN`. The profile's times and the
+    trial's are cached beside the graph's, so a second run makes the same
+    choice without running anything.
     """
     from amp_rewrite.pipeline import rewrite
     from amp_rewrite.tune import step_regions
 
     regions = step_regions.half_regions(result.graph_def, result.casts)
     if len(regions) < 2:
-        return None
+        return None, None
     region_keys = [f"{key}{step_regions.REGION_KEY}{region.digest}" for region in regions]
     totals = cache.get(key + PROFILE_KEY)
     known = [cache.get(region_key) for region_key in region_keys]
@@ -282,7 +291,7 @@ def _mixed(original, result, verdict: StepVerdict, *, key: str, cache: TuneCache
     else:
         profiles = trials.profiles()
         if profiles is None:
-            return None
+            return None, None
         half_ops, float32_ops = profiles
         names = step_regions.ExecutedNames(regions, step_regions.call_names(result.graph_def))
         times = step_regions.region_times(regions, names, half_ops, float32_ops)
@@ -293,33 +302,19 @@ def _mixed(original, result, verdict: StepVerdict, *, key: str, cache: TuneCache
     choice = step_regions.choose(times, half_total=totals.half, float32_total=totals.float32,
                                  is_half_step=verdict.is_half)
     if choice is None:
-        return None
+        return None, None
     config = result.config
     kept = choice.keep_float32(config.target, [f.signature.name for f in original.library.function])
     mixed = rewrite(original, config=dataclasses.replace(
         config, keep_float32=tuple(config.keep_float32) + tuple(sorted(kept.items()))))
-    confirmed = cache.get(key + MIXED_KEY)
-    if confirmed is not None:
-        trial = verdict_of(confirmed, is_cached=True)
-    else:
-        trial = trials.mixed(mixed.graph_def, result.graph_def if verdict.is_half else original)
-        cache.put(key + MIXED_KEY, trial.timing())
-    dropped = len(regions) - len(choice.half)
-    logger.info("tuning: a mixed step (%d of %d half regions float32) ran %.1f ms against %.1f ms", dropped,
-                len(regions), trial.half_seconds * 1e3, trial.float32_seconds * 1e3)
-    if not trial.is_half:
-        return None
-    where = f"this {config.device_type or 'CPU'}"
-    reason = (f"{dropped} of {len(regions)} half regions kept float32: the graph ran {_ms(trial.half_seconds)} "
-              f"mixed, {_ms(verdict.half_seconds)} in {config.target} and {_ms(verdict.float32_seconds)} in "
-              f"float32 on {where}" + ("; measured before, read from the cache" if trial.is_cached else ""))
-    return _with(mixed, GraphDecision(RUNS_MIXED, reason, verdict, mixed_seconds=trial.half_seconds,
-                                      regions_float32=dropped), original)
-
-
-def _ms(seconds: float) -> str:
-    milliseconds = seconds * 1000.0
-    return f"{milliseconds:.1f} ms" if milliseconds < 100 else f"{milliseconds:.0f} ms"
+    timing = cache.get(key + MIXED_KEY)
+    if timing is None:
+        timing = trials.mixed(mixed.graph_def, result.graph_def if verdict.is_half else original)
+        cache.put(key + MIXED_KEY, timing)
+    mixed_verdict = steps.mixed_verdict_of(timing, verdict, len(choice.half), len(regions))
+    logger.info("tuning: a mixed graph (%d of %d half regions half) ran %.1f ms against %.1f ms", len(choice.half),
+                len(regions), timing.half * 1e3, timing.float32 * 1e3)
+    return mixed_verdict, mixed
 
 
 def _with(result, decision: GraphDecision, original):

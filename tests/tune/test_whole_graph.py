@@ -14,7 +14,7 @@ from runners import run_cli
 from amp_rewrite.graph.facts import DT_BFLOAT16, DT_FLOAT
 from amp_rewrite.tune import whole_graph
 from amp_rewrite.tune.cache import TuneCache
-from amp_rewrite.tune.steps import FLOAT32, HALF, schedule
+from amp_rewrite.tune.steps import FLOAT32, HALF, confirmation, schedule
 from amp_rewrite.tune.whole_graph import NOT_TIMED, RUNS_IN_HALF, STAYS_FLOAT32, tuned_rewrite
 
 
@@ -255,13 +255,14 @@ class ProfilingRunner:
     """
 
     def __init__(self, mixed: float):
-        self.mixed, self.made, self.profiled = mixed, [], []
+        self.mixed, self.made, self.profiled, self.bodies = mixed, [], [], []
 
     def __call__(self, graphs, *, feeds, fetches, init_op, timer):
         self.made.append(graphs)
         return self
 
     def step(self, body):
+        self.bodies.append(body)
         if len(self.made) == 1:
             return {HALF: 4.0, FLOAT32: 3.0}[body]
         return {HALF: self.mixed, FLOAT32: 3.0}[body]
@@ -280,11 +281,13 @@ def test_a_mixed_step_that_beats_both_keeps_the_slower_region_float32_and_is_cac
     result = tuned_rewrite(gd, fetches=["out_a", "out_b"], target="bfloat16", config=amp_config(), runner=runner,
                            cache=TuneCache(tmp_path, device="CPU test", tensorflow="test"))
     assert runner.profiled == [HALF, FLOAT32] and len(runner.made) == 2
+    assert runner.bodies[len(schedule()):] == confirmation().order  # the runtime's confirming trial
     mixed_graph, best = runner.made[1][HALF], runner.made[1][FLOAT32]
     assert best == gd  # float32 was the better pure graph
     assert result.tuning.outcome == "mixed" and result.graph_def == mixed_graph
-    assert result.tuning.line("bfloat16") == ("runs mixed: 1 of 2 half regions kept float32: the graph ran 2000 ms "
-                                              "mixed, 4000 ms in bfloat16 and 3000 ms in float32 on this CPU")
+    assert result.tuning.line("bfloat16") == (
+        "runs mixed: the graph ran 2000 ms with 1 of 2 half regions in bfloat16 and 3000 ms in float32 on this CPU "
+        "(1.50x); in bfloat16 alone it ran 4000 ms")
     types = node_types(result.graph_def)
     assert (types["mm_a"], types["relu_a"], types["mm_b"], types["relu_b"]) == (
         DT_BFLOAT16, DT_BFLOAT16, DT_FLOAT, DT_FLOAT)
@@ -293,13 +296,16 @@ def test_a_mixed_step_that_beats_both_keeps_the_slower_region_float32_and_is_cac
                                                       "1000.0 ms in float32")
     feeds = {"x": rng(2).standard_normal((8, 16)).astype(np.float32)}
     assert_same_outputs_within_half(gd, result.graph_def, ["out_a", "out_b"], feeds, rtol=5e-2, atol=5e-2)
-    assert result.report()["tuning"]["mixed_seconds"] == 2.0
+    tuning = result.report()["tuning"]
+    assert (tuning["mixed_seconds"], tuning["better_pure_seconds"], tuning["half_regions"], tuning["regions"]) == (
+        2.0, 3.0, 1, 2)
 
     never = FakeRunner({})
     again = tuned_rewrite(gd, fetches=["out_a", "out_b"], target="bfloat16", config=amp_config(), runner=never,
                           cache=TuneCache(tmp_path, device="CPU test", tensorflow="test"))
     assert never.made == 0 and again.graph_def == result.graph_def
-    assert again.tuning.line("bfloat16").endswith("; measured before, read from the cache")
+    assert again.tuning.line("bfloat16").endswith("in bfloat16 alone it ran 4000 ms; measured before, read from the "
+                                                  "cache")
 
 
 def test_a_mixed_step_no_faster_than_the_better_pure_graph_is_dropped(tmp_path):
@@ -309,3 +315,6 @@ def test_a_mixed_step_no_faster_than_the_better_pure_graph_is_dropped(tmp_path):
                            cache=TuneCache(tmp_path, device="CPU test", tensorflow="test"))
     assert len(runner.made) == 2
     assert result.tuning.outcome == STAYS_FLOAT32 and result.graph_def is gd
+    assert result.tuning.line("bfloat16") == (
+        "stays float32: the graph ran 4000 ms in bfloat16 and 3000 ms in float32 on this CPU; with 1 of 2 half "
+        "regions in bfloat16 it ran 2900 ms")

@@ -10,6 +10,8 @@ installs the tracing hook and :func:`amp_rewrite.function` uses it.
   and that of a function calling swapped bodies;
 - :mod:`~amp_rewrite.runtime.tf2.step_trial`: a rewritten function's first calls alternate its half
   and float32 bodies, and the faster stays;
+- :mod:`~amp_rewrite.runtime.tf2.step_mixing`: the mixed body of a step on trial, from one profiled
+  call of each body: the regions faster in half stay half, the rest float32;
 - :mod:`~amp_rewrite.runtime.tf2.concrete`: a ConcreteFunction rewritten and reloaded;
 - :mod:`~amp_rewrite.runtime.tf2.fallback`: float32 again when no loss scale helps.
 

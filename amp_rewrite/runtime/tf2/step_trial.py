@@ -45,10 +45,11 @@ from typing import Any
 from amp_rewrite import tf_internals
 from amp_rewrite.config import Config
 from amp_rewrite.runtime.tf2.fallback import CallStep, called_name, function_name
+from amp_rewrite.runtime.tf2.step_mixing import MIXED, Mixing, Profiler, StepRegions, part_of, state_calling
 from amp_rewrite.runtime.tf2.swap_records import LOGGER_NAME, SwapRecord, SwapTable
 from amp_rewrite.tune import steps
 from amp_rewrite.tune.cache import TuneCache
-from amp_rewrite.tune.steps import FLOAT32, HALF, StepTrial, StepVerdict
+from amp_rewrite.tune.steps import FLOAT32, HALF, MixedVerdict, StepTrial, StepVerdict
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -59,18 +60,25 @@ Timer = Callable[[str, Callable[[], Any]], tuple[Any, float]]
 class StepTrialCall:
     """The ``_call_flat`` of a function on trial: runs each call in the body the schedule names, and times it.
 
+    Three phases, each on real calls: the trial of the two pure bodies; when
+    the step has half regions to choose among, one profiled call of each
+    (:mod:`~amp_rewrite.runtime.tf2.step_mixing`); when the profiles propose
+    a mixed body, the trial confirming it against the better pure one.
+
     Attributes:
         function_ref: the ConcreteFunction on trial, held weakly.
         name: its name, for the INFO line.
-        states: ``half`` and ``float32`` → the function's state running that body.
+        states: ``half``, ``float32`` (and once built, ``mixed``) → the function's state running that body.
         trial: the schedule, times and verdict (:class:`~amp_rewrite.tune.steps.StepTrial`).
         on_verdict: called once with the function and the verdict, after the state is kept.
         then: the floor watch that takes the trial's place when half wins; None: nothing.
         timer: runs one call of a body and says how long it took (:data:`Timer`).
+        mixing: what profiles the pure bodies and makes the mixed one; None: the pure verdict is final.
     """
 
     def __init__(self, concrete_function, name: str, states: dict[str, dict], *,
-                 on_verdict: Callable[[Any, StepVerdict], None], then: CallStep | None, timer: Timer):
+                 on_verdict: Callable[[Any, Any], None], then: CallStep | None, timer: Timer,
+                 mixing: Mixing | None = None):
         self.function_ref = weakref.ref(concrete_function)
         self.name = name
         self.states = states
@@ -78,6 +86,10 @@ class StepTrialCall:
         self.on_verdict = on_verdict
         self.then = then
         self.timer = timer
+        self.mixing = mixing
+        self.verdict: StepVerdict | None = None
+        self.profiles: dict[str, dict[str, float]] = {}
+        self.confirmation: StepTrial | None = None
 
     # The first-call guard runs the first call itself (a half one) and hands its bookkeeping here.
 
@@ -96,26 +108,76 @@ class StepTrialCall:
         cf: Any = self.function_ref()
         if not tf.executing_eagerly():
             return tf_internals.call_concrete_function(cf, tensor_inputs, captured_inputs)  # builds a call
-        body = self.trial.next_body()
+        body = self.next_body()
         self._use(cf, body)
         start = self.before_call(cf)
-        outputs, seconds = self.timer(body, lambda: tf_internals.call_concrete_function(cf, tensor_inputs,
-                                                                                        captured_inputs))
+
+        def call():
+            return tf_internals.call_concrete_function(cf, tensor_inputs, captured_inputs)
+
+        seconds: Any
+        if self.verdict is not None and self.confirmation is None:
+            assert self.mixing is not None
+            outputs, seconds = self.mixing.profiler(body, call)  # op seconds per node, or None
+        else:
+            outputs, seconds = self.timer(body, call)
         if self.then is not None:
             self.then.after_call(cf, start)
         if self.is_on_trial(cf):  # a fallback during the call ends the trial
+            self._record(cf, body, seconds)
+        return outputs
+
+    def next_body(self) -> str:
+        """The body the next call runs: the trial's, then each pure one profiled, then the confirmation's."""
+        if self.verdict is None:
+            return self.trial.next_body()
+        if self.confirmation is None:
+            return HALF if HALF not in self.profiles else FLOAT32
+        return MIXED if self.confirmation.next_body() == HALF else self._better_pure()
+
+    def _record(self, cf, body: str, seconds) -> None:
+        if self.verdict is None:
             self.trial.record(body, seconds)
             verdict = self.trial.verdict()
-            if verdict is not None:
+            if verdict is None:
+                return
+            self.verdict = verdict
+            if self.mixing is None or not self.mixing.can_mix():
                 self.settle(cf, verdict)
-        return outputs
+        elif self.confirmation is None:
+            if seconds is None:  # no profile: the pure verdict stands
+                self.settle(cf, self.verdict)
+                return
+            self.profiles[body] = seconds
+            if len(self.profiles) == 2:
+                self._propose(cf)
+        else:
+            self.confirmation.record(HALF if body == MIXED else FLOAT32, seconds)
+            timing = self.confirmation.verdict()
+            if timing is not None:
+                assert self.mixing is not None
+                self.settle(cf, self.mixing.verdict(self.verdict, timing.timing()))
+
+    def _propose(self, cf) -> None:
+        """The profiles' proposal: a mixed body to confirm, or the pure verdict for good."""
+        assert self.verdict is not None and self.mixing is not None
+        state = self.mixing.propose(cf, self.states, self.verdict, self.profiles[HALF], self.profiles[FLOAT32])
+        if state is None:
+            self.settle(cf, self.verdict)
+            return
+        self.states[MIXED] = state
+        self.confirmation = steps.confirmation()
+
+    def _better_pure(self) -> str:
+        return HALF if self.verdict is not None and self.verdict.is_half else FLOAT32
 
     def is_on_trial(self, concrete_function) -> bool:
         return tf_internals.call_override(concrete_function) is self
 
-    def settle(self, concrete_function, verdict: StepVerdict) -> None:
+    def settle(self, concrete_function, verdict) -> None:
         """Keeps the body the verdict chose, with the floor watch after a half one; then ``on_verdict``."""
-        body = HALF if verdict.is_half else FLOAT32
+        mixed = getattr(verdict, "is_mixed", False)
+        body = MIXED if mixed else HALF if verdict.is_half else FLOAT32
         tf_internals.set_concrete_function_state(concrete_function, self.states[body])
         if verdict.is_half and self.then is not None:
             tf_internals.override_call(concrete_function, self.then)
@@ -133,18 +195,24 @@ class StepTrials:
         config: returns the rewrite configuration (read at first use: the target chosen, the device type).
         cache_dir: where the tuning cache lives (None: the user's cache directory).
         timer: runs one call of a body and times it (:data:`Timer`; tests give their own).
-        decisions: each function decided in this process, oldest first: its name, verdict, and the
+        profiler: runs one call of a body profiled (:data:`~amp_rewrite.runtime.tf2.step_mixing.Profiler`;
+            tests give their own); None: no step is profiled, and pure verdicts are final.
+        decisions: each function decided in this process, oldest first: its name, verdict (a
+            :class:`~amp_rewrite.tune.steps.MixedVerdict` for a step that tried a mixed body), and the
             function (held weakly).
         trials: the trials made, held weakly (a settled one goes with its function's reference to it).
     """
 
     def __init__(self, swapped: SwapTable, *, config: Callable[[], Config], cache_dir: str | None = None,
                  timer: Timer | None = None):
+        from amp_rewrite.runtime.tf2.step_mixing import profile_body
+
         self.swapped = swapped
         self.config = config
         self.cache_dir = cache_dir
         self.timer = timer or self.time_call
-        self.decisions: list[tuple[str, StepVerdict, weakref.ref]] = []
+        self.profiler: Profiler | None = profile_body
+        self.decisions: list[tuple[str, StepVerdict | MixedVerdict, weakref.ref]] = []
         self.trials: weakref.WeakSet[StepTrialCall] = weakref.WeakSet()
         self._cache: TuneCache | None = None
         # traced body (an AtomicFunction) → its step key: a large step's key costs a tenth of a second
@@ -171,11 +239,48 @@ class StepTrials:
         return self._cache
 
     def cached_verdict(self, concrete_function) -> StepVerdict | None:
-        """The verdict an earlier trial of this just-traced function's step left (said in one line), or None."""
-        verdict = self._cached(self._key(tf_internals.concrete_function_state(concrete_function)))
-        if verdict is not None:
+        """The verdict an earlier trial of this just-traced function's step left, or None.
+
+        Said in one line, unless that trial kept a mixed body
+        (:meth:`was_mixed`): :meth:`keep_mixed` says that one.
+        """
+        key = self._key(tf_internals.concrete_function_state(concrete_function))
+        verdict = self._cached(key)
+        if verdict is not None and not self._was_mixed(key):
             self._say(function_name(concrete_function), verdict, concrete_function)
         return verdict
+
+    def was_mixed(self, concrete_function) -> bool:
+        """Whether an earlier trial of this just-traced function's step kept a mixed body."""
+        return self._was_mixed(self._key(tf_internals.concrete_function_state(concrete_function)))
+
+    def keep_mixed(self, concrete_function, verdict: StepVerdict) -> None:
+        """Runs a just-traced function (swapped, or calling swapped bodies) in the mixed body an earlier
+        trial kept, rebuilt from the cached region times; where that fails, as ``verdict`` says."""
+        name = function_name(concrete_function)
+        record = self.swapped.record_of(concrete_function)
+        traced = record.traced_state if record is not None else tf_internals.concrete_function_state(concrete_function)
+        key = self._key(traced)
+        try:
+            regions = self._regions(record, traced)
+            found = regions.mixed_from_cache(self.cache, key, is_half_step=verdict.is_half)
+            if found is None:
+                raise ValueError("the cache holds no times of these regions")
+            choice, timing = found
+            state = regions.mixed_state(concrete_function, traced, choice)
+        except Exception as exc:  # noqa: BLE001 - the pure verdict stands
+            logger.debug("amp-rewrite: tf.function %s: the mixed body was not rebuilt: %s", name, exc)
+            if not verdict.is_half:
+                self.swapped.restore(concrete_function)
+                self.keep_float32(concrete_function)
+            self._say(name, verdict, concrete_function)
+            return
+        call = tf_internals.call_override(concrete_function)
+        tf_internals.set_concrete_function_state(concrete_function, state)
+        if call is not None:
+            tf_internals.override_call(concrete_function, call)
+        mixed = steps.mixed_verdict_of(timing, verdict, len(choice.half), len(choice.times))
+        self._say(name, mixed, concrete_function)
 
     def keep_float32(self, concrete_function) -> None:
         """Runs a just-traced function in float32 without a rewrite: as traced, its calls of swapped bodies
@@ -197,7 +302,7 @@ class StepTrials:
         states = {HALF: tf_internals.concrete_function_state(concrete_function),
                   FLOAT32: self._float32_state(concrete_function, traced)}
         return self._trial(concrete_function, record.report.name, states, self._key(traced), then,
-                           on_float32=self.swapped.restore)
+                           on_float32=self.swapped.restore, record=record)
 
     def for_caller(self, concrete_function, then: CallStep | None = None):
         """What runs a function whose graph calls swapped bodies after its first call: a trial, or ``then``."""
@@ -210,37 +315,40 @@ class StepTrials:
 
     # --- the trial --------------------------------------------------------
 
-    def _trial(self, concrete_function, name: str, states: dict, key: str, then, *, on_float32) -> StepTrialCall:
-        def on_verdict(cf, verdict: StepVerdict) -> None:
+    def _trial(self, concrete_function, name: str, states: dict, key: str, then, *, on_float32,
+               record: SwapRecord | None = None) -> StepTrialCall:
+        def on_verdict(cf, verdict: StepVerdict | MixedVerdict) -> None:
             if not verdict.is_half:
                 on_float32(cf)
-            self._remember(key, verdict)
+            self._remember(key, verdict.pure if isinstance(verdict, MixedVerdict) else verdict)
             self._say(name, verdict, cf)
 
+        mixing = None
+        if self.profiler is not None:
+            traced = record.traced_state if record is not None else states[HALF]
+            mixing = Mixing(lambda: self._regions(record, traced), cache=lambda: self.cache,
+                            key=key, profiler=lambda body, call: self.profiler(body, call),  # type: ignore[misc]
+                            traced_state=traced)
         trial = StepTrialCall(concrete_function, name, states, on_verdict=on_verdict, then=then,
-                              timer=lambda body, call: self.timer(body, call))
+                              timer=lambda body, call: self.timer(body, call), mixing=mixing)
         self.trials.add(trial)
         return trial
 
+    def _regions(self, record: SwapRecord | None, traced: dict) -> StepRegions:
+        """The half regions of the step: its own rewrite's (``record``), or those of the swapped bodies it calls."""
+        if record is not None:
+            parts = [part_of(record)]
+        else:
+            called = set(tf_internals.graph_functions(tf_internals.graph_in_state(traced)))
+            parts = [part_of(callee_record, callee) for callee, callee_record in list(self.swapped.items())
+                     if called_name(callee) in called]
+        return StepRegions.of(parts, tf_internals.graph_in_state(traced), self.target)
+
     def _float32_state(self, concrete_function, traced_state: dict) -> dict:
         """The traced state, with the calls of swapped bodies sent to their traced ones where it makes any."""
-        from amp_rewrite.runtime.tf2.concrete import reload_calling
-
         replacements = {name: record.traced_state["_inference_function"]
                         for name, record in self._swapped_callees(traced_state).items()}
-        if not replacements:
-            return traced_state
-        current = tf_internals.concrete_function_state(concrete_function)
-        tf_internals.set_concrete_function_state(concrete_function, traced_state)
-        try:
-            new = reload_calling(concrete_function, replacements)
-        finally:
-            tf_internals.set_concrete_function_state(concrete_function, current)
-        if new is None:
-            return traced_state
-        new_state = tf_internals.concrete_function_state(new)
-        tf_internals.take_over_graph_collection(new_state)
-        return {**traced_state, **tf_internals.runnable_state(new_state, inference_only=False)}
+        return state_calling(concrete_function, traced_state, replacements)
 
     def _swapped_callees(self, state: dict) -> dict[str, SwapRecord]:
         """The swapped bodies the graph of ``state`` calls: the name its calls give → the callee's record."""
@@ -277,14 +385,21 @@ class StepTrials:
         timing = self.cache.get(key)
         return steps.verdict_of(timing, is_cached=True) if timing is not None else None
 
+    def _was_mixed(self, key: str) -> bool:
+        timing = self.cache.get(key + steps.MIXED_KEY)
+        return timing is not None and timing.half <= (1.0 - steps.MARGIN) * timing.float32
+
     def _remember(self, key: str, verdict: StepVerdict) -> None:
         self.cache.put(key, verdict.timing())
         self.cache.save()
 
-    def _say(self, name: str, verdict: StepVerdict, concrete_function) -> None:
+    def _say(self, name: str, verdict: StepVerdict | MixedVerdict, concrete_function) -> None:
         self.decisions.append((name, verdict, weakref.ref(concrete_function)))
         reason = verdict.reason(self.target, self.device_type)
-        if verdict.is_half:
+        if isinstance(verdict, MixedVerdict) and verdict.is_mixed:
+            logger.info("amp-rewrite: tf.function %s runs %d of %d half regions in %s: %s", name,
+                        verdict.half_regions, verdict.regions, self.target, reason)
+        elif verdict.is_half:
             logger.info("amp-rewrite: tf.function %s runs in %s: %s", name, self.target, reason)
         else:
             logger.info("amp-rewrite: tf.function %s stays float32: %s", name, reason)

@@ -232,7 +232,8 @@ class TracingHook:
             calls_guarded = self.fallback.note_guarded_calls(concrete_function)
             trials = self.trials if not is_explicit else None
             verdict = trials.cached_verdict(concrete_function) if trials is not None else None
-            if trials is not None and verdict is not None and not verdict.is_half:
+            was_mixed = trials is not None and verdict is not None and trials.was_mixed(concrete_function)
+            if trials is not None and verdict is not None and not verdict.is_half and not was_mixed:
                 trials.keep_float32(concrete_function)  # decided before: no rewrite, no trial
                 return
             is_timed = trials is not None and verdict is None
@@ -246,6 +247,9 @@ class TracingHook:
                 logger.warning("amp-rewrite: tf.function %s runs in float32: rewrite failed: %s", name, reason)
             if concrete_function not in self.swapped:
                 self._watch_as_traced(concrete_function, calls_guarded=calls_guarded, is_timed=is_timed)
+            if was_mixed:
+                assert trials is not None and verdict is not None
+                trials.keep_mixed(concrete_function, verdict)  # decided before: the mixed body, no trial
             if self.profiles is not None and concrete_function not in self.swapped:
                 self.profiles.watch_if_caller(concrete_function)
 

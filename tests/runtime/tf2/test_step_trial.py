@@ -180,15 +180,19 @@ def test_keras3_fit_keeps_the_verdict_of_its_train_function(amp_runtime, tmp_pat
 
 
 def test_a_step_too_small_for_half_to_win_runs_float32_after_its_trial(amp_runtime, tmp_path, capfd, caplog):
-    """The real clock: a Dense of 4 by 3 costs its Casts in half and saves nothing."""
+    """The real clock: a Dense of 20000 by 3 casts a wide input and gradient for a tiny product in half.
+
+    Casting the batch's 160,000 inputs costs more than the product they
+    feed, on any CPU: half loses by far more than a loaded machine's noise.
+    """
     import keras
 
     amp_runtime(RuntimeSettings(target="bfloat16", is_timing_steps=True, tune_cache_dir=str(tmp_path),
                                 profile_after=steps.CALLS + 2))
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+    model = keras.Sequential([keras.Input((20000,)), keras.layers.Dense(3)])
     model.compile(optimizer="sgd", loss="mse")
-    x = np.ones((8 * (steps.CALLS + 4), 4), np.float32)
+    x = np.ones((8 * (steps.CALLS + 6), 20000), np.float32)
     with caplog.at_level(logging.INFO, TRACING_LOGGER):
         model.fit(x, np.zeros((len(x), 3), np.float32), batch_size=8, epochs=1, verbose=0)
     decided = [line for line in lines(caplog) if "stays float32: the step ran" in line]

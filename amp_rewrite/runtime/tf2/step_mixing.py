@@ -1,0 +1,300 @@
+"""The mixed body of a step on trial: its half regions that ran faster in half stay half, the rest float32.
+
+After a step trial's verdict (:mod:`~amp_rewrite.runtime.tf2.step_trial`),
+one real call of the half body and one of the float32 body run under
+TensorFlow's profiler. :class:`StepRegions` holds the half regions of every
+rewritten body the step runs (the function's own rewrite, or for a function
+calling rewritten bodies, theirs: Keras 3's train function calls its
+one-step function) and reads their op times off the two profiles
+(:mod:`amp_rewrite.tune.step_regions`). Where those times propose a mixed
+step, it rewrites the bodies again with the losing regions kept float32
+(``Config.keep_float32``), and builds the function's mixed state: for the
+function itself, its traced state running the mixed body; for a caller,
+its traced graph loaded again with the calls of the changed bodies sent to
+their mixed ones. The trial then times the mixed step against the better
+pure one before it keeps it.
+
+Every region's two op times, the profiled steps' totals and the confirming
+trial's best times go into the tuning cache under the step's key, so a
+later run rebuilds the same mixed body from the same rewrite without
+measuring (:meth:`StepRegions.mixed_from_cache`).
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from amp_rewrite import tf_internals
+from amp_rewrite.runtime.tf2.fallback import called_name
+from amp_rewrite.runtime.tf2.swap_records import LOGGER_NAME, SwapRecord
+from amp_rewrite.tune import step_regions, steps
+from amp_rewrite.tune.cache import Timing, TuneCache
+from amp_rewrite.tune.step_regions import ExecutedNames, Region, RegionChoice, RegionTimes
+
+logger = logging.getLogger(LOGGER_NAME)
+
+MIXED = "mixed"
+#: ``(body, call)`` → ``(outputs, op seconds per executed node, or None when no profile was taken)``.
+Profiler = Callable[[str, Callable[[], Any]], tuple[Any, "dict[str, float] | None"]]
+
+
+@dataclass(frozen=True)
+class RegionPart:
+    """The regions one rewritten body gives a step.
+
+    Attributes:
+        callee: the swapped function whose body it is, held weakly; None: the function on trial itself.
+        record: that function's swap record (its traced state and its rewrite).
+        regions: the half regions of its rewrite.
+        originals: the names of the functions its rewrite read (``keep_float32`` names functions by them).
+    """
+
+    callee: weakref.ref | None
+    record: SwapRecord
+    regions: tuple[Region, ...]
+    originals: frozenset[str]
+
+
+def part_of(record: SwapRecord, callee=None) -> RegionPart:
+    """The :class:`RegionPart` of a swapped function (``callee``, or the function on trial when None)."""
+    result = record.rewritten.result  # type: ignore[attr-defined]
+    regions = step_regions.half_regions(result.graph_def, result.casts)
+    traced_graph = tf_internals.graph_in_state(record.traced_state)
+    originals = set(tf_internals.graph_functions(traced_graph)) if traced_graph is not None else set()
+    originals.add(_text(record.traced_state["_inference_function"].name))
+    return RegionPart(weakref.ref(callee) if callee is not None else None, record, tuple(regions),
+                      frozenset(originals))
+
+
+class StepRegions:
+    """The half regions of one step across the rewritten bodies it runs, and the mixed body they propose.
+
+    Args:
+        parts: each rewritten body's :class:`RegionPart`.
+        call_names: the call nodes' names the profiler puts before an inlined node's name.
+        target: the half type, for the reasons.
+    """
+
+    def __init__(self, parts: list[RegionPart], call_names: set[str], target: str):
+        self.parts = parts
+        self.target = target
+        self.regions = [region for part in parts for region in part.regions]
+        self.names = ExecutedNames(self.regions, call_names)
+
+    @classmethod
+    def of(cls, parts: list[RegionPart], graph, target: str) -> StepRegions:
+        """The regions of ``parts``, in a step whose function graph is ``graph`` (it names the outer calls)."""
+        calls: set[str] = set()
+        for part in parts:
+            calls |= step_regions.call_names(part.record.rewritten.result.graph_def)  # type: ignore[attr-defined]
+        if graph is not None:
+            calls |= {op.name for op in graph.get_operations() if op.type in _CALL_OPS}
+        return cls(parts, calls, target)
+
+    @property
+    def can_mix(self) -> bool:
+        """Whether a mixed body could differ from both pure ones (two regions at least)."""
+        return len(self.regions) >= 2
+
+    def propose(self, half_ops: Mapping[str, float], float32_ops: Mapping[str, float], *, is_half_step: bool
+                ) -> tuple[list[RegionTimes], RegionChoice | None]:
+        """Each region's op times in the two profiles, and the mixed step they propose (or None)."""
+        times = step_regions.region_times(self.regions, self.names, half_ops, float32_ops)
+        choice = step_regions.choose(times, half_total=sum(half_ops.values()),
+                                     float32_total=sum(float32_ops.values()), is_half_step=is_half_step)
+        return times, choice
+
+    def remember(self, cache: TuneCache, key: str, times: list[RegionTimes], totals: Timing) -> None:
+        """Puts each region's op times and the two profiles' totals in ``cache`` under the step's ``key``."""
+        cache.put(key + steps.PROFILE_KEY, totals)
+        for region_times in times:
+            cache.put(region_key(key, region_times.region), Timing(float32=region_times.float32,
+                                                                   half=region_times.half))
+
+    def mixed_from_cache(self, cache: TuneCache, key: str, *, is_half_step: bool
+                         ) -> tuple[RegionChoice, Timing] | None:
+        """The mixed step an earlier run chose and confirmed for this step (its choice and trial), or None."""
+        confirmed = cache.get(key + steps.MIXED_KEY)
+        totals = cache.get(key + steps.PROFILE_KEY)
+        if confirmed is None or totals is None:
+            return None
+        times = []
+        for region in self.regions:
+            timing = cache.get(region_key(key, region))
+            if timing is None:
+                return None  # another rewrite than the one measured: measure again
+            times.append(RegionTimes(region, half=timing.half, float32=timing.float32))
+        half = step_regions.kept_half(times, is_half_step=is_half_step)
+        predicted = totals.half - sum(t.half - t.float32 for i, t in enumerate(times) if i not in half)
+        return RegionChoice(tuple(times), half, predicted, totals.half, totals.float32), confirmed
+
+    def mixed_state(self, concrete_function, traced_state: dict, choice: RegionChoice) -> dict:
+        """The state of ``concrete_function`` running the mixed body ``choice`` describes.
+
+        Args:
+            concrete_function: the function on trial.
+            traced_state: its traced state (for a caller, the one calling the half bodies).
+            choice: the regions kept half; the others are rewritten float32.
+        """
+        keep = self._keep_sets(choice)
+        own = [part for part in self.parts if part.callee is None]
+        if own:
+            rewritten = _rewrite_keeping(concrete_function, own[0].record, keep[0])
+            return {**own[0].record.traced_state, **_runnable(rewritten)}
+        replacements = {}
+        for part, kept in zip(self.parts, keep):
+            callee = part.callee() if part.callee is not None else None
+            if not kept or callee is None:
+                continue
+            rewritten = _rewrite_keeping(callee, part.record, kept)
+            replacements[called_name(callee)] = _runnable(rewritten)["_inference_function"]
+        return state_calling(concrete_function, traced_state, replacements)
+
+    def _keep_sets(self, choice: RegionChoice) -> list[dict[str, str]]:
+        """Per part, the nodes its rewrite keeps float32 in the mixed body."""
+        keep: list[dict[str, str]] = []
+        start = 0
+        for part in self.parts:
+            count = len(part.regions)
+            sub = RegionChoice(choice.times[start:start + count],
+                               frozenset(i - start for i in choice.half if start <= i < start + count),
+                               choice.predicted, choice.half_total, choice.float32_total)
+            keep.append(sub.keep_float32(self.target, part.originals))
+            start += count
+        return keep
+
+
+class Mixing:
+    """One trial's mixing: profiles the pure bodies, proposes and builds the mixed one, and judges it.
+
+    Args:
+        regions: makes the step's :class:`StepRegions` (at first use: a step whose pure verdict is
+            final never needs them).
+        cache: the tuning cache, where the region times and the confirming trial go.
+        key: the step's key in it.
+        profiler: runs one call profiled (:data:`Profiler`).
+        traced_state: the state the mixed body is built from (for a caller: its graph calling half bodies).
+    """
+
+    def __init__(self, regions: Callable[[], StepRegions], *, cache: Callable[[], TuneCache], key: str,
+                 profiler: Profiler, traced_state: dict):
+        self._regions_of = regions
+        self._regions: StepRegions | None = None
+        self.cache = cache
+        self.key = key
+        self.profiler = profiler
+        self.traced_state = traced_state
+        self.choice: RegionChoice | None = None
+
+    @property
+    def regions(self) -> StepRegions:
+        if self._regions is None:
+            self._regions = self._regions_of()
+        return self._regions
+
+    def can_mix(self) -> bool:
+        """Whether the step has regions to choose among (else its pure verdict is final)."""
+        try:
+            return self.regions.can_mix
+        except Exception as exc:  # noqa: BLE001 - the pure verdict stands
+            logger.debug("amp-rewrite: the step's half regions could not be read: %s", exc)
+            return False
+
+    def propose(self, concrete_function, states: dict, verdict: steps.StepVerdict, half_ops: dict[str, float],
+                float32_ops: dict[str, float]) -> dict | None:
+        """The mixed body's state where the profiles propose one (its times cached either way), else None."""
+        regions = self.regions
+        times, choice = regions.propose(half_ops, float32_ops, is_half_step=verdict.is_half)
+        cache = self.cache()
+        regions.remember(cache, self.key, times, Timing(float32=sum(float32_ops.values()),
+                                                        half=sum(half_ops.values())))
+        cache.save()
+        if choice is None:
+            return None
+        try:
+            state = regions.mixed_state(concrete_function, self.traced_state, choice)
+        except Exception as exc:  # noqa: BLE001 - the pure verdict stands
+            logger.debug("amp-rewrite: the mixed body could not be built: %s", exc)
+            return None
+        self.choice = choice
+        return state
+
+    def verdict(self, pure: steps.StepVerdict, timing: Timing) -> steps.MixedVerdict:
+        """The confirming trial's verdict (cached): the mixed body against the better pure one."""
+        assert self.choice is not None
+        verdict = steps.mixed_verdict_of(timing, pure, len(self.choice.half), len(self.choice.times))
+        cache = self.cache()
+        cache.put(self.key + steps.MIXED_KEY, timing)
+        cache.save()
+        return verdict
+
+
+def region_key(key: str, region: Region) -> str:
+    """The cache key of a region's two op times in the step whose key is ``key``."""
+    return f"{key}{step_regions.REGION_KEY}{region.digest}"
+
+
+def state_calling(concrete_function, traced_state: dict, replacements: Mapping[str, Any]) -> dict:
+    """``traced_state`` with its graph's calls of some functions sent to others (itself where it calls none).
+
+    Args:
+        concrete_function: the function whose state it is (its state is put back after).
+        traced_state: the state to load again.
+        replacements: the name a call gives → the function object to call instead.
+    """
+    from amp_rewrite.runtime.tf2.concrete import reload_calling
+
+    if not replacements:
+        return traced_state
+    current = tf_internals.concrete_function_state(concrete_function)
+    tf_internals.set_concrete_function_state(concrete_function, traced_state)
+    try:
+        new = reload_calling(concrete_function, replacements)
+    finally:
+        tf_internals.set_concrete_function_state(concrete_function, current)
+    if new is None:
+        return traced_state
+    new_state = tf_internals.concrete_function_state(new)
+    tf_internals.take_over_graph_collection(new_state)
+    return {**traced_state, **tf_internals.runnable_state(new_state, inference_only=False)}
+
+
+def _rewrite_keeping(concrete_function, record: SwapRecord, keep: Mapping[str, str]):
+    """``concrete_function``'s traced body rewritten again as its record's rewrite was, ``keep`` kept float32."""
+    from amp_rewrite.runtime.tf2 import concrete
+
+    config = record.rewritten.result.config  # type: ignore[attr-defined]
+    config = replace(config, keep_float32=(*config.keep_float32, *sorted(keep.items())))
+    current = tf_internals.concrete_function_state(concrete_function)
+    tf_internals.set_concrete_function_state(concrete_function, record.traced_state)
+    try:
+        rewritten = concrete.rewrite_concrete(concrete_function, config)
+    finally:
+        tf_internals.set_concrete_function_state(concrete_function, current)
+    if rewritten.concrete_function is None:
+        raise ValueError("the mixed rewrite changed nothing")
+    return rewritten
+
+
+def _runnable(rewritten) -> dict:
+    state = tf_internals.concrete_function_state(rewritten.concrete_function)
+    tf_internals.take_over_graph_collection(state)
+    return tf_internals.runnable_state(state, inference_only=rewritten.has_custom_gradients)
+
+
+def profile_body(body: str, call: Callable[[], Any]) -> tuple[Any, dict[str, float] | None]:
+    """Runs one call under TensorFlow's profiler (:func:`amp_rewrite.runtime.profile.traced_op_seconds`)."""
+    from amp_rewrite.runtime.profile import traced_op_seconds
+
+    return traced_op_seconds(call)
+
+
+_CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
+
+
+def _text(name) -> str:
+    return name.decode() if isinstance(name, bytes) else str(name)
