@@ -10,7 +10,8 @@ optimizers and Keras ``compile`` scale the loss. :func:`function` is a
 the installed distribution's version (``amp-rewrite --version`` prints it).
 
 Beside those: :func:`validated_rewrite` checks a rewrite against float32 on
-sample inputs; :func:`diagnose` and :func:`render_lines` say why a rewritten
+sample inputs; :func:`tuned_rewrite` keeps a rewrite only where it ran
+faster than float32 here (``--tune``); :func:`diagnose` and :func:`render_lines` say why a rewritten
 graph may not run faster, and :func:`measure_speedup` times both graphs;
 :func:`disagreements` checks each node's reported reason against its dtype;
 :func:`default_device_type` is the device type rewrites target when none is
@@ -55,6 +56,7 @@ _LAZY = {
     "diagnose": "amp_rewrite.report.doctor",
     "render_lines": "amp_rewrite.report.doctor",
     "measure_speedup": "amp_rewrite.report.measure",
+    "tuned_rewrite": "amp_rewrite.tune.whole_graph",
     "disagreements": "amp_rewrite.paint.explain",
     "default_device_type": "amp_rewrite.graph.op_registry",
     "current_runtime": "amp_rewrite.runtime",
@@ -132,5 +134,6 @@ __all__ = [
     "rewrite_concrete_function",
     "rewrite_saved_model",
     "target_choice",
+    "tuned_rewrite",
     "validated_rewrite",
 ]

@@ -53,15 +53,12 @@ class Config:
         keep_float32_patterns: regular expressions; a node whose name (``function::node``
             inside a function) contains a match stays float32, like a preserved
             node (see :mod:`amp_rewrite.paint.keep_patterns`).
-        is_tuning: time each heavy op in float32 and in the target on this
-            machine and keep it float32 where half is not faster
-            (:mod:`amp_rewrite.tune.tuner`). Off by default: the output then
-            depends only on the graph and the lists.
-        tune_budget_seconds: the time one graph may spend measuring.
-        tune_cache_dir: where timings are kept; None for
-            :func:`amp_rewrite.tune.cache.default_cache_dir`.
-        tune_batch: the size an unknown first dimension of the graph's inputs
-            is timed at; 0 leaves such ops to the lists.
+        tune_cache_dir: where measured step times are kept (``--tune``,
+            :func:`amp_rewrite.tuned_rewrite`); None for
+            :func:`amp_rewrite.tune.cache.default_cache_dir`. The rewrite itself
+            measures nothing: its output depends only on the graph and the lists.
+        tune_batch: with ``--tune`` and random inputs, the size of an unknown
+            placeholder dimension; 0 leaves a graph with one to the lists.
         opaque_functions: (function name, reason) pairs: library functions
             left as they are; every call of one is opaque (the runtime's
             XLA-compiled functions on a CPU).
@@ -82,8 +79,6 @@ class Config:
     release: tuple[str, ...] = ()
     fixed_signatures: tuple[str, ...] = ()
     keep_float32_patterns: tuple[str, ...] = ()
-    is_tuning: bool = False
-    tune_budget_seconds: float = 30.0
     tune_cache_dir: str | None = None
     tune_batch: int = 32
     opaque_functions: tuple[tuple[str, str], ...] = ()
@@ -104,8 +99,6 @@ class Config:
             raise UsageError("level UNSAFE_FORCE_ALL is only available for float16")
         if not (isinstance(self.tune_batch, int) and 0 <= self.tune_batch <= 1 << 20):
             raise UsageError(f"tuning batch {self.tune_batch!r}: must be an integer from 0 to {1 << 20}")
-        if not self.tune_budget_seconds >= 0:
-            raise UsageError(f"tuning budget {self.tune_budget_seconds!r}: must be a number of seconds >= 0")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **fields) -> Config:

@@ -115,6 +115,10 @@ class RewriteResult:
         seconds: wall time of the rewrite.
         applied: what changed, by the report's names (:class:`AppliedNames`).
         unmatched_patterns: the config's keep-float32 patterns that matched no node.
+        tuning: with ``--tune`` (:func:`amp_rewrite.tune.whole_graph.decide`), what
+            timing both graphs decided (a ``GraphDecision``); when float32
+            stays, ``graph_def`` is the float32 graph and the other fields
+            describe the rewrite that was timed. None without tuning.
     """
 
     graph_def: Any
@@ -128,6 +132,7 @@ class RewriteResult:
     validation: Any = None
     step_seconds: dict[str, float] = field(default_factory=dict, repr=False)
     unmatched_patterns: tuple[str, ...] = ()
+    tuning: Any = None
 
     @cached_property
     def node_outcomes(self) -> dict[str, dict]:
@@ -159,6 +164,8 @@ class RewriteResult:
         """
         line = (f"converted {len(self.converted)}/{self.nodes_total} nodes to {self.config.target}, "
                 f"{len(self.casts)} casts")
+        if self.tuning is not None and self.tuning.outcome == "float32":  # the float32 graph was kept
+            return f"{self.tuning.line(self.config.target)}; the {self.config.target} rewrite timed {line}"
         if with_flops:
             share = self.half_flop_share
             line += (", MatMul/Conv FLOPs unknown (no static shapes)" if share is None
@@ -167,6 +174,8 @@ class RewriteResult:
             v = self.validation
             line += (f"; validated in {v.runs} runs, {len(v.range_kept)} nodes kept for range, "
                      f"{len(v.regions_returned)} of {v.regions_total} half regions returned to float32")
+        if self.tuning is not None:
+            line += f"; the graph {self.tuning.line(self.config.target)}"
         return line
 
     def report(self) -> dict:
@@ -187,11 +196,12 @@ class RewriteResult:
             "seconds": round(self.seconds, 6),
             "nodes": self.node_outcomes,
             **({"validation": self.validation.as_dict()} if self.validation is not None else {}),
+            **({"tuning": self.tuning.as_dict(self.config.target)} if self.tuning is not None else {}),
         }
 
 
 def rewrite(graph_def, *, fetches=None, target: str | None = None,
-            config: Config | None = None, in_place: bool = False, tuner=None) -> RewriteResult:
+            config: Config | None = None, in_place: bool = False) -> RewriteResult:
     """Rewrites a float32 GraphDef to mixed precision.
 
     Args:
@@ -209,10 +219,6 @@ def rewrite(graph_def, *, fetches=None, target: str | None = None,
             still made when ``config.dump_dir`` or the self-checks need the
             original.)
 
-        tuner: the :class:`amp_rewrite.tune.tuner.Tuner` to consult instead of the
-            one ``config.is_tuning`` builds (which measures on this machine);
-            with either, heavy ops measured no faster in half stay float32.
-
     Returns:
         A :class:`RewriteResult` with the new GraphDef and the report.
 
@@ -222,8 +228,7 @@ def rewrite(graph_def, *, fetches=None, target: str | None = None,
         ListError: the op lists are inconsistent.
     """
     with _collector_paused():
-        return _rewrite(graph_def, fetches=fetches, target=target, config=config, in_place=in_place,
-                        tuner=tuner)
+        return _rewrite(graph_def, fetches=fetches, target=target, config=config, in_place=in_place)
 
 
 @contextmanager
@@ -243,7 +248,7 @@ def _collector_paused():
             gc.enable()
 
 
-def _rewrite(graph_def, *, fetches, target, config, in_place, tuner) -> RewriteResult:
+def _rewrite(graph_def, *, fetches, target, config, in_place) -> RewriteResult:
     start = time.perf_counter()
     config = _effective_config(config, fetches=fetches, target=target)
     lists = load_lists(config.target, lists_dir=config.lists_dir, edits=config.list_edits, level=config.level)
@@ -256,7 +261,7 @@ def _rewrite(graph_def, *, fetches, target, config, in_place, tuner) -> RewriteR
     graph = TypedGraph(work, OpRegistry(work.library), opaque_functions=dict(config.opaque_functions))
     lap("typed view")
     kept, unmatched = _match_keep_patterns(graph, config)
-    ctx = _paint_context(graph, lists, config, preserved=preserved, kept_by_pattern=kept, tuner=tuner)
+    ctx = _paint_context(graph, lists, config, preserved=preserved, kept_by_pattern=kept)
     painting = paint(ctx)
     lap("painting")
     restore_unconverted_batch_norms(graph, painting, promoted)
@@ -308,17 +313,13 @@ def _match_keep_patterns(graph: TypedGraph, config: Config) -> tuple[dict[int, s
 
 
 def _paint_context(graph: TypedGraph, lists: OpLists, config: Config, *, preserved: frozenset[str],
-                   kept_by_pattern: dict[int, str], tuner) -> PaintContext:
-    """What the rules read; the tuner ``config.is_tuning`` asks for is built here unless one was given."""
+                   kept_by_pattern: dict[int, str]) -> PaintContext:
+    """What the rules read."""
     assert config.device_type is not None, "_effective_config chooses the device type"
-    if tuner is None and config.is_tuning:
-        from amp_rewrite.tune.tuner import tuner_for
-
-        tuner = tuner_for(config)
     choices = NodeChoices(preserved=preserved, keep_float32=dict(config.keep_float32), kept_by_pattern=kept_by_pattern,
                           fixed_signatures=frozenset(config.fixed_signatures), release=frozenset(config.release))
     return PaintContext(graph, lists, target_dtype=TARGET_DTYPES[config.target], device_type=config.device_type,
-                        choices=choices, force_all=config.level == "UNSAFE_FORCE_ALL", tuner=tuner)
+                        choices=choices, force_all=config.level == "UNSAFE_FORCE_ALL")
 
 
 def _check_postconditions(original, result: RewriteResult, ctx: PaintContext) -> None:

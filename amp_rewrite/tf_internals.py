@@ -178,17 +178,17 @@ def base_session_class():
     return session.BaseSession
 
 
-def run_unpatched(session, fetches, feed_dict=None):
+def run_unpatched(session, fetches, feed_dict=None, **kwargs):
     """``session.run`` as TensorFlow defines it, past any wrapper put on it (the runtime's patch).
 
-    amp-rewrite's own sessions (timing an op for the tuner, validating or
-    measuring a rewrite) must run the graph they were given: under
-    ``ENABLE_AUTO_MP=1`` the patched ``run`` would rewrite a float32
-    reference graph into half.
+    amp-rewrite's own sessions (validating or timing a rewrite) must run
+    the graph they were given: under ``ENABLE_AUTO_MP=1`` the patched ``run``
+    would rewrite a float32 reference graph into half. ``kwargs`` are
+    ``run``'s (``options``, ``run_metadata``).
     """
     import inspect
 
-    return inspect.unwrap(type(session).run)(session, fetches, feed_dict)
+    return inspect.unwrap(type(session).run)(session, fetches, feed_dict, **kwargs)
 
 
 def session_is_closed(session) -> bool:

@@ -166,6 +166,32 @@ def rng(seed=0):
 _OUR_LINE = re.compile(r"(^|\s)amp-rewrite: |(^|\s)amp_rewrite(\.\w+)+: ")
 
 
+class ScheduledClock:
+    """A fake clock for a trial: each step of a body takes that body's next cost, in the trial's schedule order.
+
+    A timed step reads the clock twice (before and after), so every second
+    read moves time on. Given one cost per body it is repeated for every step.
+    """
+
+    def __init__(self, half, float32, rounds: int = 4):
+        from amp_rewrite.tune.steps import schedule
+
+        order = schedule(rounds=rounds)
+        costs = {"half": _costs(half, order.count("half")), "float32": _costs(float32, order.count("float32"))}
+        self.durations = iter([next(costs[body]) for body in order])
+        self.now, self.reads = 0.0, 0
+
+    def __call__(self) -> float:
+        self.reads += 1
+        if self.reads % 2 == 0:
+            self.now += next(self.durations)
+        return self.now
+
+
+def _costs(costs, count: int):
+    return iter([float(costs)] * count if isinstance(costs, (int, float)) else costs)
+
+
 def our_lines(stderr: str) -> list[str]:
     """The lines of ``stderr`` amp-rewrite wrote; TensorFlow's banner and warnings are not among them."""
     return [line for line in stderr.splitlines() if _OUR_LINE.search(line)]

@@ -17,6 +17,7 @@ from dataclasses import replace
 import amp_rewrite
 from amp_rewrite.config import DEVICE_TYPES, LEVELS, Config
 from amp_rewrite.paint.op_lists import COLOURS, TARGETS, ListEdit
+from amp_rewrite.tune.steps import ROUNDS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,8 +40,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--output-format", choices=("pb", "pbtxt"), default=None)
     parser.add_argument("--in-place", action="store_true", help="allow OUTPUT to be INPUT")
     parser.add_argument("-q", "--quiet", action="store_true", help="print no summary line")
+    _add_tuning_options(parser)
     _add_validation_options(parser)
     return parser
+
+
+def _add_tuning_options(parser: argparse.ArgumentParser) -> None:
+    """The rewrite's ``--tune`` group."""
+    tune = parser.add_argument_group("measured precision (GraphDef input)")
+    tune.add_argument("--tune", action="store_true",
+                      help="run the float32 graph and the rewritten one on this machine, interleaved, and write "
+                           "the rewritten graph only if its best step is at least 5%% faster, else the input "
+                           "unchanged (times cached in $AMP_REWRITE_TUNE_CACHE, else $XDG_CACHE_HOME/amp-rewrite); "
+                           "inputs: --inputs FEEDS.npz, else random ones (--seed)")
+    tune.add_argument("--tune-batch", type=_integer(0, 1 << 20), default=32, metavar="N",
+                      help="with --tune and random inputs: the size of an unknown placeholder dimension; "
+                           "0 leaves a graph with one to the lists (default 32)")
 
 
 def _add_validation_options(parser: argparse.ArgumentParser) -> None:
@@ -50,7 +65,8 @@ def _add_validation_options(parser: argparse.ArgumentParser) -> None:
                        help="run float32 and half graphs on sample inputs; keep in float32 what overflows or "
                             "misses the tolerance")
     check.add_argument("--inputs", metavar="FEEDS.npz", default=None,
-                       help="sample inputs: an .npz whose keys are placeholder or tensor names")
+                       help="sample inputs (for --validate and --tune): an .npz whose keys are placeholder or "
+                            "tensor names")
     check.add_argument("--random-inputs", action="store_true",
                        help="sample inputs drawn for every placeholder (unknown dimensions = 2)")
     check.add_argument("--seed", type=_integer(0, 2 ** 63 - 1), default=0, help="seed for --random-inputs")
@@ -69,16 +85,6 @@ def _tolerance(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not (math.isfinite(value) and 0 <= value <= 1e6):
         raise argparse.ArgumentTypeError(f"{text!r}: must be a finite number from 0 to 1e6")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r}: must be a finite number of seconds >= 0")
     return value
 
 
@@ -148,12 +154,13 @@ def _add_benchmark_options(parser: argparse.ArgumentParser) -> None:
     """The doctor's ``--benchmark`` group."""
     bench = parser.add_argument_group("measured speed-up (GraphDef input)")
     bench.add_argument("--benchmark", action="store_true",
-                       help="time the graph in float32 and rewritten on this machine, interleaved, and print the "
-                            "measured speed-up beside the bound")
+                       help="time the graph in float32 and rewritten on this machine, interleaved as --tune does "
+                            "(best step of each), and print the measured speed-up beside the bound")
     bench.add_argument("--inputs", metavar="FEEDS.npz", default=None,
                        help="inputs: an .npz whose keys are placeholder or tensor names (default: random)")
     bench.add_argument("--seed", type=_integer(0, 2 ** 63 - 1), default=0, help="seed for the random inputs")
-    bench.add_argument("--runs", type=_integer(1, 100_000), default=10, help="timed steps of each graph (default 10)")
+    bench.add_argument("--runs", type=_integer(1, 100_000), default=ROUNDS,
+                       help=f"timed steps of each graph, after one untimed step of each (default {ROUNDS})")
     bench.add_argument("--init-op", metavar="NAME", default=None,
                        help="a node to run once before timing, such as a training graph's variable "
                             "initializer (default: a node named 'init', if there is one)")
@@ -207,16 +214,6 @@ def _add_rewrite_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dump-dir", metavar="DIR", default=None,
                         help="write the graph before and after, and the effective lists, here "
                              "(default: $AMP_REWRITE_DUMP_DIR or $TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LOG_PATH)")
-    parser.add_argument("--tune", action="store_true",
-                        help="time each heavy op in float32 and in the target on this machine and keep it "
-                             "float32 where half is not faster (timings cached in $AMP_REWRITE_TUNE_CACHE, "
-                             "else $XDG_CACHE_HOME/amp-rewrite)")
-    parser.add_argument("--tune-budget", type=_seconds, default=30.0, metavar="SECONDS",
-                        help="with --tune: the measuring time the graph may take; ops not measured within it "
-                             "keep the lists' verdict (default 30)")
-    parser.add_argument("--tune-batch", type=_integer(0, 1 << 20), default=32, metavar="N",
-                        help="with --tune: time ops whose inputs have an unknown first (batch) dimension at N; "
-                             "0 leaves them to the lists (default 32)")
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="-v: INFO logs and TensorFlow's own start-up messages; -vv: also what each painting "
                              "rule changed and every node's decision, in the words of explain")
@@ -243,7 +240,7 @@ def config_from_args(args, environ=None) -> Config:
     config = Config.from_env(environ, list_edits=_flag_edits(args), **explicit)
     fields = {"target": args.target, "lists_dir": args.lists, "device_type": args.device_type,
               "preserve": split_names(args.preserve), "keep_float32_patterns": tuple(args.keep_float32),
-              "is_tuning": args.tune, "tune_budget_seconds": args.tune_budget, "tune_batch": args.tune_batch}
+              "tune_batch": getattr(args, "tune_batch", 32)}
     if args.dump_dir:
         fields["dump_dir"] = args.dump_dir
     if args.level:

@@ -46,10 +46,11 @@ def run(args) -> int:
 
 def run_saved_model(args) -> int:
     """Rewrites a SavedModel directory into another."""
-    if args.validate or args.inputs or args.random_inputs:
-        flag = "--validate" if args.validate else "--inputs" if args.inputs else "--random-inputs"
+    if args.validate or args.inputs or args.random_inputs or args.tune:
+        flag = ("--validate" if args.validate else "--tune" if args.tune else "--inputs" if args.inputs
+                else "--random-inputs")
         raise UsageError(f"{args.input}: {flag} takes a GraphDef input (.pb or .pbtxt), not a SavedModel; "
-                         "validate a frozen graph of the model instead")
+                         "validate or tune a frozen graph of the model instead")
     graph_io.saved_model_target(args.output, replace=args.in_place)
     rewritten, result = rewrite_saved_model_input(args)
     _finish(args, result, lambda outputs: outputs.add_saved_model(rewritten, args.input, args.output,

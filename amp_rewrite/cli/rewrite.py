@@ -1,14 +1,16 @@
 """IN rewritten in memory as the flags say, for every subcommand that rewrites, and the sample inputs it runs on.
 
 :func:`load_and_rewrite` reads a GraphDef and rewrites it (through
-``--validate`` when asked); :func:`rewrite_saved_model_input` does the same
+``--validate`` when asked; with ``--tune``, kept only if it ran faster);
+:func:`rewrite_saved_model_input` does the same
 for a SavedModel directory, and :func:`rewrite_in_memory` picks the one IN
 needs. A :class:`~amp_rewrite.errors.GraphError` from them (a fetch naming no
 node or a port its node lacks, say: the rewrite checks the fetches) names IN
 first. :func:`sample_feeds` and :func:`fetches_or_sinks` are what
 ``--validate`` and ``doctor --benchmark`` run the graph with: the arrays of
 ``--inputs FEEDS.npz`` (read by :func:`sample_inputs`, any fault one line
-naming the file) or random ones, and the fetches or the graph's outputs.
+naming the file) or random ones, and the fetches or the graph's outputs;
+``--tune`` reads the same ``--inputs``.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from amp_rewrite import pipeline
 from amp_rewrite.cli.args import config_from_args
 from amp_rewrite.errors import GraphError, UsageError, first_line
 from amp_rewrite.graph import io as graph_io
-from amp_rewrite.graph.facts import sinks
+from amp_rewrite.graph.facts import fetchable_sinks
 from amp_rewrite.saved_model import rewrite_saved_model
 
 
@@ -35,13 +37,28 @@ def naming_input(path: str):
 
 
 def load_and_rewrite(args):
-    """IN (a GraphDef) rewritten, validated with ``--validate``: the RewriteResult."""
+    """IN (a GraphDef) rewritten, validated with ``--validate``, kept if faster with ``--tune``: the RewriteResult."""
     config = config_from_args(args)
     graph_def = graph_io.load_graph_def(args.input, input_format=args.input_format)
+    is_tuning = getattr(args, "tune", False)
     with naming_input(args.input):
         if getattr(args, "validate", False):
-            return _validated(args, graph_def, config)
-        return pipeline.rewrite(graph_def, config=config, in_place=True)  # nothing reads the float32 graph again
+            result = _validated(args, graph_def, config)
+        else:  # in place unless --tune times the float32 graph
+            result = pipeline.rewrite(graph_def, config=config, in_place=not is_tuning)
+        if is_tuning:
+            result = _tuned(args, graph_def, result)
+    return result
+
+
+def _tuned(args, graph_def, result):
+    """``result`` if it ran faster than ``graph_def`` here, else ``graph_def``; the decision said on stderr."""
+    from amp_rewrite.tune.whole_graph import decide
+
+    feeds = sample_inputs(args.inputs) if args.inputs else None
+    result = decide(graph_def, result, feeds=feeds, seed=args.seed)
+    print(f"amp-rewrite: {args.input}: the graph {result.tuning.line(result.config.target)}", file=sys.stderr)
+    return result
 
 
 def rewrite_saved_model_input(args):
@@ -85,7 +102,7 @@ def sample_feeds(args, graph_def) -> dict:
 
 def fetches_or_sinks(fetches, graph_def) -> tuple[str, ...]:
     """The fetches given, else every node without consumers that has an output to fetch."""
-    return fetches or tuple(sorted(_sinks_with_outputs(graph_def)))
+    return fetches or tuple(sorted(fetchable_sinks(graph_def)))
 
 
 def sample_inputs(path: str) -> dict:
@@ -113,9 +130,3 @@ def sample_inputs(path: str) -> dict:
     if not feeds:
         raise refuse("the archive holds no arrays")
     return feeds
-
-
-def _sinks_with_outputs(graph_def):
-    no_output = {"NoOp", "Assert", "SaveV2", "AssignVariableOp"}
-    unread = sinks(graph_def)
-    return [n.name for n in graph_def.node if n.name in unread and n.op not in no_output]

@@ -56,6 +56,13 @@ def sinks(graph_def) -> set[str]:
     return {node.name for node in graph_def.node} - consumed
 
 
+def fetchable_sinks(graph_def) -> list[str]:
+    """The :func:`sinks` that have an output to fetch (not NoOps, Asserts, saves or variable writes)."""
+    no_output = {"NoOp", "Assert", "SaveV2", "AssignVariableOp"}
+    unread = sinks(graph_def)
+    return [n.name for n in graph_def.node if n.name in unread and n.op not in no_output]
+
+
 def called_functions(node, library) -> list[str]:
     """Functions ``node`` names: its op when ``library`` holds it, then every function attr.
 

@@ -18,6 +18,5 @@ face); modules may move between releases.
 - :mod:`~amp_rewrite.paint.checks`: the output's structural postconditions;
 - :mod:`~amp_rewrite.paint.explain`: every node's outcome, in a sentence.
 
-:mod:`amp_rewrite.pipeline` runs them in order; they import only :mod:`amp_rewrite.graph`
-(and the tuner's verdicts, through the context).
+:mod:`amp_rewrite.pipeline` runs them in order; they import only :mod:`amp_rewrite.graph`.
 """

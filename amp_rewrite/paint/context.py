@@ -62,18 +62,16 @@ class PaintContext:
         device_type: the device type the graph runs on.
         choices: the caller's decisions about single nodes.
         force_all: the UNSAFE_FORCE_ALL level.
-        tuner: measures heavy ops (:class:`amp_rewrite.tune.tuner.Tuner`), or None when tuning is off.
     """
 
     def __init__(self, graph: TypedGraph, lists: OpLists, *, target_dtype: int, device_type: str,
-                 choices: NodeChoices, force_all: bool = False, tuner: Any = None):
+                 choices: NodeChoices, force_all: bool = False):
         self.graph = graph
         self.lists = lists
         self.target_dtype = target_dtype
         self.device_type = device_type
         self.choices = choices
         self.force_all = force_all
-        self.tuner = tuner
         self.released = {graph.index[n] for n in choices.release if n in graph.index}
         self._supports: list[bool | None] = [None] * len(graph.vertex_node)
         self.boundary = set(graph.virtual).union(*(b.children for b in graph.bodies))

@@ -137,36 +137,6 @@ def paint_allow_ops(ctx: PaintContext, painting: Painting) -> None:
             painting.mark_allow(vid, "forced (UNSAFE_FORCE_ALL)")
 
 
-def keep_float32_where_half_is_slower(ctx: PaintContext, painting: Painting) -> None:
-    """With tuning on, paints DENY each heavy allow or infer op that measured no faster in half.
-
-    ``allow(MatMul, 1.8 ms in half vs 1.2 ms in float32)`` becomes ``DENY``;
-    an allow op measured faster keeps its ALLOW and the timings join its
-    reason. An infer op (a batch norm) measured slower is painted DENY before
-    the rules that would spread half to it; one measured faster is left to
-    them. An op the tuner could not measure keeps the lists' verdict.
-    """
-    tuner = ctx.tuner
-    if tuner is None:
-        return
-    graph = ctx.graph
-    candidates: dict[int, list[int]] = {}
-    for vid, node in enumerate(graph.vertex_node):
-        if (graph.ops[node] in tuner.ops and vid not in painting.deny and ctx.can_convert(vid)
-                and (vid in painting.allow or ctx.vertex_list[vid] == _INFER)):
-            candidates.setdefault(node, []).append(vid)
-    if not candidates:
-        return
-    nodes = [(node, tuple(str(graph.vertex_attr[v]) for v in vids)) for node, vids in candidates.items()]
-    for node, decision in tuner.decide(graph, nodes).items():
-        for vid in candidates[node]:
-            if not decision.is_half:
-                painting.mark_deny(vid, decision.reason)
-            elif vid in painting.allow:
-                rule = painting.reason(vid)
-                painting.note(vid, f"{rule[0] if rule else 'allow-list op'}, {decision.reason}")
-
-
 # Ops through which a variable's old value reaches its new one in an update
 # (``v.assign(v * decay + x)``, ``total.assign(total + batch_sum)``). Cast and
 # Identity pass the value on; the others do the update's arithmetic.
@@ -544,31 +514,6 @@ def match_loop_edges(ctx: PaintContext, painting: Painting) -> None:
             painting.mark_allow(nxt, "loop variable: its Merge is half", merges[0])
 
 
-def keep_float32_where_a_half_region_is_slower(ctx: PaintContext, painting: Painting) -> None:
-    """With tuning on, paints DENY every vertex of a half region measured no faster than in float32.
-
-    The colours are final by now, so a region (:mod:`amp_rewrite.tune.regions`)
-    is exactly what would run in half: ``allow(MatMul) → infer(BiasAdd) →
-    Sigmoid → Mul`` in a loop body, with the Casts at its edges. A MatMul
-    measured faster alone can lose once the elementwise ops that followed it
-    into half, and the Casts per iteration, are counted; then the whole
-    region stays float32, and its reason gives both times. A region is
-    connected through calls, loop variables and data structures, so dropping
-    all of it keeps every boundary the rules above matched in agreement.
-    """
-    tuner = ctx.tuner
-    if tuner is None or ctx.force_all or not painting.allow:
-        return
-    clusters = [cluster.vertices for cluster in painting.tensor_list_clusters]
-    for region, decision in tuner.decide_regions(ctx.graph, painting.allow, clusters):
-        for vid in region:
-            if not decision.is_half:
-                painting.mark_deny(vid, decision.reason)
-            else:
-                rule = painting.reason(vid)
-                painting.note(vid, f"{rule[0] if rule else 'half'}; {decision.reason}")
-
-
 def retarget_existing_casts(ctx: PaintContext, painting: Painting) -> None:
     """Makes an existing Cast to float32 cast to half when every consumer is ALLOW.
 
@@ -599,7 +544,6 @@ Rule = Callable[[PaintContext, Painting], None]
 ROOT_RULES: tuple[Rule, ...] = (
     deny_escaping_tensor_lists,
     paint_allow_ops,
-    keep_float32_where_half_is_slower,
     keep_variable_updates_float32,
     keep_read_outs_float32,
     keep_normalization_float32,
@@ -618,7 +562,6 @@ SPREAD_RULES: tuple[Rule, ...] = (
     choose_loop_variable_types,
     match_call_boundaries,
     match_loop_edges,
-    keep_float32_where_a_half_region_is_slower,
     retarget_existing_casts,
 )
 RULES: tuple[Rule, ...] = ROOT_RULES + SPREAD_RULES

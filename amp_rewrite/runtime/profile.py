@@ -30,27 +30,17 @@ import sys
 import tempfile
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from amp_rewrite import tf_internals
+from amp_rewrite.tune.step_stats import PRECISIONS, OpTime, step_stats_ops
 
 logger = logging.getLogger(__name__)
 
 TOP_OPS = 8
 TOP_FLOAT32 = 3
-_DTYPES = {1: "float32", 19: "float16", 14: "bfloat16", 2: "float64"}
-
-
-@dataclass(frozen=True)
-class OpTime:
-    """One node's time in the profiled step (summed over its runs), its op and its output precision."""
-
-    node: str
-    op: str
-    micros: float
-    precision: str
+_DTYPES = PRECISIONS
 
 
 def render_table(label: str, ops: list[OpTime]) -> list[str]:
@@ -110,20 +100,6 @@ class _SessionWatch:
         except Exception as exc:  # noqa: BLE001 - a profile never stops training
             logger.warning("amp-rewrite: profile of session step %d failed: %s", self.steps, exc)
         return values
-
-
-def step_stats_ops(step_stats) -> list[OpTime]:
-    """Per node: its op (from the timeline label), summed op time and first output's dtype."""
-    found: dict[str, list] = {}
-    for device in step_stats.dev_stats:
-        for stats in device.node_stats:
-            if stats.node_name in ("_SOURCE", "_SINK") or "(" not in stats.timeline_label:
-                continue
-            op = stats.timeline_label.split(" = ", 1)[-1].split("(", 1)[0].strip()
-            dtype = stats.output[0].tensor_description.dtype if stats.output else 0
-            entry = found.setdefault(stats.node_name, [op, 0.0, _DTYPES.get(dtype, "other" if dtype else "-")])
-            entry[1] += stats.op_end_rel_micros - stats.op_start_rel_micros
-    return [OpTime(node, op, micros, precision) for node, (op, micros, precision) in found.items()]
 
 
 # -- TF2 functions ----------------------------------------------------------------------------

@@ -30,8 +30,6 @@ from amp_rewrite.environment import (
     STRICT_ENV,
     TARGET_ENV,
     TF_LOG_PATH_ENV,
-    TUNE_BATCH_ENV,
-    TUNE_BUDGET_ENV,
     TUNE_CACHE_ENV,
     TUNE_ENV,
     is_false,
@@ -41,8 +39,6 @@ from amp_rewrite.errors import UsageError
 from amp_rewrite.paint.keep_patterns import compile_patterns, split_env
 
 TARGETS = ("auto", "float16", "bfloat16")
-DEFAULT_TUNE_BUDGET = 30.0
-DEFAULT_TUNE_BATCH = 32
 DEFAULT_PEER_WAIT = 10.0
 MAX_PEER_WAIT = 86400.0  # a day: a longer wait is no different, and its milliseconds must fit an int64
 
@@ -107,15 +103,13 @@ class RuntimeSettings:
             a rewritten tf.function, then never again; None: never.
         keep_float32: name patterns of nodes every rewrite keeps float32
             (``AMP_REWRITE_KEEP_FLOAT32``, separated by ``;``).
-        is_tuning: measure heavy ops and keep float32 where half is not faster here.
         is_timing_steps: each rewritten ``tf.function`` alternates its first
             calls between its half and its float32 body and keeps the faster
             (:mod:`amp_rewrite.runtime.tf2.step_trial`); ``ENABLE_AUTO_MP``
-            turns it on unless ``AMP_REWRITE_TUNE=0``. Off by default here, so
-            settings made in code rewrite by the lists alone.
-        tune_budget_seconds: the measuring time one graph may take.
-        tune_cache_dir: where timings are kept (None: the user cache directory).
-        tune_batch: the size an unknown batch dimension is timed at (0: not timed).
+            turns it on unless ``AMP_REWRITE_TUNE=0`` (``AMP_REWRITE_TUNE=1`` is
+            the same as unset). Off by default here, so settings made in code
+            rewrite by the lists alone.
+        tune_cache_dir: where step times are kept (None: the user cache directory).
         is_loss_scaled: None: loss scaling as the target and loss-scale
             settings ask (:func:`amp_rewrite.runtime.settings.scales_loss`); True or
             False: as a multi-worker job decided for every worker.
@@ -130,11 +124,8 @@ class RuntimeSettings:
     target: str = "auto"
     profile_after: int | None = None
     keep_float32: tuple[str, ...] = ()
-    is_tuning: bool = False
     is_timing_steps: bool = False
-    tune_budget_seconds: float = DEFAULT_TUNE_BUDGET
     tune_cache_dir: str | None = None
-    tune_batch: int = DEFAULT_TUNE_BATCH
     is_loss_scaled: bool | None = None
     peer_wait_seconds: float = DEFAULT_PEER_WAIT
 
@@ -153,19 +144,14 @@ class RuntimeSettings:
                    is_finding_overflow=is_true(environ.get(FIND_OVERFLOW_ENV)),
                    profile_after=_profile_from_env(environ),
                    keep_float32=split_env(environ.get(KEEP_FLOAT32_ENV, "")),
-                   is_tuning=is_true(environ.get(TUNE_ENV)),
                    is_timing_steps=not is_false(environ.get(TUNE_ENV)),
-                   tune_budget_seconds=_number(environ, TUNE_BUDGET_ENV, float, DEFAULT_TUNE_BUDGET, minimum=0.0),
                    tune_cache_dir=environ.get(TUNE_CACHE_ENV) or None,
-                   tune_batch=min(_number(environ, TUNE_BATCH_ENV, int, DEFAULT_TUNE_BATCH, minimum=0), 1 << 20),
                    peer_wait_seconds=min(_number(environ, PEER_WAIT_ENV, float, DEFAULT_PEER_WAIT, minimum=0.1),
                                          MAX_PEER_WAIT))
 
     def rewrite_fields(self) -> dict:
-        """The :class:`amp_rewrite.Config` fields these settings decide: name patterns and tuning."""
-        return {"keep_float32_patterns": self.keep_float32, "is_tuning": self.is_tuning,
-                "tune_budget_seconds": self.tune_budget_seconds, "tune_cache_dir": self.tune_cache_dir,
-                "tune_batch": self.tune_batch}
+        """The :class:`amp_rewrite.Config` fields these settings decide: name patterns and the timing cache."""
+        return {"keep_float32_patterns": self.keep_float32, "tune_cache_dir": self.tune_cache_dir}
 
 
 def _target_from_env(environ: Mapping[str, str]) -> str:

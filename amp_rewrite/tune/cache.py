@@ -1,11 +1,13 @@
-"""The tuner's timings on disk, one file per (device description, TensorFlow version).
+"""Measured step times on disk, one file per (device description, TensorFlow version).
 
 A timing depends on the kernels that ran it: the device (for a CPU, its
 model and the instruction sets oneDNN picks kernels by), and the TensorFlow
 build. The file is named by a digest of both and holds them in the clear, so
 a file made elsewhere (copied, or a digest that collides) is recognised as
-foreign and ignored. Entries are keyed by :attr:`amp_rewrite.tune.tuner.OpCase.key`
-and hold the two medians in seconds. A file that cannot be read as such a
+foreign and ignored. Entries are keyed by what was timed (a traced step's
+:func:`~amp_rewrite.tune.steps.step_key`, a GraphDef pair's
+:func:`~amp_rewrite.tune.graph_steps.graph_key`, a region of either) and
+hold the two best times in seconds, float32's and half's. A file that cannot be read as such a
 cache is ignored with one warning line and replaced on the next save; a
 cache that cannot be written costs a warning and the next run measures again.
 
@@ -34,7 +36,7 @@ KERNEL_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnn
 
 @dataclass(frozen=True)
 class Timing:
-    """Median seconds of one run of an op: in float32, and in half with its Casts."""
+    """The best seconds of what was timed: in float32, and in half."""
 
     float32: float
     half: float

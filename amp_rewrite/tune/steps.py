@@ -77,10 +77,13 @@ class StepVerdict:
     float32_seconds: float
     is_cached: bool = False
 
-    def reason(self, target: str, device_type: str) -> str:
-        """``the step ran 449 ms in bfloat16 and 373 ms in float32 on this CPU`` (with the speed-up when half won)."""
+    def reason(self, target: str, device_type: str, *, subject: str = "the step") -> str:
+        """``the step ran 449 ms in bfloat16 and 373 ms in float32 on this CPU`` (with the speed-up when half won).
+
+        ``subject`` names what ran (``the graph`` for a whole GraphDef).
+        """
         where = f"this {device_type}" if device_type else "this machine"
-        text = (f"the step ran {_ms(self.half_seconds)} in {target} and {_ms(self.float32_seconds)} in "
+        text = (f"{subject} ran {_ms(self.half_seconds)} in {target} and {_ms(self.float32_seconds)} in "
                 f"float32 on {where}")
         if self.is_half and self.half_seconds > 0:
             text += f" ({self.float32_seconds / self.half_seconds:.2f}x)"
@@ -167,22 +170,23 @@ class MixedVerdict:
         """Whether the step runs half ops: mixed, or half as a whole."""
         return self.is_mixed or self.pure.is_half
 
-    def reason(self, target: str, device_type: str) -> str:
+    def reason(self, target: str, device_type: str, *, subject: str = "the step") -> str:
         """Why the step runs mixed, or why it runs as the pure verdict says (with what the mixed step ran).
 
         Mixed: ``the step ran 310 ms with 12 of 53 half regions in bfloat16
         and 373 ms in float32 on this CPU (1.20x); in bfloat16 alone it ran
         449 ms``. Not: the pure verdict's reason, then ``; with 12 of 53
-        half regions in bfloat16 it ran 380 ms``.
+        half regions in bfloat16 it ran 380 ms``. ``subject`` names what ran.
         """
         where = f"this {device_type}" if device_type else "this machine"
         regions = f"{self.half_regions} of {self.regions} half regions in {target}"
         if not self.is_mixed:
-            return f"{self.pure.reason(target, device_type)}; with {regions} it ran {_ms(self.mixed_seconds)}"
+            return (f"{self.pure.reason(target, device_type, subject=subject)}; with {regions} it ran "
+                    f"{_ms(self.mixed_seconds)}")
         pure, other = ((target, self.pure.float32_seconds) if self.pure.is_half
                        else (FLOAT32, self.pure.half_seconds))
         other_name = FLOAT32 if self.pure.is_half else target
-        text = (f"the step ran {_ms(self.mixed_seconds)} with {regions} and {_ms(self.pure_seconds)} in {pure} on "
+        text = (f"{subject} ran {_ms(self.mixed_seconds)} with {regions} and {_ms(self.pure_seconds)} in {pure} on "
                 f"{where} ({self.pure_seconds / max(self.mixed_seconds, 1e-12):.2f}x); in {other_name} alone it ran "
                 f"{_ms(other)}")
         if self.pure.is_cached:

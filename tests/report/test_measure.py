@@ -1,14 +1,13 @@
 """doctor --benchmark: both graphs run, interleaved, on the same inputs; the line says which is faster."""
 
-import itertools
-
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import amp, rng, tf1
+from helpers import ScheduledClock, amp, rng, tf1
 from runners import run_cli
 
 from amp_rewrite.report.measure import BenchmarkError, Measurement, cpu_features, measure_speedup, measurement_line
+from amp_rewrite.tune.steps import MARGIN
 
 
 def mlp():
@@ -23,50 +22,54 @@ def mlp():
     return g.as_graph_def()
 
 
-class Clock:
-    """A fake clock: each timed step of the float32 graph takes 3 units, of the rewritten one 1; it logs reads."""
-
-    def __init__(self):
-        self.now, self.reads = 0.0, 0
-        self.costs = itertools.cycle([3.0, 1.0])
-
-    def __call__(self):
-        self.reads += 1
-        if self.reads % 2 == 0:  # the second read of a step: the step took its cost
-            self.now += next(self.costs)
-        return self.now
-
-
-def test_steps_are_timed_in_turn_and_medians_kept():
+def test_steps_follow_the_schedule_and_the_best_of_each_counts():
     gd = mlp()
     result = amp(gd, ["out"])
-    clock = Clock()
+    clock = ScheduledClock(half=[9.0] + [1.0] * 5, float32=[9.0] + [3.0] * 5, rounds=5)
     m = measure_speedup(gd, result.graph_def, feeds={"x": np.ones((4, 32), np.float32)}, fetches=["out"],
                         runs=5, init_op="init", timer=clock)
-    assert clock.reads == 2 * 2 * 5  # two reads per timed step, five steps of each graph
-    assert (m.float32_seconds, m.half_seconds, m.runs) == (3.0, 1.0, 5)
-    assert m.speedup == 3.0 and m.device == "CPU"
+    assert clock.reads == 2 * 2 * (1 + 5)  # two reads per step, one warm-up and five timed steps of each graph
+    assert (m.float32_seconds, m.half_seconds, m.runs, m.speedup, m.device) == (3.0, 1.0, 5, 3.0, "CPU")
+    assert m.verdict().is_half
+
+
+def test_the_best_step_of_each_graph_counts_and_the_margin_decides():
+    gd = mlp()
+    half = amp(gd, ["out"]).graph_def
+    feeds = {"x": np.ones((4, 32), np.float32)}
+    # warm-ups of 64 s are not counted; a neighbour's load only ever adds time, so the minimum is kept
+    clock = ScheduledClock(half=[64.0, 0.96875, 3.0, 0.984375, 2.0], float32=[64.0, 1.0, 1.5, 1.25, 1.125])
+    m = measure_speedup(gd, half, feeds=feeds, fetches=["out"], init_op="init", timer=clock)
+    assert (m.half_seconds, m.float32_seconds, m.runs) == (0.96875, 1.0, 4)
+    assert not m.verdict().is_half  # 3% faster is inside MARGIN: float32 stays
+    line = measurement_line(m, target="bfloat16", bound=2.0)
+    assert "best of 4, interleaved" in line
+    assert line.endswith("Stays float32 on this machine: the graph ran 969 ms in bfloat16 and 1000 ms in float32 "
+                         f"on this CPU, less than the {MARGIN:.0%} that half must save")
 
 
 def test_a_graph_that_fails_to_run_is_one_error_naming_it():
     gd = mlp()
-    with pytest.raises(BenchmarkError, match="float32 graph fails at node"):  # variables never initialized
+    with pytest.raises(BenchmarkError, match="rewritten graph fails at node"):  # never initialized; half runs first
         measure_speedup(gd, amp(gd, ["out"]).graph_def, feeds={"x": np.ones((4, 32), np.float32)},
                         fetches=["out"], runs=1, warmup=0)
 
 
-def test_the_line_says_plainly_when_half_is_slower_and_suggests_float32():
-    slower = Measurement(float32_seconds=0.010, half_seconds=0.040, runs=10, device="CPU",
+def test_the_line_gives_the_verdict_in_the_words_of_tune():
+    slower = Measurement(float32_seconds=0.010, half_seconds=0.040, runs=4, device="CPU",
                          cpu_features=("avx2", "fma", "f16c"))
     line = measurement_line(slower, target="float16", bound=1.8)
-    assert "0.25x" in line and "bound 1.80x" in line and "SLOWER" in line and "stay float32" in line
+    assert "0.25x" in line and "bound 1.80x" in line
+    assert line.endswith("Stays float32 on this machine: the graph ran 40.0 ms in float16 and 10.0 ms in float32 "
+                         "on this CPU")
     assert "no avx512f avx512_fp16 avx512_bf16" in line
-    same = Measurement(float32_seconds=0.0100, half_seconds=0.0099, runs=10, device="CPU")
+    same = Measurement(float32_seconds=0.0100, half_seconds=0.0099, runs=4, device="CPU")
     line = measurement_line(same, target="float16", bound=2.0)
-    assert "1.01x" in line and "gains nothing measurable" in line and "stay float32" in line
-    faster = Measurement(float32_seconds=0.030, half_seconds=0.020, runs=10, device="GPU")
+    assert "1.01x" in line and "Stays float32" in line and "less than the 5% that half must save" in line
+    faster = Measurement(float32_seconds=0.030, half_seconds=0.020, runs=4, device="GPU")
     line = measurement_line(faster, target="float16", bound=None)
-    assert "1.50x" in line and "bound unknown" in line and "SLOWER" not in line and "CPU:" not in line
+    assert "1.50x" in line and "bound unknown" in line and line.endswith("float16 is faster here")
+    assert "Stays float32" not in line and "CPU:" not in line
 
 
 def test_cpu_features_are_read_from_cpuinfo(tmp_path):
@@ -76,15 +79,13 @@ def test_cpu_features_are_read_from_cpuinfo(tmp_path):
     assert cpu_features(str(tmp_path / "none")) == ()
 
 
-
-
 def test_cli_benchmark_runs_the_initializer_and_prints_the_measured_line(tmp_path):
     path = tmp_path / "mlp.pb"
     path.write_bytes(mlp().SerializeToString())
     done = run_cli("doctor", path, "--fetch", "out", "--benchmark", "--runs", "2", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     line = done.stdout.splitlines()[-1]
-    assert line.startswith("measured on this machine's CPU") and "median of 2, interleaved" in line
+    assert line.startswith("measured on this machine's CPU") and "best of 2, interleaved" in line
 
 
 def test_cli_benchmark_refuses_a_saved_model(tmp_path):

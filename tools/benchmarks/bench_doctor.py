@@ -2,11 +2,11 @@
 
 For each model: rewrite it for this machine's device type, run
 :func:`amp_rewrite.report.doctor.diagnose` and :func:`amp_rewrite.report.measure.measure_speedup`
-(float32 and rewritten steps in turn, medians), and print one row: the half
+(float32 and rewritten steps in turn, the best of each), and print one row: the half
 FLOP share, the Casts' bytes, the bound, both step times and the measured
 speed-up, with the CPU flags that decide half speed.
 
-Usage: python tools/benchmarks/bench_doctor.py [--models NAME,...] [--target float16|bfloat16] [--runs 10]
+Usage: python tools/benchmarks/bench_doctor.py [--models NAME,...] [--target float16|bfloat16] [--runs 4]
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(DEFAULT))
     parser.add_argument("--target", choices=("float16", "bfloat16"), default="float16")
-    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--runs", type=int, default=4)
     args = parser.parse_args()
     have = cpu_features()
     print(f"CPU flags: {' '.join(have)}; missing: {' '.join(f for f in HALF_CPU_FEATURES if f not in have)}")

@@ -15,9 +15,9 @@ in its own process per mode:
 Modes: ``float32`` (no variable); ``auto`` (``ENABLE_AUTO_MP=1`` alone, which
 picks float32 on a CPU without fast bfloat16 kernels); ``bfloat16``
 (``AMP_REWRITE_TARGET=bfloat16`` forced); ``bfloat16+tune`` (the same with
-``AMP_REWRITE_TUNE=1``: heavy ops timed in both precisions, half kept only
-where faster; one timing cache, new for each run of this tool, so the first
-round measures and later rounds read it); ``policy`` (no variable; the
+``AMP_REWRITE_TUNE=1``, which once timed heavy ops one by one and is now
+the step decision, as unset; one timing cache, new for each run of this
+tool, so the first round measures and later rounds read it); ``policy`` (no variable; the
 script sets Keras's ``mixed_bfloat16`` global policy before building the
 model, the peer). The models are the same in every mode: no layer is given
 a dtype, and the losses compute in float32 (Keras casts their inputs).

@@ -1,5 +1,10 @@
 """Per-step training time with and without measured precision (``AMP_REWRITE_TUNE=1``) on this machine.
 
+``AMP_REWRITE_TUNE=1`` timed heavy ops one by one when the results in
+``docs/benchmarks.md`` were taken; that timing is retired, and the variable
+now means what unset means (the step decides), so a ``+tune`` mode differs
+from its plain mode only by its fresh timing cache.
+
 Four unmodified training scripts, each run in its own process:
 
 - ``tf1`` and ``keras``: the CNNs of ``tools/benchmarks/bench_auto_mp.py`` (TF1

@@ -9,8 +9,9 @@ in a subprocess per run, under these modes:
 - ``float32``: none of amp-rewrite's variables;
 - ``auto``: ``ENABLE_AUTO_MP=1`` (float32 on a CPU without fast half kernels);
 - ``bfloat16``: ``ENABLE_AUTO_MP=1 AMP_REWRITE_TARGET=bfloat16``;
-- ``bfloat16+tune``: the same with ``AMP_REWRITE_TUNE=1``, and
-  ``AMP_REWRITE_TUNE_CACHE`` a fresh directory per run, so every tuned run measures.
+- ``bfloat16+tune``: the same with ``AMP_REWRITE_TUNE=1`` (now the step
+  decision, as unset), and ``AMP_REWRITE_TUNE_CACHE`` a fresh directory per
+  run, so every tuned run measures.
 
 Data. The script downloads ``jena_climate_2009_2016.csv.zip`` with
 ``keras.utils.get_file`` and reads the CSV it extracts into its working
@@ -40,8 +41,8 @@ and stamps each progress update (``k/N ...``) with the time it arrived. Keras
 writes one after each training batch (at most one per 0.05 s); an epoch's step
 time is the time from the update after batch 1 to the last update before the
 epoch's closing line (the one carrying ``val_loss``), divided by the batches
-between them. That leaves out the first batch (tracing, the rewrite, the
-tuner's measuring), validation and the callbacks, and it needs no more of
+between them. That leaves out the first batch (tracing, the rewrite),
+validation and the callbacks, and it needs no more of
 the progress bar's format than ``k/N`` at the start of an update. Keras 3's own
 ``ms/step`` of the last training update, computed the same way in-process but
 rounded to whole milliseconds, is reported beside it as a check (the figure on

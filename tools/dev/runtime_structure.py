@@ -65,8 +65,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # the records, profiling, the overflow probes
     ("amp_rewrite.runtime.settings", "amp_rewrite.runtime.target", "amp_rewrite.runtime.ledger",
      "amp_rewrite.runtime.records", "amp_rewrite.runtime.profile", "amp_rewrite.runtime.overflow_probe"),
-    # what runs the pipeline for a purpose: a SavedModel, a guarded rewrite, a report; stripping casts
-    ("amp_rewrite.saved_model", "amp_rewrite.validate", "amp_rewrite.report", "amp_rewrite.strip"),
+    # what runs the pipeline for a purpose: a SavedModel, a guarded rewrite, a report; stripping casts;
+    # and the rewrite kept only where it ran faster (--tune)
+    ("amp_rewrite.saved_model", "amp_rewrite.validate", "amp_rewrite.report", "amp_rewrite.strip",
+     "amp_rewrite.tune.whole_graph"),
     ("amp_rewrite.pipeline",),
     # the rewrite's options (they name the paint lists' targets and edits), and measured precision
     ("amp_rewrite.config", "amp_rewrite.tune"),

@@ -78,8 +78,7 @@ class RewrittenFunction:
 
 
 def rewrite_concrete(concrete_function, config: Config, *,
-                     is_probing_overflow: bool = False, traced_graphs: Mapping[str, Any] | None = None
-                     ) -> RewrittenFunction:
+                     is_probing_overflow: bool = False) -> RewrittenFunction:
     """Rewrites ``concrete_function`` (never modified) and loads the result.
 
     Args:
@@ -87,9 +86,6 @@ def rewrite_concrete(concrete_function, config: Config, *,
         config: the rewrite configuration; ``fetches`` and ``preserve`` are set here.
         is_probing_overflow: give each rebuilt body finiteness probes on its half
             outputs (:func:`amp_rewrite.runtime.overflow_probe.add_probes`).
-        traced_graphs: function name → traced graph, for functions the
-            library holds in a form that no longer knows its shapes (one this
-            hook rewrote and loaded); the tuner reads their shapes there.
 
     Raises:
         Any error of the rewrite or of TensorFlow while loading the result.
@@ -102,8 +98,7 @@ def rewrite_concrete(concrete_function, config: Config, *,
         is_probing_overflow = False
     originals = tf_internals.graph_functions(concrete_function.graph)
     graph_def = _entry_graph_def(entry, [f.definition for f in originals.values()])
-    result = rewrite(graph_def, config=replace(config, fetches=(ENTRY_CALL,), preserve=()), in_place=True,
-                     tuner=_tuner(config, concrete_function, originals, traced_graphs or {}))
+    result = rewrite(graph_def, config=replace(config, fetches=(ENTRY_CALL,), preserve=()), in_place=True)
     changed = set(result.applied.functions_rewritten)
     if entry.signature.name not in changed:
         return RewrittenFunction(None, result)
@@ -160,18 +155,6 @@ def _reaching(library: dict, targets: set[str]) -> set[str]:
                 reaching.add(name)
                 grew = True
     return reaching
-
-
-def _tuner(config: Config, concrete_function, originals: dict, known: Mapping[str, Any]):
-    """With tuning on, a tuner that reads shapes off the traced graphs (they know the variables' shapes)."""
-    if not config.is_tuning:
-        return None
-    from amp_rewrite.tune.tuner import tuner_for
-
-    traced = {name: f.graph for name, f in originals.items() if getattr(f, "graph", None) is not None}
-    traced.update((name, known[name]) for name in originals if name in known)
-    traced[concrete_function.function_def.signature.name] = concrete_function.graph
-    return tuner_for(config, traced_graphs=traced)
 
 
 def _entry_graph_def(entry, library):

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -57,7 +57,6 @@ class SwapTools:
     Attributes:
         loss_scaling: the runtime's TF2 loss scaling; None: nothing is checked, probed or watched.
         fallback: the hook's fallback to float32 (its floor watch, its guarded applies).
-        traced_graphs: rewritten function name → its traced graph, where the tuner reads shapes.
         profiles: with ``AMP_REWRITE_PROFILE``, what profiles a later call; else None.
         first_calls: the hook's first-call guards, which make the guard of a swapped function.
         trials: the hook's step trials (:mod:`~amp_rewrite.runtime.tf2.step_trial`); None: no step is timed.
@@ -65,7 +64,6 @@ class SwapTools:
 
     loss_scaling: TF2LossScaling | None
     fallback: FloorFallback
-    traced_graphs: Mapping[str, Any]
     profiles: FunctionProfiles | None
     first_calls: FirstCallGuards
     trials: StepTrials | None = None
@@ -109,13 +107,7 @@ def swap_in(tools: SwapTools, swap: Swap) -> SwapRecord | None:
     for step in REWRITE_STEPS:
         step(tools, swap)
     if swap.rewritten.concrete_function is None:
-        if swap.config.is_tuning and _kept_by_timings(swap.rewritten.result):
-            # said, so that a user who turned tuning on sees what it chose
-            logger.info("amp-rewrite: tf.function %s: stays float32: no op or half region measured faster in %s "
-                        "on this machine (amp-rewrite explain names each one's timings)", swap.name,
-                        swap.config.target)
-        else:
-            logger.debug("tf.function %s: nothing to run in %s", swap.name, swap.config.target)
+        logger.debug("tf.function %s: nothing to run in %s", swap.name, swap.config.target)
         return None
     for step in SWAP_STEPS:
         step(tools, swap)
@@ -146,8 +138,6 @@ def rewrite_body(tools: SwapTools, swap: Swap) -> None:
     extra: dict[str, Any] = {}
     if tools.loss_scaling is not None and tools.loss_scaling.is_finding_overflow:
         extra["is_probing_overflow"] = True
-    if swap.config.is_tuning:
-        extra["traced_graphs"] = tools.traced_graphs
     swap.rewritten = concrete.rewrite_concrete(swap.concrete_function, swap.config, **extra)
 
 
@@ -218,13 +208,6 @@ REWRITE_STEPS: tuple[Step, ...] = (check_loss_scaling, find_guarded_apply, rewri
 SWAP_STEPS: tuple[Step, ...] = (keep_traced_state, make_record, swap_state, guard_first_call, watch_profile,
                                 log_swap)
 STEPS: tuple[Step, ...] = REWRITE_STEPS + SWAP_STEPS
-
-
-def _kept_by_timings(result) -> bool:
-    """Whether the tuner kept some op float32 (its reason gives the timings)."""
-    from amp_rewrite.tune.tuner import KEPT_FLOAT32
-
-    return any(KEPT_FLOAT32 in outcome.get("reason", "") for outcome in result.node_outcomes.values())
 
 
 def _summary(result) -> str:

@@ -61,7 +61,6 @@ from __future__ import annotations
 import functools
 import logging
 import sys
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -127,7 +126,6 @@ class TracingHook:
         is_strict: raise instead of running a function whose rewrite failed as traced
             (kept by its first-call guards, which read it when a first run fails).
         swapped: the ConcreteFunctions running rewritten now, with their records.
-        traced_graphs: rewritten function name → the graph traced for it (node names agree), for the tuner.
         history: a report of every swap this hook made, oldest first.
         profiles: a :class:`~amp_rewrite.runtime.profile.FunctionProfiles` with ``AMP_REWRITE_PROFILE``.
         fallback: what the loss-scale floor fallback keeps
@@ -146,7 +144,6 @@ class TracingHook:
         self.swapped = SwapTable()
         self.first_calls = FirstCallGuards(
             self.swapped, is_strict=runtime.requested.is_strict if runtime is not None else is_strict)
-        self.traced_graphs: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self.history: list[FunctionReport] = []
         self.profiles: Any = None
         if runtime is not None and runtime.requested.profile_after is not None:
@@ -158,8 +155,7 @@ class TracingHook:
         if runtime is not None and runtime.requested.is_timing_steps:
             self.trials = StepTrials(self.swapped, config=self.default_config,
                                      cache_dir=runtime.requested.tune_cache_dir)
-        self.tools = SwapTools(self.loss_scaling, self.fallback, self.traced_graphs, self.profiles,
-                               self.first_calls, self.trials)
+        self.tools = SwapTools(self.loss_scaling, self.fallback, self.profiles, self.first_calls, self.trials)
         self.marked: ObjectTable[Config] = ObjectTable()
 
     # --- registration -----------------------------------------------------
@@ -304,10 +300,6 @@ class TracingHook:
         record = swap_in(self.tools, swap)
         if record is None:
             return
-        # A later trace calling the rewritten body is tuned with the shapes of the traced graph
-        # (the function's own graph is the rewritten one now).
-        new_function: Any = swap.rewritten.concrete_function
-        self.traced_graphs[new_function.function_def.signature.name] = tf_internals.graph_in_state(record.traced_state)
         self.swapped[concrete_function] = record
         self.history.append(record.report)
 

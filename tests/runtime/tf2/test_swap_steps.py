@@ -5,21 +5,17 @@ Each test traces a small function with no hook installed, runs
 and checks what the traced ConcreteFunction runs afterwards.
 """
 
-import logging
 import re
-from dataclasses import replace
 
 import numpy as np
 import tensorflow as tf
 from helpers import rng
 
 from amp_rewrite import runtime, tf_internals
-from amp_rewrite.runtime.tf2 import concrete, swap_steps, tracing
+from amp_rewrite.runtime.tf2 import swap_steps, tracing
 from amp_rewrite.runtime.tf2.fallback import FloorFallback
 from amp_rewrite.runtime.tf2.first_call_guard import FirstCallGuard, FirstCallGuards
 from amp_rewrite.runtime.tf2.swap_records import SwapTable
-from amp_rewrite.tune import timing as tune_timing
-from amp_rewrite.tune.cache import Timing
 
 A = rng(4).normal(size=(4, 6)).astype(np.float32)
 W = rng(5).normal(scale=0.3, size=(6, 3)).astype(np.float32)
@@ -29,7 +25,7 @@ def make_tools():
     """Tools with no loss scaling, and a table of swaps of their own."""
     swapped = SwapTable()
     return swap_steps.SwapTools(loss_scaling=None, fallback=FloorFallback(None, swapped, is_strict=False),
-                                traced_graphs={}, profiles=None,
+                                profiles=None,
                                 first_calls=FirstCallGuards(swapped, is_strict=False))
 
 
@@ -79,53 +75,3 @@ def test_a_rewrite_that_changes_nothing_swaps_nothing():
     assert swap.rewritten.concrete_function is None
     assert tf_internals.concrete_function_state(cf) == state and tf_internals.call_override(cf) is None
 
-
-def test_a_function_the_tuner_keeps_wholly_float32_runs_its_traced_body(monkeypatch, tmp_path, caplog):
-    """A loop body's half region timed slower in bfloat16: no Cast, no call override, the traced bytes; one line.
-
-    The body is a recurrent loop (a MatMul and its gate in a ``While`` body, TensorLists in and out), as a
-    Keras LSTM's step is. The
-    MatMul alone is timed faster in half, the region it would take into half (the gate too) slower, so the
-    whole loop body is dropped to float32: nothing of the rewrite may be left around it.
-    """
-    measured = []
-
-    def matmul_faster_region_slower(case, *, device_type):
-        measured.append(case.op)
-        return Timing(2e-3, 1e-3) if case.op == "MatMul" else Timing(1e-3, 2e-3)
-
-    monkeypatch.setattr(tune_timing, "measure", matmul_faster_region_slower)
-    caplog.set_level(logging.INFO, logger="amp_rewrite")
-
-    def recurrent(a):  # reads its steps from a TensorList made outside the loop, writes its outputs to one
-        steps = tf.TensorArray(tf.float32, size=3).unstack(tf.stack([a, 2 * a, 3 * a]))
-
-        def step(i, h, outputs):
-            h = tf.sigmoid(tf.matmul(steps.read(i), tf.constant(W))) * h
-            return i + 1, h, outputs.write(i, h)
-
-        start = (tf.constant(0), tf.ones([4, 3]), tf.TensorArray(tf.float32, size=3))
-        return tf.while_loop(lambda i, h, outputs: i < 3, step, start)[2].stack()
-
-    cf = traced(recurrent)
-    want = cf(tf.constant(A)).numpy()
-    state, library = tf_internals.concrete_function_state(cf), library_bytes(cf)
-    config = replace(tracing.default_config(), target="bfloat16", is_tuning=True, tune_cache_dir=str(tmp_path))
-    untuned = concrete.rewrite_concrete(cf, replace(config, is_tuning=False))
-    assert untuned.concrete_function is not None  # without the timings the loop body would run half
-    swap = swap_steps.Swap(cf, "recurrent", config, is_explicit=True, calls_guarded=False)
-    assert swap_steps.swap_in(make_tools(), swap) is None
-    assert "MatMul" in measured and "region" in measured  # the loop body's MatMul, then its half region
-    assert tf_internals.concrete_function_state(cf) == state and tf_internals.call_override(cf) is None
-    assert library_bytes(cf) == library
-    ops = [node.op for fdef in [cf.function_def, *cf.graph.as_graph_def().library.function] for node in fdef.node_def]
-    assert "StatelessWhile" in ops and "MatMul" in ops and "Cast" not in ops
-    np.testing.assert_array_equal(cf(tf.constant(A)).numpy(), want)
-    said = [r.getMessage() for r in caplog.records if "stays float32" in r.getMessage()]
-    assert len(said) == 1 and said[0].startswith("amp-rewrite: tf.function recurrent: stays float32")
-
-
-def library_bytes(cf) -> dict[str, bytes]:
-    """The FunctionDefs the ConcreteFunction runs (its own and the functions it calls), serialized."""
-    functions = [cf.function_def, *cf.graph.as_graph_def().library.function]
-    return {f.signature.name: f.SerializeToString(deterministic=True) for f in functions}

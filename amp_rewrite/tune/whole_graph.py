@@ -1,0 +1,325 @@
+"""``amp-rewrite --tune``: the rewritten graph is kept only where it ran faster than float32 here.
+
+The op lists guess which ops are faster in half; whether the graph is depends
+on the device, the shapes and what the kernel library makes of the whole
+graph. So after the rewrite, :func:`decide` runs the float32 graph and the
+rewritten graph in TF1 sessions on the same feeds, the way the runtime tries
+a step (:mod:`amp_rewrite.tune.steps`, through
+:class:`amp_rewrite.tune.graph_steps.SessionSteps`): an untimed warm-up of
+each, then four steps of each in the order half, float32, float32, half, ...;
+the best step of each counts, and half wins only when its best is at least
+:data:`~amp_rewrite.tune.steps.MARGIN` below float32's. Otherwise the result
+holds the float32 graph unchanged, and says why.
+
+The two best times are cached in the tuning cache (:mod:`amp_rewrite.tune.cache`)
+under :func:`~amp_rewrite.tune.graph_steps.graph_key`, a digest of both graphs,
+the feeds' shapes and the fetches: a second run measures nothing and writes
+the same bytes. A graph that cannot be timed (no feeds can be made, a step
+fails, no GPU for a GPU rewrite) keeps the lists' rewrite, with the reason.
+
+Then a choice finer than the whole graph: one profiled step of each pure
+graph gives every node's op time, :mod:`amp_rewrite.tune.step_regions`
+proposes which of the rewrite's half regions to keep float32 (those that
+ran slower in half), the graph is rewritten with them kept float32
+(``Config.keep_float32``), and the mixed graph is kept only when another
+interleaved trial finds it :data:`~amp_rewrite.tune.steps.MARGIN` faster than
+the better pure graph. Its times are cached beside the graph's.
+
+The graphs are reached through :class:`~amp_rewrite.tune.graph_steps.StepRunner`
+(``runner``): one step of a body and its seconds, and one profiled step with
+each node's op seconds (a runner without ``profile`` decides the whole graph only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from amp_rewrite.errors import AmpRewriteError, first_line
+from amp_rewrite.graph.facts import fetchable_sinks
+from amp_rewrite.tune import steps
+from amp_rewrite.tune.cache import Timing, TuneCache
+from amp_rewrite.tune.graph_steps import SessionSteps, StepRunner, graph_key, run_calls, run_trial
+from amp_rewrite.tune.steps import FLOAT32, HALF, MixedVerdict, StepVerdict, verdict_of
+
+logger = logging.getLogger(__name__)
+
+#: What :func:`decide` decided: the rewrite is kept, float32 is kept, some regions of the rewrite are kept
+#: float32 (a mixed step), or nothing was timed (the lists decide).
+RUNS_IN_HALF, STAYS_FLOAT32, RUNS_MIXED, NOT_TIMED = "half", "float32", "mixed", "not timed"
+#: Beside a graph's key in the tuning cache: the profiled steps' op times, and the mixed step's trial.
+PROFILE_KEY, MIXED_KEY = " profile", " mixed"
+
+RunnerFactory = Callable[..., StepRunner]
+#: The clock the steps are timed by when none is given (tests replace it).
+CLOCK: Callable[[], float] = time.perf_counter
+
+
+@dataclass(frozen=True)
+class GraphDecision:
+    """What ``--tune`` decided for a graph, and why.
+
+    Attributes:
+        outcome: :data:`RUNS_IN_HALF`, :data:`STAYS_FLOAT32` or :data:`NOT_TIMED`.
+        reason: ``the graph ran 449 ms in bfloat16 and 373 ms in float32 on this CPU``, or why nothing was timed.
+        verdict: the trial's (or the cache's) verdict of the whole graph; None when nothing was timed.
+        mixed: the verdict of the trial of a mixed graph, where one was tried
+            (:class:`~amp_rewrite.tune.steps.MixedVerdict`); None where none was.
+    """
+
+    outcome: str
+    reason: str
+    verdict: StepVerdict | None = None
+    mixed: MixedVerdict | None = None
+
+    def line(self, target: str) -> str:
+        """The one line said to the user: ``stays float32: the graph ran ...``."""
+        if self.outcome == RUNS_IN_HALF:
+            return f"runs in {target}: {self.reason}"
+        if self.outcome == STAYS_FLOAT32:
+            return f"stays float32: {self.reason}"
+        if self.outcome == RUNS_MIXED:
+            return f"runs mixed: {self.reason}"
+        return f"keeps the op lists' rewrite, not timed: {self.reason}"
+
+    def as_dict(self, target: str) -> dict:
+        """The report's ``tuning`` section."""
+        found: dict[str, Any] = {"decision": self.outcome, "reason": self.reason, "line": self.line(target)}
+        if self.verdict is not None:
+            found.update(half_seconds=self.verdict.half_seconds, float32_seconds=self.verdict.float32_seconds,
+                         is_cached=self.verdict.is_cached)
+        if self.mixed is not None:
+            found.update(mixed_seconds=self.mixed.mixed_seconds, better_pure_seconds=self.mixed.pure_seconds,
+                         half_regions=self.mixed.half_regions, regions=self.mixed.regions)
+        return found
+
+
+def decide(original, result, *, feeds: Mapping[str, Any] | None = None, fetches: Sequence[str] | None = None,
+           init_op: str | None = None, seed: int = 0, cache: TuneCache | None = None,
+           runner: RunnerFactory | None = None, timer: Callable[[], float] | None = None):
+    """``result`` (a rewrite of ``original``) kept if it ran faster than ``original`` here, else ``original``.
+
+    Args:
+        original: the float32 GraphDef (not modified).
+        result: its :class:`~amp_rewrite.pipeline.RewriteResult`.
+        feeds: placeholder or tensor name → array; None draws random ones for
+            every placeholder (``seed``), unknown dimensions ``config.tune_batch``.
+        fetches: what each step runs; None: the config's fetches, else every node without consumers.
+        init_op: a node run once in each session first; None: a node named ``init``, if there is one.
+        cache: the tuning cache; None: the one of this device and TensorFlow in ``config.tune_cache_dir``.
+        runner: makes the :class:`~amp_rewrite.tune.graph_steps.StepRunner`
+            (``runner({"half": ..., "float32": ...}, feeds=, fetches=, init_op=, timer=)``);
+            None: :class:`~amp_rewrite.tune.graph_steps.SessionSteps`.
+        timer: the clock the runner reads; None: :data:`CLOCK`.
+
+    Returns:
+        ``result`` with :attr:`~amp_rewrite.pipeline.RewriteResult.tuning` set;
+        its ``graph_def`` is ``original`` itself when float32 stays; for a
+        mixed graph that won its trial, the rewrite of ``original`` with the
+        losing regions kept float32.
+    """
+    config = result.config
+    target = config.target
+    if not result.converted:
+        return _with(result, GraphDecision(NOT_TIMED, f"nothing was rewritten to {target}"), original)
+    fetches = tuple(fetches or config.fetches or sorted(fetchable_sinks(original)))
+    if init_op is None and any(node.name == "init" for node in original.node):
+        init_op = "init"
+    try:
+        feeds = dict(feeds) if feeds is not None else _random_feeds(original, seed=seed, batch=config.tune_batch)
+        cache = cache if cache is not None else cache_for(config)
+    except _NotTimed as exc:
+        return _with(result, GraphDecision(NOT_TIMED, str(exc)), original)
+    key = graph_key(original, result.graph_def, feeds=feeds, fetches=fetches)
+    trials = _Trials(runner or SessionSteps, original, result.graph_def, feeds=feeds, fetches=fetches,
+                     init_op=init_op, timer=timer or CLOCK)
+    try:
+        cached = cache.get(key)
+        if cached is not None:
+            verdict = verdict_of(cached, is_cached=True)
+        else:
+            try:
+                verdict = trials.whole()
+            except Exception as exc:  # noqa: BLE001 - a graph that does not run keeps the lists' rewrite
+                why = first_line(exc, with_type=not isinstance(exc, AmpRewriteError))
+                return _with(result, GraphDecision(NOT_TIMED, f"it could not be run: {why}"), original)
+            cache.put(key, verdict.timing())
+        try:
+            mixed, mixed_result = _mixed(original, result, verdict, key=key, cache=cache, trials=trials)
+        except Exception as exc:  # noqa: BLE001 - the whole graph's verdict stands
+            logger.warning("amp-rewrite: tuning: no mixed graph tried: %s", first_line(exc, with_type=True))
+            mixed, mixed_result = None, None
+    finally:
+        trials.close()
+        cache.save()
+    device = config.device_type or "CPU"
+    if mixed is not None and mixed_result is not None and mixed.is_mixed:
+        reason = mixed.reason(target, device, subject="the graph")
+        return _with(mixed_result, GraphDecision(RUNS_MIXED, reason, verdict, mixed), original)
+    reason = (mixed.reason(target, device, subject="the graph") if mixed is not None
+              else verdict.reason(target, device, subject="the graph"))
+    return _with(result, GraphDecision(RUNS_IN_HALF if verdict.is_half else STAYS_FLOAT32, reason, verdict, mixed),
+                 original)
+
+
+def tuned_rewrite(graph_def, *, fetches=None, target: str | None = None, config=None,
+                  feeds: Mapping[str, Any] | None = None, init_op: str | None = None, seed: int = 0,
+                  cache: TuneCache | None = None, runner: RunnerFactory | None = None,
+                  timer: Callable[[], float] | None = None):
+    """:func:`amp_rewrite.rewrite`, then :func:`decide`: the rewrite only if it runs faster here, else float32.
+
+    ``graph_def`` is never modified; the result's ``tuning`` says what was
+    decided and why, and its ``graph_def`` is ``graph_def`` itself when
+    float32 stays. The other arguments are :func:`decide`'s.
+    """
+    from amp_rewrite.pipeline import rewrite
+
+    result = rewrite(graph_def, fetches=fetches, target=target, config=config)
+    return decide(graph_def, result, feeds=feeds, fetches=fetches, init_op=init_op, seed=seed, cache=cache,
+                  runner=runner, timer=timer)
+
+
+def cache_for(config) -> TuneCache:
+    """The tuning cache of this device and TensorFlow, in ``config.tune_cache_dir`` or the user's cache."""
+    import tensorflow as tf
+
+    from amp_rewrite.tune.cache import default_cache_dir, device_description
+
+    gpu_name = None
+    if config.device_type == "GPU":
+        gpus = tf.config.list_physical_devices("GPU")
+        if not gpus:
+            raise _NotTimed("the rewrite is for a GPU and there is none here to time it on")
+        gpu_name = str(tf.config.experimental.get_device_details(gpus[0]).get("device_name", "unknown"))
+    return TuneCache(config.tune_cache_dir or default_cache_dir(), tensorflow=tf.__version__,
+                     device=device_description(config.device_type or "CPU", gpu_name=gpu_name))
+
+
+class _NotTimed(Exception):
+    """Why the graph cannot be timed here (the lists' rewrite stays)."""
+
+
+def _random_feeds(graph_def, *, seed: int, batch: int) -> dict:
+    from amp_rewrite.validate import ValidationError, random_feeds
+
+    if not batch:
+        unknown = next((n.name for n in graph_def.node if n.op == "Placeholder"
+                        and any(d.size < 0 for d in n.attr["shape"].shape.dim)), None)
+        if unknown is not None:
+            raise _NotTimed(f"placeholder {unknown} has an unknown dimension and the tuning batch is 0 "
+                            "(give --tune-batch N or --inputs FEEDS.npz)")
+    try:
+        return random_feeds(graph_def, seed=seed, batch=batch or 1)
+    except ValidationError as exc:
+        raise _NotTimed(f"no inputs can be drawn for it: {first_line(exc)}") from None
+
+
+class _Trials:
+    """The runners of one decision: the pure graphs' (kept open from the trial to the profile), the mixed one's."""
+
+    def __init__(self, make: RunnerFactory, original, rewritten, *, feeds, fetches, init_op, timer):
+        self.make, self.original, self.rewritten = make, original, rewritten
+        self.options = {"feeds": feeds, "fetches": fetches, "init_op": init_op, "timer": timer}
+        self._pure: StepRunner | None = None
+
+    @property
+    def pure(self) -> StepRunner:
+        """The float32 graph and the rewritten one, each ready to step."""
+        if self._pure is None:
+            self._pure = self.make({HALF: self.rewritten, FLOAT32: self.original}, **self.options)
+        return self._pure
+
+    def whole(self) -> StepVerdict:
+        """The trial of the rewritten graph against the float32 graph."""
+        verdict, _ = run_trial(self.pure.step)
+        logger.info("tuning: timed the graph: %.1f ms in half, %.1f ms in float32 (best of each)",
+                    verdict.half_seconds * 1e3, verdict.float32_seconds * 1e3)
+        return verdict
+
+    def profiles(self) -> tuple[dict[str, float], dict[str, float]] | None:
+        """Each node's op seconds in one profiled step of the rewritten and of the float32 graph; None: no profiler."""
+        profile = getattr(self.pure, "profile", None)
+        if profile is None:
+            return None
+        return profile(HALF), profile(FLOAT32)
+
+    def mixed(self, mixed_graph, best_graph) -> Timing:
+        """The best times of a mixed graph (``half``) and the better pure graph (``float32``) in their trial.
+
+        The trial is the runtime's confirmation (:func:`~amp_rewrite.tune.steps.confirmation`):
+        the mixed graph runs once untimed, then two mirrored pairs.
+        """
+        runner = self.make({HALF: mixed_graph, FLOAT32: best_graph}, **self.options)
+        try:
+            trial = run_calls(runner.step, steps.confirmation())
+        finally:
+            runner.close()
+        return Timing(float32=min(trial.times[FLOAT32]), half=min(trial.times[HALF]))
+
+    def close(self) -> None:
+        if self._pure is not None:
+            self._pure.close()
+            self._pure = None
+
+
+def _mixed(original, result, verdict: StepVerdict, *, key: str, cache: TuneCache, trials: _Trials):
+    """The verdict of a mixed graph's trial and the mixed rewrite; ``(None, None)`` where none was proposed.
+
+    The regions' op times come from one profiled step of each pure graph
+    (:mod:`amp_rewrite.tune.step_regions` chooses from them); the mixed graph,
+    the rewrite with the regions that ran slower in half kept float32, is
+    then timed against the better pure graph, and wins only by
+    :data:`~amp_rewrite.tune.steps.MARGIN`. The profile's times and the
+    trial's are cached beside the graph's, so a second run makes the same
+    choice without running anything.
+    """
+    from amp_rewrite.pipeline import rewrite
+    from amp_rewrite.tune import step_regions
+
+    regions = step_regions.half_regions(result.graph_def, result.casts)
+    if len(regions) < 2:
+        return None, None
+    region_keys = [f"{key}{step_regions.REGION_KEY}{region.digest}" for region in regions]
+    totals = cache.get(key + PROFILE_KEY)
+    known = [cache.get(region_key) for region_key in region_keys]
+    if totals is not None and all(timing is not None for timing in known):
+        times = [step_regions.RegionTimes(region, t.half, t.float32) for region, t in zip(regions, known) if t]
+    else:
+        profiles = trials.profiles()
+        if profiles is None:
+            return None, None
+        half_ops, float32_ops = profiles
+        names = step_regions.ExecutedNames(regions, step_regions.call_names(result.graph_def))
+        times = step_regions.region_times(regions, names, half_ops, float32_ops)
+        totals = Timing(float32=sum(float32_ops.values()), half=sum(half_ops.values()))
+        cache.put(key + PROFILE_KEY, totals)
+        for region_key, timed in zip(region_keys, times):
+            cache.put(region_key, Timing(float32=timed.float32, half=timed.half))
+    choice = step_regions.choose(times, half_total=totals.half, float32_total=totals.float32,
+                                 is_half_step=verdict.is_half)
+    if choice is None:
+        return None, None
+    config = result.config
+    kept = choice.keep_float32(config.target, [f.signature.name for f in original.library.function])
+    mixed = rewrite(original, config=dataclasses.replace(
+        config, keep_float32=tuple(config.keep_float32) + tuple(sorted(kept.items()))))
+    timing = cache.get(key + MIXED_KEY)
+    if timing is None:
+        timing = trials.mixed(mixed.graph_def, result.graph_def if verdict.is_half else original)
+        cache.put(key + MIXED_KEY, timing)
+    mixed_verdict = steps.mixed_verdict_of(timing, verdict, len(choice.half), len(regions))
+    logger.info("tuning: a mixed graph (%d of %d half regions half) ran %.1f ms against %.1f ms", len(choice.half),
+                len(regions), timing.half * 1e3, timing.float32 * 1e3)
+    return mixed_verdict, mixed
+
+
+def _with(result, decision: GraphDecision, original):
+    """``result`` carrying ``decision``, holding ``original`` as its graph when float32 stays."""
+    logger.info("tuning: the graph %s", decision.line(result.config.target))
+    if decision.outcome == STAYS_FLOAT32:
+        return dataclasses.replace(result, graph_def=original, tuning=decision)
+    return dataclasses.replace(result, tuning=decision)
