@@ -42,6 +42,10 @@ HALF, FLOAT32 = "half", "float32"
 #: percent; a choice inside that noise would flip between runs, and a near
 #: tie is not worth half's precision.
 MARGIN = 0.05
+#: A step whose half body took more than this times its float32 body's time is not profiled for a
+#: mixed body: on a CPU without fast half kernels every region loses, and its profiled half call
+#: would cost several float32 steps.
+MIXING_LIMIT = 1.5
 #: Untimed calls of each body before the timed ones.
 WARMUP = 1
 #: Timed calls of each body.
@@ -95,6 +99,11 @@ class StepVerdict:
 
     def timing(self) -> Timing:
         return Timing(float32=self.float32_seconds, half=self.half_seconds)
+
+
+def is_worth_mixing(verdict: StepVerdict) -> bool:
+    """Whether a step's regions are worth a profile: its half body was within :data:`MIXING_LIMIT` of float32's."""
+    return verdict.half_seconds <= MIXING_LIMIT * verdict.float32_seconds
 
 
 def verdict_of(timing: Timing, *, is_cached: bool = False) -> StepVerdict:

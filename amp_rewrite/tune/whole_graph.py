@@ -280,6 +280,8 @@ def _mixed(original, result, verdict: StepVerdict, *, key: str, cache: TuneCache
     from amp_rewrite.pipeline import rewrite
     from amp_rewrite.tune import step_regions
 
+    if not steps.is_worth_mixing(verdict):
+        return None, None
     regions = step_regions.half_regions(result.graph_def, result.casts)
     if len(regions) < 2:
         return None, None

@@ -130,3 +130,10 @@ def test_a_session_step_key_ignores_names_and_follows_fetches_feeds_and_target()
     assert steps.session_step_key(session_nodes("a/"), fetches[:1], inputs, target="bfloat16") != key
     assert steps.session_step_key(session_nodes("a/"), fetches, [("float32", (8, 16))], target="bfloat16") != key
     assert steps.session_step_key(session_nodes("a/")[1:], fetches, inputs, target="bfloat16") != key
+
+
+def test_a_step_far_slower_in_half_is_not_worth_a_profile():
+    """On a CPU without fast half kernels every region loses: no profiled half call is spent finding that out."""
+    assert steps.is_worth_mixing(verdict_of(Timing(float32=1.0, half=1.2)))
+    assert steps.is_worth_mixing(verdict_of(Timing(float32=1.0, half=0.5)))
+    assert not steps.is_worth_mixing(verdict_of(Timing(float32=1.0, half=steps.MIXING_LIMIT + 0.01)))

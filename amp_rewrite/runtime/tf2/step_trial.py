@@ -142,7 +142,7 @@ class StepTrialCall:
             if verdict is None:
                 return
             self.verdict = verdict
-            if self.mixing is None or not self.mixing.can_mix():
+            if self.mixing is None or not steps.is_worth_mixing(verdict) or not self.mixing.can_mix():
                 self.settle(cf, verdict)
         elif self.confirmation is None:
             if seconds is None:  # no profile: the pure verdict stands

@@ -224,3 +224,13 @@ def test_a_real_profile_finds_every_region_of_the_step(amp_runtime, tmp_path):
     heavy = [t for t in times if dict(t.region.ops).get("MatMul")]
     assert heavy and all(t.half > 0 and t.float32 > 0 for t in heavy), [(t.region.nodes, t.half, t.float32)
                                                                        for t in times]
+
+
+def test_a_step_far_slower_in_half_is_not_profiled(amp_runtime, tmp_path):
+    clock = Clock({HALF: 0.030, FLOAT32: 0.010, MIXED: 0.001})
+    start(amp_runtime, tmp_path, clock)
+    step = training_loop()
+    for _ in range(steps.CALLS + 3):
+        step()
+    assert clock.profiled == [] and MIXED not in clock.timed
+    assert running_dtypes(step.get_concrete_function())["fast"] == tf.float32
