@@ -170,11 +170,12 @@ def tuned_rewrite(graph_def, *, fetches=None, target: str | None = None, config=
                   feeds: Mapping[str, Any] | None = None, init_op: str | None = None, seed: int = 0,
                   cache: TuneCache | None = None, runner: RunnerFactory | None = None,
                   timer: Callable[[], float] | None = None):
-    """:func:`amp_rewrite.rewrite`, then :func:`decide`: the rewrite only if it runs faster here, else float32.
+    """:func:`amp_rewrite.rewrite`, then ``decide``: the rewrite only if it runs faster here, else float32.
 
     ``graph_def`` is never modified; the result's ``tuning`` says what was
     decided and why, and its ``graph_def`` is ``graph_def`` itself when
-    float32 stays. The other arguments are :func:`decide`'s.
+    float32 stays. The other arguments are those of ``decide`` (in
+    ``amp_rewrite.tune.whole_graph``).
     """
     from amp_rewrite.pipeline import rewrite
 
