@@ -41,9 +41,10 @@ import hashlib
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from amp_rewrite.graph.facts import DT_BFLOAT16, DT_HALF
+from amp_rewrite.tune.steps import node_text
 
 #: A region stays half only when its half op time is at most ``1 - MARGIN`` of its float32 op time.
 MARGIN = 0.05
@@ -66,18 +67,22 @@ class Region:
         nodes: node names in the body, sorted (the Casts the rewrite added excluded).
         casts: the Casts the rewrite added at its edges, sorted.
         ops: op type → how many of its nodes run it.
+        content: a digest of what its nodes and Casts compute, not of their names.
+        occurrence: how many regions of the same content come before it (:func:`half_regions`' order).
     """
 
     body: str
     nodes: tuple[str, ...]
     casts: tuple[str, ...]
     ops: tuple[tuple[str, int], ...]
+    content: str = ""
+    occurrence: int = 0
 
     @property
     def digest(self) -> str:
-        """What the region is, as a short digest of its body and nodes (stable across runs of one graph)."""
-        text = "\n".join([_stable_function_name(self.body), *self.nodes, *self.casts])
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        """Which region of the graph it is, whatever the names: the same model traced again (in this run
+        or another, under other names) gives its regions the same digests, in the same order."""
+        return f"{self.content}.{self.occurrence}"
 
     def qualified(self, original_functions: Iterable[str] = ()) -> list[str]:
         """Its nodes as ``keep_float32`` names them, the body named as in the graph that was rewritten."""
@@ -163,7 +168,12 @@ def half_regions(graph_def, inserted_casts: Iterable[str] = ()) -> list[Region]:
     regions = list(_body_regions("", graph_def.node, casts))
     for fdef in sorted(graph_def.library.function, key=lambda f: f.signature.name):
         regions.extend(_body_regions(fdef.signature.name, fdef.node_def, casts))
-    return regions
+    seen: Counter[str] = Counter()
+    numbered = []
+    for region in regions:
+        numbered.append(replace(region, occurrence=seen[region.content]))
+        seen[region.content] += 1
+    return numbered
 
 
 def _body_regions(body: str, nodes, inserted: set[str]) -> Iterator[Region]:
@@ -206,7 +216,9 @@ def _body_regions(body: str, nodes, inserted: set[str]) -> Iterator[Region]:
     for key, own in members.items():
         ops = Counter(half[n].op for n in own if half[n].op not in _FREE_OPS)
         edge_casts = tuple(sorted(c for c, roots in cast_roots.items() if key in roots))
-        yield Region(body, tuple(own), edge_casts, tuple(sorted(ops.items(), key=lambda item: (-item[1], item[0]))))
+        content = hashlib.sha256(b"\n".join(sorted(node_text(half[n]) for n in (*own, *edge_casts))))
+        yield Region(body, tuple(own), edge_casts, tuple(sorted(ops.items(), key=lambda item: (-item[1], item[0]))),
+                     content.hexdigest()[:16])
 
 
 def _holds_half(node) -> bool:
@@ -316,11 +328,6 @@ def original_function(name: str, originals: set[str]) -> str:
         return name
     match = _VARIANT.match(name)
     return match.group("name") if match and match.group("name") in originals else name
-
-
-def _stable_function_name(name: str) -> str:
-    """A traced function's name without the number tracing gave it (``__inference_step_123`` → ``__inference_step``)."""
-    return re.sub(r"_\d+(?=(_amp(_\d+)?)?$)", "", name)
 
 
 def _ms(seconds: float) -> str:

@@ -248,12 +248,13 @@ def _digest(nodes: Iterable, inputs: Iterable[tuple[str, tuple]]) -> str:
     digest = hashlib.sha256()
     for dtype, shape in inputs:
         digest.update(f"{dtype}{list(shape)};".encode())
-    for text in sorted(_node_text(node) for node in nodes):
+    for text in sorted(node_text(node) for node in nodes):
         digest.update(text)
     return KEY_PREFIX + digest.hexdigest()[:32]
 
 
-def _node_text(node) -> bytes:
+def node_text(node) -> bytes:
+    """What a node computes, as bytes: its op, its input count, its attributes but those that name things."""
     parts = [node.op.encode(), str(len(node.input)).encode()]
     for name in sorted(node.attr):
         if name.startswith("_") or name in _NAMING_ATTRS:

@@ -13,14 +13,14 @@ from amp_rewrite.tune.step_regions import ExecutedNames, Region, RegionTimes
 BF16 = Config(target="bfloat16", device_type="CPU")
 
 
-def two_branch_graph():
+def two_branch_graph(names=("a", "b")):
     """Two MatMul chains, each ending in a float32 Exp (a deny op), then added: two half regions."""
     graph = tf.Graph()
     rng = np.random.default_rng(0)
     with graph.as_default():
         x = tf.compat.v1.placeholder(tf.float32, [4, 8], name="x")
         outs = []
-        for branch in ("a", "b"):
+        for branch in names:
             with tf.name_scope(branch):
                 w1 = tf.constant(rng.normal(size=(8, 8)).astype(np.float32), name="w1")
                 w2 = tf.constant(rng.normal(size=(8, 8)).astype(np.float32), name="w2")
@@ -59,6 +59,15 @@ def test_each_connected_set_of_half_nodes_is_one_region_with_the_casts_at_its_ed
     assert regions[0].digest != regions[1].digest
     assert regions[0].digest == step_regions.half_regions(rewritten(two_branch_graph()).graph_def,
                                                           result.casts)[0].digest
+
+
+def test_a_region_is_known_by_what_it_computes_not_by_its_names():
+    """The same model traced again under other names (a second model in one process) has the same regions."""
+    first = rewritten(two_branch_graph())
+    again = rewritten(two_branch_graph(names=("model_1/a", "model_1/b")))
+    digests = [r.digest for r in step_regions.half_regions(first.graph_def, first.casts)]
+    assert digests == [r.digest for r in step_regions.half_regions(again.graph_def, again.casts)]
+    assert len(set(digests)) == 2
 
 
 def test_a_profiled_name_finds_its_region_only_behind_call_names():

@@ -157,39 +157,63 @@ def test_profiles_that_propose_no_mixed_step_leave_the_pure_verdict(amp_runtime,
     assert running_dtypes(step.get_concrete_function())["slow"] == dtype
 
 
-def test_keras3_fit_mixes_the_one_step_body_its_train_function_calls(amp_runtime, tmp_path, caplog):
-    """The profiler names the one-step function's nodes behind the train function's call of it."""
+def keras3_fit():
+    """A Keras 3 ``fit`` of Dense ``fast``, an Exp, and Dense ``slow``, 20 batches; the epoch's loss."""
     import keras
 
-    def fit():
-        keras.utils.set_random_seed(0)
-        model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(32, name="fast"),
-                                  keras.layers.Activation("exponential"), keras.layers.Dense(4, name="slow")])
-        model.compile(optimizer="sgd", loss="mse")
-        x = np.random.default_rng(0).normal(0, 0.1, (16 * 20, 32)).astype(np.float32)
-        return model.fit(x, np.zeros((len(x), 4), np.float32), batch_size=16, epochs=1, shuffle=False,
-                         verbose=0).history["loss"]
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(32, name="fast"),
+                              keras.layers.Activation("exponential"), keras.layers.Dense(4, name="slow")])
+    model.compile(optimizer="sgd", loss="mse")
+    x = np.random.default_rng(0).normal(0, 0.1, (16 * 20, 32)).astype(np.float32)
+    return model.fit(x, np.zeros((len(x), 4), np.float32), batch_size=16, epochs=1, shuffle=False,
+                     verbose=0).history["loss"]
 
-    float32_loss = fit()
-    clock = MatMulClock({HALF: 0.012, FLOAT32: 0.010, MIXED: 0.008})
-    start(amp_runtime, tmp_path, clock)
-    with caplog.at_level(logging.INFO, TRACING_LOGGER):
-        loss = fit()
-    assert clock.profiled == [HALF, FLOAT32], lines(caplog)
-    [line] = [line for line in lines(caplog) if "half regions" in line]
-    assert "step_on_iterator runs 1 of" in line, lines(caplog)
-    [caller] = [function() for name, _, function in runtime.current_runtime().tracing.trials.decisions
-                if "step_on_iterator" in name]
+
+def forward_matmul_dtypes(caller) -> dict[str, int]:
+    """The dtype of the forward MatMuls of ``fast`` and ``slow`` in the bodies ``caller`` runs now."""
     called = tf_internals.graph_functions(tf_internals.graph_in_state(tf_internals.concrete_function_state(caller)))
     kinds = {}
     for function in called.values():
         for node in function.definition.node_def:
-            if node.op == "MatMul" and "/fast" in node.name and "gradient" not in node.name:
-                kinds["fast"] = node.attr["T"].type
-            if node.op == "MatMul" and "/slow" in node.name and "gradient" not in node.name:
-                kinds["slow"] = node.attr["T"].type
-    assert kinds == {"fast": tf.bfloat16, "slow": tf.float32}
+            for layer in ("fast", "slow"):
+                if node.op == "MatMul" and f"/{layer}" in node.name and "gradient" not in node.name:
+                    kinds[layer] = node.attr["T"].type
+    return kinds
+
+
+def train_function():
+    [caller] = [function() for name, _, function in runtime.current_runtime().tracing.trials.decisions
+                if "step_on_iterator" in name]
+    return caller
+
+
+def test_keras3_fit_mixes_the_one_step_body_its_train_function_calls(amp_runtime, tmp_path, caplog):
+    """The profiler names the one-step function's nodes behind the train function's call of it."""
+    float32_loss = keras3_fit()
+    clock = MatMulClock({HALF: 0.012, FLOAT32: 0.010, MIXED: 0.008})
+    start(amp_runtime, tmp_path, clock)
+    with caplog.at_level(logging.INFO, TRACING_LOGGER):
+        loss = keras3_fit()
+    assert clock.profiled == [HALF, FLOAT32], lines(caplog)
+    [line] = [line for line in lines(caplog) if "half regions" in line]
+    assert "step_on_iterator runs 1 of" in line, lines(caplog)
+    assert forward_matmul_dtypes(train_function()) == {"fast": tf.bfloat16, "slow": tf.float32}
     np.testing.assert_allclose(loss, float32_loss, rtol=0.02)
+
+
+def test_keras3_fit_in_a_second_run_gets_its_mixed_bodies_from_the_cache(amp_runtime, tmp_path, caplog):
+    start(amp_runtime, tmp_path, MatMulClock({HALF: 0.012, FLOAT32: 0.010, MIXED: 0.008}))
+    keras3_fit()
+    runtime.disable()
+    clock = Clock({})  # read by nothing: a timed or profiled call fails the test with a KeyError
+    start(amp_runtime, tmp_path, clock)
+    with caplog.at_level(logging.INFO, TRACING_LOGGER):
+        keras3_fit()
+    assert clock.timed == clock.profiled == []
+    [line] = [line for line in lines(caplog) if "half regions" in line]
+    assert "step_on_iterator runs 1 of" in line and line.endswith("measured before, read from the cache")
+    assert forward_matmul_dtypes(train_function()) == {"fast": tf.bfloat16, "slow": tf.float32}
 
 
 class MatMulClock(Clock):
