@@ -81,6 +81,25 @@ def default_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
     return Path(base) / "amp-rewrite"
 
 
+def first_gpu_name() -> str | None:
+    """The first visible GPU's name, as the cache's device description gives it; None without one."""
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return None
+    return str(tf.config.experimental.get_device_details(gpus[0]).get("device_name", "unknown"))
+
+
+def cache_here(directory: str | os.PathLike | None, device_type: str) -> TuneCache:
+    """The tuning cache of this machine's ``device_type`` and this TensorFlow, in ``directory`` (None: the user's)."""
+    import tensorflow as tf
+
+    gpu_name = first_gpu_name() if device_type == "GPU" else None
+    return TuneCache(directory or default_cache_dir(), tensorflow=tf.__version__,
+                     device=device_description(device_type, gpu_name=gpu_name))
+
+
 class TuneCache:
     """The timings measured on one device with one TensorFlow, loaded from and saved to one file.
 

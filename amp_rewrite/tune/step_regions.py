@@ -44,7 +44,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 
 from amp_rewrite.graph.facts import DT_BFLOAT16, DT_HALF
-from amp_rewrite.tune.steps import node_text
+from amp_rewrite.tune.cache import Timing, TuneCache
+from amp_rewrite.tune.steps import PROFILE_KEY, node_text
 
 #: A region stays half only when its half op time is at most ``1 - MARGIN`` of its float32 op time.
 MARGIN = 0.05
@@ -320,6 +321,28 @@ def choose(times: list[RegionTimes], *, half_total: float, float32_total: float,
 def kept_half(times: list[RegionTimes], *, is_half_step: bool) -> frozenset[int]:
     """The regions a mixed step keeps half: those faster in half, and those not seen when the step chose half."""
     return frozenset(i for i, t in enumerate(times) if t.is_faster_in_half or (is_half_step and not t.is_seen))
+
+
+def region_key(key: str, region: Region) -> str:
+    """The cache key of a region's two op times in the step (or graph) whose key is ``key``."""
+    return f"{key}{REGION_KEY}{region.digest}"
+
+
+def remember(cache: TuneCache, key: str, times: list[RegionTimes], totals: Timing) -> None:
+    """Puts each region's op times and the two profiled steps' totals in ``cache`` under the step's ``key``."""
+    cache.put(key + PROFILE_KEY, totals)
+    for region_times in times:
+        cache.put(region_key(key, region_times.region), Timing(float32=region_times.float32, half=region_times.half))
+
+
+def remembered(cache: TuneCache, key: str, regions: list[Region]) -> tuple[list[RegionTimes], Timing] | None:
+    """Each region's op times and the profiles' totals as :func:`remember` put them; None where any is missing
+    (another rewrite than the one measured: measure again)."""
+    totals = cache.get(key + PROFILE_KEY)
+    known = [cache.get(region_key(key, region)) for region in regions]
+    if totals is None or any(timing is None for timing in known):
+        return None
+    return [RegionTimes(region, half=t.half, float32=t.float32) for region, t in zip(regions, known) if t], totals
 
 
 def original_function(name: str, originals: set[str]) -> str:

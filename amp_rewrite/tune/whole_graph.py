@@ -51,8 +51,6 @@ logger = logging.getLogger(__name__)
 #: What :func:`decide` decided: the rewrite is kept, float32 is kept, some regions of the rewrite are kept
 #: float32 (a mixed step), or nothing was timed (the lists decide).
 RUNS_IN_HALF, STAYS_FLOAT32, RUNS_MIXED, NOT_TIMED = "half", "float32", "mixed", "not timed"
-#: Beside a graph's key in the tuning cache: the profiled steps' op times, and the mixed step's trial.
-PROFILE_KEY, MIXED_KEY = " profile", " mixed"
 
 RunnerFactory = Callable[..., StepRunner]
 #: The clock the steps are timed by when none is given (tests replace it).
@@ -186,18 +184,11 @@ def tuned_rewrite(graph_def, *, fetches=None, target: str | None = None, config=
 
 def cache_for(config) -> TuneCache:
     """The tuning cache of this device and TensorFlow, in ``config.tune_cache_dir`` or the user's cache."""
-    import tensorflow as tf
+    from amp_rewrite.tune.cache import cache_here, first_gpu_name
 
-    from amp_rewrite.tune.cache import default_cache_dir, device_description
-
-    gpu_name = None
-    if config.device_type == "GPU":
-        gpus = tf.config.list_physical_devices("GPU")
-        if not gpus:
-            raise _NotTimed("the rewrite is for a GPU and there is none here to time it on")
-        gpu_name = str(tf.config.experimental.get_device_details(gpus[0]).get("device_name", "unknown"))
-    return TuneCache(config.tune_cache_dir or default_cache_dir(), tensorflow=tf.__version__,
-                     device=device_description(config.device_type or "CPU", gpu_name=gpu_name))
+    if config.device_type == "GPU" and first_gpu_name() is None:
+        raise _NotTimed("the rewrite is for a GPU and there is none here to time it on")
+    return cache_here(config.tune_cache_dir, config.device_type or "CPU")
 
 
 class _NotTimed(Exception):
@@ -286,11 +277,9 @@ def _mixed(original, result, verdict: StepVerdict, *, key: str, cache: TuneCache
     regions = step_regions.half_regions(result.graph_def, result.casts)
     if len(regions) < 2:
         return None, None
-    region_keys = [f"{key}{step_regions.REGION_KEY}{region.digest}" for region in regions]
-    totals = cache.get(key + PROFILE_KEY)
-    known = [cache.get(region_key) for region_key in region_keys]
-    if totals is not None and all(timing is not None for timing in known):
-        times = [step_regions.RegionTimes(region, t.half, t.float32) for region, t in zip(regions, known) if t]
+    found = step_regions.remembered(cache, key, regions)
+    if found is not None:
+        times, totals = found
     else:
         profiles = trials.profiles()
         if profiles is None:
@@ -299,9 +288,7 @@ def _mixed(original, result, verdict: StepVerdict, *, key: str, cache: TuneCache
         names = step_regions.ExecutedNames(regions, step_regions.call_names(result.graph_def))
         times = step_regions.region_times(regions, names, half_ops, float32_ops)
         totals = Timing(float32=sum(float32_ops.values()), half=sum(half_ops.values()))
-        cache.put(key + PROFILE_KEY, totals)
-        for region_key, timed in zip(region_keys, times):
-            cache.put(region_key, Timing(float32=timed.float32, half=timed.half))
+        step_regions.remember(cache, key, times, totals)
     choice = step_regions.choose(times, half_total=totals.half, float32_total=totals.float32,
                                  is_half_step=verdict.is_half)
     if choice is None:
@@ -310,10 +297,10 @@ def _mixed(original, result, verdict: StepVerdict, *, key: str, cache: TuneCache
     kept = choice.keep_float32(config.target, [f.signature.name for f in original.library.function])
     mixed = rewrite(original, config=dataclasses.replace(
         config, keep_float32=tuple(config.keep_float32) + tuple(sorted(kept.items()))))
-    timing = cache.get(key + MIXED_KEY)
+    timing = cache.get(key + steps.MIXED_KEY)
     if timing is None:
         timing = trials.mixed(mixed.graph_def, result.graph_def if verdict.is_half else original)
-        cache.put(key + MIXED_KEY, timing)
+        cache.put(key + steps.MIXED_KEY, timing)
     mixed_verdict = steps.mixed_verdict_of(timing, verdict, len(choice.half), len(regions))
     logger.info("tuning: a mixed graph (%d of %d half regions half) ran %.1f ms against %.1f ms", len(choice.half),
                 len(regions), timing.half * 1e3, timing.float32 * 1e3)

@@ -108,29 +108,17 @@ class StepRegions:
                                      float32_total=sum(float32_ops.values()), is_half_step=is_half_step)
         return times, choice
 
-    def remember(self, cache: TuneCache, key: str, times: list[RegionTimes], totals: Timing) -> None:
-        """Puts each region's op times and the two profiles' totals in ``cache`` under the step's ``key``."""
-        cache.put(key + steps.PROFILE_KEY, totals)
-        for region_times in times:
-            cache.put(region_key(key, region_times.region), Timing(float32=region_times.float32,
-                                                                   half=region_times.half))
-
     def mixed_from_cache(self, cache: TuneCache, key: str, *, is_half_step: bool
                          ) -> tuple[RegionChoice, Timing] | None:
         """The mixed step an earlier run chose and confirmed for this step (its choice and trial), or None."""
         confirmed = cache.get(key + steps.MIXED_KEY)
-        totals = cache.get(key + steps.PROFILE_KEY)
-        if confirmed is None or totals is None:
+        found = step_regions.remembered(cache, key, self.regions)
+        if confirmed is None or found is None:
             return None
-        times = []
-        for region in self.regions:
-            timing = cache.get(region_key(key, region))
-            if timing is None:
-                return None  # another rewrite than the one measured: measure again
-            times.append(RegionTimes(region, half=timing.half, float32=timing.float32))
-        half = step_regions.kept_half(times, is_half_step=is_half_step)
-        predicted = totals.half - sum(t.half - t.float32 for i, t in enumerate(times) if i not in half)
-        return RegionChoice(tuple(times), half, predicted, totals.half, totals.float32), confirmed
+        times, totals = found
+        choice = step_regions.choose(times, half_total=totals.half, float32_total=totals.float32,
+                                     is_half_step=is_half_step)
+        return (choice, confirmed) if choice is not None else None
 
     def mixed_state(self, concrete_function, traced_state: dict, choice: RegionChoice) -> dict:
         """The state of ``concrete_function`` running the mixed body ``choice`` describes.
@@ -210,8 +198,8 @@ class Mixing:
         regions = self.regions
         times, choice = regions.propose(half_ops, float32_ops, is_half_step=verdict.is_half)
         cache = self.cache()
-        regions.remember(cache, self.key, times, Timing(float32=sum(float32_ops.values()),
-                                                        half=sum(half_ops.values())))
+        step_regions.remember(cache, self.key, times, Timing(float32=sum(float32_ops.values()),
+                                                             half=sum(half_ops.values())))
         cache.save()
         if choice is None:
             return None
@@ -231,11 +219,6 @@ class Mixing:
         cache.put(self.key + steps.MIXED_KEY, timing)
         cache.save()
         return verdict
-
-
-def region_key(key: str, region: Region) -> str:
-    """The cache key of a region's two op times in the step whose key is ``key``."""
-    return f"{key}{step_regions.REGION_KEY}{region.digest}"
 
 
 def state_calling(concrete_function, traced_state: dict, replacements: Mapping[str, Any]) -> dict:

@@ -230,12 +230,9 @@ class StepTrials:
     def cache(self) -> TuneCache:
         """The tuning cache of this device and TensorFlow (made at first use)."""
         if self._cache is None:
-            import tensorflow as tf
+            from amp_rewrite.tune.cache import cache_here
 
-            from amp_rewrite.tune.cache import default_cache_dir, device_description
-
-            self._cache = TuneCache(self.cache_dir or default_cache_dir(), tensorflow=tf.__version__,
-                                    device=device_description(self.device_type, gpu_name=_gpu_name()))
+            self._cache = cache_here(self.cache_dir, self.device_type)
         return self._cache
 
     def cached_verdict(self, concrete_function) -> StepVerdict | None:
@@ -403,13 +400,3 @@ class StepTrials:
             logger.info("amp-rewrite: tf.function %s runs in %s: %s", name, self.target, reason)
         else:
             logger.info("amp-rewrite: tf.function %s stays float32: %s", name, reason)
-
-
-def _gpu_name() -> str | None:
-    """The first GPU's name, for the cache's device description; None without one."""
-    import tensorflow as tf
-
-    gpus = tf.config.list_physical_devices("GPU")
-    if not gpus:
-        return None
-    return str(tf.config.experimental.get_device_details(gpus[0]).get("device_name", "unknown"))

@@ -123,15 +123,9 @@ class SessionStepTrials:
     def cache(self) -> TuneCache:
         """The tuning cache of this device and TensorFlow (made at first use; the file the TF2 trials use)."""
         if self._cache is None:
-            import tensorflow as tf
+            from amp_rewrite.tune.cache import cache_here
 
-            from amp_rewrite.tune.cache import default_cache_dir, device_description
-
-            gpus = tf.config.list_physical_devices("GPU") if self.device_type == "GPU" else []
-            gpu_name = str(tf.config.experimental.get_device_details(gpus[0]).get("device_name", "unknown")) \
-                if gpus else None
-            self._cache = TuneCache(self.cache_dir or default_cache_dir(), tensorflow=tf.__version__,
-                                    device=device_description(self.device_type, gpu_name=gpu_name))
+            self._cache = cache_here(self.cache_dir, self.device_type)
         return self._cache
 
     def plan(self, script_graph, shadow_graph, key: PlanKey, half: RunPlan) -> tuple[RunPlan, SessionStepTrial | None]:
