@@ -268,21 +268,25 @@ def _called(node) -> list[str]:
     return names
 
 
-def _function_nodes(script_graph, called: list[str]) -> list:
-    """The NodeDefs of the functions ``called`` and of those they call, as the script defined them."""
-    if not called:
-        return []
-    script = tf_internals.graph_functions(script_graph)
-    nodes, seen, pending = [], set(), list(called)
+def _reached(script: dict, called: list[str]) -> list[str]:
+    """The functions of ``script`` (name → function) that ``called`` names, and those they call, each once."""
+    reached, seen, pending = [], set(), list(called)
     while pending:
         name = pending.pop()
         if name in seen or name not in script:
             continue
         seen.add(name)
-        body = list(script[name].definition.node_def)
-        nodes += body
-        pending += [callee for node in body for callee in _called(node)]
-    return nodes
+        reached.append(name)
+        pending += [callee for node in script[name].definition.node_def for callee in _called(node)]
+    return reached
+
+
+def _function_nodes(script_graph, called: list[str]) -> list:
+    """The NodeDefs of the functions ``called`` and of those they call, as the script defined them."""
+    if not called:
+        return []
+    script = tf_internals.graph_functions(script_graph)
+    return [node for name in _reached(script, called) for node in script[name].definition.node_def]
 
 
 def _changed_functions(script_graph, shadow_graph, called: list[str]) -> list[str]:
@@ -294,17 +298,8 @@ def _changed_functions(script_graph, shadow_graph, called: list[str]) -> list[st
     if not called:
         return []
     script, shadow = tf_internals.graph_functions(script_graph), tf_internals.graph_functions(shadow_graph)
-    changed, seen, pending = [], set(), list(called)
-    while pending:
-        name = pending.pop()
-        if name in seen or name not in script:
-            continue
-        seen.add(name)
-        definition = script[name].definition
-        if name not in shadow or shadow[name].definition != definition:
-            changed.append(name)
-        pending += [callee for node in definition.node_def for callee in _called(node)]
-    return sorted(changed)
+    return sorted(name for name in _reached(script, called)
+                  if name not in shadow or shadow[name].definition != script[name].definition)
 
 
 def float32_plan(script_graph, shadow_graph, key: PlanKey, half: RunPlan) -> RunPlan:
