@@ -174,7 +174,7 @@ class ScheduledClock:
     """
 
     def __init__(self, half, float32, rounds: int = 4):
-        from amp_rewrite.tune.steps import schedule
+        from amp_rewrite.tune.trial import schedule
 
         order = schedule(rounds=rounds)
         costs = {"half": _costs(half, order.count("half")), "float32": _costs(float32, order.count("float32"))}

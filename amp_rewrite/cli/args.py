@@ -17,7 +17,7 @@ from dataclasses import replace
 import amp_rewrite
 from amp_rewrite.config import DEVICE_TYPES, LEVELS, Config
 from amp_rewrite.paint.op_lists import COLOURS, TARGETS, ListEdit
-from amp_rewrite.tune.steps import ROUNDS
+from amp_rewrite.tune.trial import ROUNDS
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,12 +1,12 @@
 """Step time of a graph in float32 and rewritten, measured on this machine: ``amp-rewrite doctor --benchmark``.
 
 :func:`measure_speedup` runs both graphs in their own sessions
-(:class:`amp_rewrite.tune.graph_steps.SessionSteps`), an optional
+(:class:`amp_rewrite.tune.graph_sessions.GraphSessions`), an optional
 initializer once in each, and times them the way ``--tune`` and the runtime
-do (:mod:`amp_rewrite.tune.steps`): an untimed warm-up step of each, then
+do (:mod:`amp_rewrite.tune.trial`): an untimed warm-up step of each, then
 steps in the order half, float32, float32, half, ..., the best step of each
 kept; the rewritten graph is faster only when its best is at least
-:data:`~amp_rewrite.tune.steps.MARGIN` below float32's. Inputs are the ones
+:data:`~amp_rewrite.tune.trial.MARGIN` below float32's. Inputs are the ones
 ``--validate`` uses (:func:`amp_rewrite.validate.random_feeds` or an
 ``.npz``). The clock is a parameter, so tests can drive the plumbing without
 timing anything.
@@ -18,10 +18,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from amp_rewrite.tune import steps
 from amp_rewrite.tune.cache import Timing
-from amp_rewrite.tune.graph_steps import GraphRunError, SessionSteps, run_trial
-from amp_rewrite.tune.steps import FLOAT32, HALF, StepVerdict, verdict_of
+from amp_rewrite.tune.graph_sessions import GraphRunError, GraphSessions
+from amp_rewrite.tune.trial import FLOAT32, HALF, ROUNDS, WARMUP, StepVerdict, run_trial, verdict_of
 
 #: CPU features that decide whether half math is fast, in the order the benchmark line names them.
 HALF_CPU_FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512_fp16", "avx512_bf16", "amx_bf16", "amx_fp16")
@@ -45,7 +44,7 @@ class Measurement:
         return self.float32_seconds / self.half_seconds if self.half_seconds > 0 else float("inf")
 
     def verdict(self) -> StepVerdict:
-        """Half or float32, by :data:`~amp_rewrite.tune.steps.MARGIN`, as ``--tune`` and the runtime decide."""
+        """Half or float32, by :data:`~amp_rewrite.tune.trial.MARGIN`, as ``--tune`` and the runtime decide."""
         return verdict_of(Timing(float32=self.float32_seconds, half=self.half_seconds))
 
     def as_dict(self) -> dict:
@@ -53,8 +52,8 @@ class Measurement:
                 "speedup": self.speedup, "device": self.device, "cpu_features": list(self.cpu_features)}
 
 
-def measure_speedup(float32_graph, half_graph, *, feeds: dict, fetches, runs: int = steps.ROUNDS,
-                    warmup: int = steps.WARMUP, init_op: str | None = None,
+def measure_speedup(float32_graph, half_graph, *, feeds: dict, fetches, runs: int = ROUNDS,
+                    warmup: int = WARMUP, init_op: str | None = None,
                     timer: Callable[[], float] = time.perf_counter) -> Measurement:
     """Times ``fetches`` of both graphs on ``feeds``, interleaved, and returns the best step of each.
 
@@ -68,7 +67,7 @@ def measure_speedup(float32_graph, half_graph, *, feeds: dict, fetches, runs: in
         init_op: a node to run once in each session before any step (a training graph's initializer).
         timer: the clock (``time.perf_counter``).
     """
-    runner = SessionSteps({FLOAT32: float32_graph, HALF: half_graph}, feeds=feeds, fetches=fetches,
+    runner = GraphSessions({FLOAT32: float32_graph, HALF: half_graph}, feeds=feeds, fetches=fetches,
                           init_op=init_op, timer=timer)
     try:
         verdict, rounds = run_trial(runner.step, warmup=warmup, rounds=runs)

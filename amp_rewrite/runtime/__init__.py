@@ -146,7 +146,7 @@ def session_step_decisions() -> list[tuple[str, bool, str]]:
     :func:`amp_rewrite.runtime.tf2.tracing.step_decisions` for
     ``tf.function``; empty while the runtime is off or no step was decided.
     """
-    from amp_rewrite.runtime.tf1.session.step_trial import step_decisions
+    from amp_rewrite.runtime.tf1.session.session_trial import step_decisions
 
     return step_decisions(_ACTIVE)
 

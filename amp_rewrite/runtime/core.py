@@ -52,7 +52,7 @@ class Runtime:
         tracing: its ``tf.function`` tracing hook, once installed.
         loss_scaling: what its TF2 loss-scaling patches share, once installed (float16, or when asked).
         session_trials: its TF1 session step trials (a
-            :class:`~amp_rewrite.runtime.tf1.session.step_trial.SessionStepTrials`: their cache,
+            :class:`~amp_rewrite.runtime.tf1.session.session_trial.SessionTrials`: their cache,
             timer and decisions), made by the first session that times its steps. Untyped here:
             the sessions sit above this module, which names none of their types.
     """

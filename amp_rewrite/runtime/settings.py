@@ -105,7 +105,7 @@ class RuntimeSettings:
             (``AMP_REWRITE_KEEP_FLOAT32``, separated by ``;``).
         is_timing_steps: each rewritten ``tf.function`` alternates its first
             calls between its half and its float32 body and keeps the faster
-            (:mod:`amp_rewrite.runtime.tf2.step_trial`); ``ENABLE_AUTO_MP``
+            (:mod:`amp_rewrite.runtime.tf2.function_trial`); ``ENABLE_AUTO_MP``
             turns it on unless ``AMP_REWRITE_TUNE=0`` (``AMP_REWRITE_TUNE=1`` is
             the same as unset). Off by default here, so settings made in code
             rewrite by the lists alone.

@@ -5,8 +5,8 @@ model and the instruction sets oneDNN picks kernels by), and the TensorFlow
 build. The file is named by a digest of both and holds them in the clear, so
 a file made elsewhere (copied, or a digest that collides) is recognised as
 foreign and ignored. Entries are keyed by what was timed (a traced step's
-:func:`~amp_rewrite.tune.steps.step_key`, a GraphDef pair's
-:func:`~amp_rewrite.tune.graph_steps.graph_key`, a region of either) and
+:func:`~amp_rewrite.tune.trial.step_key`, a GraphDef pair's
+:func:`~amp_rewrite.tune.keys.graph_key`, a region of either) and
 hold the two best times in seconds, float32's and half's. A file that cannot be read as such a
 cache is ignored with one warning line and replaced on the next save; a
 cache that cannot be written costs a warning and the next run measures again.

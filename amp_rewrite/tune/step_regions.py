@@ -22,8 +22,9 @@ of them, so the fused node's time lands in the right region.
 
 :func:`choose` compares, per region, the op time of its nodes in the half
 step (its Casts included) with the same nodes' op time in the float32
-step, and keeps half only where half saved :data:`MARGIN` of it. The
-choice is a proposal: it is kept only when a short interleaved trial of
+step, and keeps half only where half saved
+:data:`~amp_rewrite.tune.trial.MARGIN` of it, the margin a whole step's
+half body must win by. The choice is a proposal: it is kept only when a short interleaved trial of
 the mixed step beats the better pure step (the caller's work), since
 removing a region from half changes the Casts around it and what oneDNN
 fuses. Regions whose nodes the profile did not see keep the precision the
@@ -45,10 +46,9 @@ from dataclasses import dataclass, replace
 
 from amp_rewrite.graph.facts import DT_BFLOAT16, DT_HALF
 from amp_rewrite.tune.cache import Timing, TuneCache
-from amp_rewrite.tune.steps import PROFILE_KEY, node_text
+from amp_rewrite.tune.keys import PROFILE_KEY, node_text
+from amp_rewrite.tune.trial import MARGIN
 
-#: A region stays half only when its half op time is at most ``1 - MARGIN`` of its float32 op time.
-MARGIN = 0.05
 #: The key of a region's two op times in the tuning cache: the step's key, this, and a digest of its nodes.
 REGION_KEY = " region "
 _HALF = frozenset({DT_HALF, DT_BFLOAT16})
@@ -303,9 +303,9 @@ def choose(times: list[RegionTimes], *, half_total: float, float32_total: float,
         half_total, float32_total: the two profiled steps' op times, in seconds.
         is_half_step: what the whole step chose; a region the profiles did not see keeps it.
 
-    A region is half when it was faster in half by :data:`MARGIN`. The
+    A region is half when it was faster in half by :data:`~amp_rewrite.tune.trial.MARGIN`. The
     mixed step is proposed only when its predicted op time (the half step's,
-    less what each float32 region saves) is :data:`MARGIN` below the better
+    less what each float32 region saves) is :data:`~amp_rewrite.tune.trial.MARGIN` below the better
     pure step's: a smaller gain would not survive the trial that confirms it.
     """
     half = kept_half(times, is_half_step=is_half_step)

@@ -1,7 +1,7 @@
 """Each node's op time in one traced step, read from the ``RunMetadata`` step stats of a TF1 session.
 
 The runtime's profile (:mod:`amp_rewrite.runtime.profile`) prints them as a
-table; ``--tune`` (:mod:`amp_rewrite.tune.graph_steps`) gives them to the
+table; ``--tune`` (:mod:`amp_rewrite.tune.graph_sessions`) gives them to the
 choice of which regions of a step stay float32.
 """
 

@@ -4,15 +4,15 @@ The op lists guess which ops are faster in half; whether the graph is depends
 on the device, the shapes and what the kernel library makes of the whole
 graph. So after the rewrite, :func:`decide` runs the float32 graph and the
 rewritten graph in TF1 sessions on the same feeds, the way the runtime tries
-a step (:mod:`amp_rewrite.tune.steps`, through
-:class:`amp_rewrite.tune.graph_steps.SessionSteps`): an untimed warm-up of
+a step (:mod:`amp_rewrite.tune.trial`, through
+:class:`amp_rewrite.tune.graph_sessions.GraphSessions`): an untimed warm-up of
 each, then four steps of each in the order half, float32, float32, half, ...;
 the best step of each counts, and half wins only when its best is at least
-:data:`~amp_rewrite.tune.steps.MARGIN` below float32's. Otherwise the result
+:data:`~amp_rewrite.tune.trial.MARGIN` below float32's. Otherwise the result
 holds the float32 graph unchanged, and says why.
 
 The two best times are cached in the tuning cache (:mod:`amp_rewrite.tune.cache`)
-under :func:`~amp_rewrite.tune.graph_steps.graph_key`, a digest of both graphs,
+under :func:`~amp_rewrite.tune.keys.graph_key`, a digest of both graphs,
 the feeds' shapes and the fetches: a second run measures nothing and writes
 the same bytes. A graph that cannot be timed (no feeds can be made, a step
 fails, no GPU for a GPU rewrite) keeps the lists' rewrite, with the reason.
@@ -22,10 +22,10 @@ graph gives every node's op time, :mod:`amp_rewrite.tune.step_regions`
 proposes which of the rewrite's half regions to keep float32 (those that
 ran slower in half), the graph is rewritten with them kept float32
 (``Config.keep_float32``), and the mixed graph is kept only when another
-interleaved trial finds it :data:`~amp_rewrite.tune.steps.MARGIN` faster than
+interleaved trial finds it :data:`~amp_rewrite.tune.trial.MARGIN` faster than
 the better pure graph. Its times are cached beside the graph's.
 
-The graphs are reached through :class:`~amp_rewrite.tune.graph_steps.StepRunner`
+The graphs are reached through :class:`~amp_rewrite.tune.graph_sessions.StepRunner`
 (``runner``): one step of a body and its seconds, and one profiled step with
 each node's op seconds (a runner without ``profile`` decides the whole graph only).
 """
@@ -41,10 +41,22 @@ from typing import Any
 
 from amp_rewrite.errors import AmpRewriteError, first_line
 from amp_rewrite.graph.facts import fetchable_sinks
-from amp_rewrite.tune import steps
+from amp_rewrite.tune import keys
 from amp_rewrite.tune.cache import Timing, TuneCache
-from amp_rewrite.tune.graph_steps import SessionSteps, StepRunner, graph_key, run_calls, run_trial
-from amp_rewrite.tune.steps import FLOAT32, HALF, MixedVerdict, StepVerdict, verdict_of
+from amp_rewrite.tune.graph_sessions import GraphSessions, StepRunner
+from amp_rewrite.tune.keys import graph_key
+from amp_rewrite.tune.trial import (
+    FLOAT32,
+    HALF,
+    MixedVerdict,
+    StepVerdict,
+    confirmation,
+    is_worth_mixing,
+    mixed_verdict_of,
+    run_calls,
+    run_trial,
+    verdict_of,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +78,7 @@ class GraphDecision:
         reason: ``the graph ran 449 ms in bfloat16 and 373 ms in float32 on this CPU``, or why nothing was timed.
         verdict: the trial's (or the cache's) verdict of the whole graph; None when nothing was timed.
         mixed: the verdict of the trial of a mixed graph, where one was tried
-            (:class:`~amp_rewrite.tune.steps.MixedVerdict`); None where none was.
+            (:class:`~amp_rewrite.tune.trial.MixedVerdict`); None where none was.
     """
 
     outcome: str
@@ -109,9 +121,9 @@ def decide(original, result, *, feeds: Mapping[str, Any] | None = None, fetches:
         fetches: what each step runs; None: the config's fetches, else every node without consumers.
         init_op: a node run once in each session first; None: a node named ``init``, if there is one.
         cache: the tuning cache; None: the one of this device and TensorFlow in ``config.tune_cache_dir``.
-        runner: makes the :class:`~amp_rewrite.tune.graph_steps.StepRunner`
+        runner: makes the :class:`~amp_rewrite.tune.graph_sessions.StepRunner`
             (``runner({"half": ..., "float32": ...}, feeds=, fetches=, init_op=, timer=)``);
-            None: :class:`~amp_rewrite.tune.graph_steps.SessionSteps`.
+            None: :class:`~amp_rewrite.tune.graph_sessions.GraphSessions`.
         timer: the clock the runner reads; None: :data:`CLOCK`.
 
     Returns:
@@ -133,7 +145,7 @@ def decide(original, result, *, feeds: Mapping[str, Any] | None = None, fetches:
     except _NotTimed as exc:
         return _with(result, GraphDecision(NOT_TIMED, str(exc)), original)
     key = graph_key(original, result.graph_def, feeds=feeds, fetches=fetches)
-    trials = _Trials(runner or SessionSteps, original, result.graph_def, feeds=feeds, fetches=fetches,
+    trials = _Trials(runner or GraphSessions, original, result.graph_def, feeds=feeds, fetches=fetches,
                      init_op=init_op, timer=timer or CLOCK)
     try:
         cached = cache.get(key)
@@ -242,12 +254,12 @@ class _Trials:
     def mixed(self, mixed_graph, best_graph) -> Timing:
         """The best times of a mixed graph (``half``) and the better pure graph (``float32``) in their trial.
 
-        The trial is the runtime's confirmation (:func:`~amp_rewrite.tune.steps.confirmation`):
+        The trial is the runtime's confirmation (:func:`~amp_rewrite.tune.trial.confirmation`):
         the mixed graph runs once untimed, then two mirrored pairs.
         """
         runner = self.make({HALF: mixed_graph, FLOAT32: best_graph}, **self.options)
         try:
-            trial = run_calls(runner.step, steps.confirmation())
+            trial = run_calls(runner.step, confirmation())
         finally:
             runner.close()
         return Timing(float32=min(trial.times[FLOAT32]), half=min(trial.times[HALF]))
@@ -265,14 +277,14 @@ def _mixed(original, result, verdict: StepVerdict, *, key: str, cache: TuneCache
     (:mod:`amp_rewrite.tune.step_regions` chooses from them); the mixed graph,
     the rewrite with the regions that ran slower in half kept float32, is
     then timed against the better pure graph, and wins only by
-    :data:`~amp_rewrite.tune.steps.MARGIN`. The profile's times and the
+    :data:`~amp_rewrite.tune.trial.MARGIN`. The profile's times and the
     trial's are cached beside the graph's, so a second run makes the same
     choice without running anything.
     """
     from amp_rewrite.pipeline import rewrite
     from amp_rewrite.tune import step_regions
 
-    if not steps.is_worth_mixing(verdict):
+    if not is_worth_mixing(verdict):
         return None, None
     regions = step_regions.half_regions(result.graph_def, result.casts)
     if len(regions) < 2:
@@ -297,11 +309,11 @@ def _mixed(original, result, verdict: StepVerdict, *, key: str, cache: TuneCache
     kept = choice.keep_float32(config.target, [f.signature.name for f in original.library.function])
     mixed = rewrite(original, config=dataclasses.replace(
         config, keep_float32=tuple(config.keep_float32) + tuple(sorted(kept.items()))))
-    timing = cache.get(key + steps.MIXED_KEY)
+    timing = cache.get(key + keys.MIXED_KEY)
     if timing is None:
         timing = trials.mixed(mixed.graph_def, result.graph_def if verdict.is_half else original)
-        cache.put(key + steps.MIXED_KEY, timing)
-    mixed_verdict = steps.mixed_verdict_of(timing, verdict, len(choice.half), len(regions))
+        cache.put(key + keys.MIXED_KEY, timing)
+    mixed_verdict = mixed_verdict_of(timing, verdict, len(choice.half), len(regions))
     logger.info("tuning: a mixed graph (%d of %d half regions half) ran %.1f ms against %.1f ms", len(choice.half),
                 len(regions), timing.half * 1e3, timing.float32 * 1e3)
     return mixed_verdict, mixed

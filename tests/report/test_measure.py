@@ -7,7 +7,7 @@ from helpers import ScheduledClock, amp, rng, tf1
 from runners import run_cli
 
 from amp_rewrite.report.measure import BenchmarkError, Measurement, cpu_features, measure_speedup, measurement_line
-from amp_rewrite.tune.steps import MARGIN
+from amp_rewrite.tune.trial import MARGIN
 
 
 def mlp():

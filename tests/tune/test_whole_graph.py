@@ -14,7 +14,7 @@ from runners import run_cli
 from amp_rewrite.graph.facts import DT_BFLOAT16, DT_FLOAT
 from amp_rewrite.tune import whole_graph
 from amp_rewrite.tune.cache import TuneCache
-from amp_rewrite.tune.steps import FLOAT32, HALF, confirmation, schedule
+from amp_rewrite.tune.trial import FLOAT32, HALF, confirmation, schedule
 from amp_rewrite.tune.whole_graph import NOT_TIMED, RUNS_IN_HALF, STAYS_FLOAT32, tuned_rewrite
 
 
@@ -154,7 +154,7 @@ def test_the_inputs_file_feeds_the_trial_and_a_saved_model_is_refused(graph_file
         def close(self):
             pass
 
-    monkeypatch.setattr(whole_graph, "SessionSteps", Runner)
+    monkeypatch.setattr(whole_graph, "GraphSessions", Runner)
     done = tune(graph_file, tmp_path / "out.pb", "--inputs", tmp_path / "feeds.npz", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert seen == [(["float32", "half"], {"x": (3, 16)}, ("out",), None)]

@@ -8,7 +8,9 @@ installs the tracing hook and :func:`amp_rewrite.function` uses it.
 - :mod:`~amp_rewrite.runtime.tf2.swap_records`: what a hook swapped (reports, records, the table);
 - :mod:`~amp_rewrite.runtime.tf2.first_call_guard`: a swapped function's first eager call checked,
   and that of a function calling swapped bodies;
-- :mod:`~amp_rewrite.runtime.tf2.step_trial`: a rewritten function's first calls alternate its half
+- :mod:`~amp_rewrite.runtime.tf2.calls`: what the ``_call_flat`` wrappers share (their protocol, a
+  function's names);
+- :mod:`~amp_rewrite.runtime.tf2.function_trial`: a rewritten function's first calls alternate its half
   and float32 bodies, and the faster stays;
 - :mod:`~amp_rewrite.runtime.tf2.step_mixing`: the mixed body of a step on trial, from one profiled
   call of each body: the regions faster in half stay half, the rest float32;

@@ -50,12 +50,13 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from amp_rewrite import tf_internals
 from amp_rewrite.errors import NO_MESSAGE, RuntimeRewriteError, first_line
 from amp_rewrite.runtime.ledger import LOCK
 from amp_rewrite.runtime.loss_scale.core import LOSS_NOT_FINITE, SCOPE, hopeless_reason
+from amp_rewrite.runtime.tf2.calls import called_name, function_name
 from amp_rewrite.runtime.tf2.concrete import reload_calling
 
 if TYPE_CHECKING:
@@ -77,21 +78,6 @@ def is_wanted(scaling: TF2LossScaling | None) -> bool:
     about other scales; they are counted as before.
     """
     return scaling is not None and scaling.loss_scale.is_dynamic
-
-
-class CallStep(Protocol):
-    """A ``_call_flat`` that takes a first-call guard's place, and whose bookkeeping the guard does for the first call.
-
-    The loss-scale :class:`FloorWatch`, and a step trial
-    (:class:`~amp_rewrite.runtime.tf2.step_trial.StepTrialCall`), which hands
-    its own to the watch after it.
-    """
-
-    def __call__(self, tensor_inputs, captured_inputs) -> Any: ...
-
-    def before_call(self, concrete_function) -> Any: ...
-
-    def after_call(self, concrete_function, start: Any) -> None: ...
 
 
 class FloorWatch:
@@ -296,12 +282,6 @@ class FellBack:
         self._overflowed.clear()
 
 
-def called_name(concrete_function) -> str:
-    """The name a call op built from ``concrete_function`` in another graph gives now (its body's)."""
-    name = concrete_function.name
-    return name.decode() if isinstance(name, bytes) else str(name)
-
-
 class FloorFallback:
     """A tracing hook's fallback to float32 when no loss scale helps (this module's algorithm).
 
@@ -449,8 +429,3 @@ class FloorFallback:
             return
         for caller in changed:
             logger.debug("tf.function %s: runs a float32 body from the next call", caller)
-
-
-def function_name(concrete_function) -> str:
-    """The name of the traced function (its graph's): what reports and log lines call it."""
-    return str(concrete_function.graph.name)

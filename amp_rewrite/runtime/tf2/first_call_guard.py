@@ -41,7 +41,8 @@ from typing import Any
 from amp_rewrite import tf_internals
 from amp_rewrite.errors import NO_MESSAGE, RuntimeRewriteError, first_line
 from amp_rewrite.runtime.ledger import LOCK
-from amp_rewrite.runtime.tf2.fallback import Callers, CallStep, called_name, function_name
+from amp_rewrite.runtime.tf2.calls import CallStep, called_name, function_name
+from amp_rewrite.runtime.tf2.fallback import Callers
 from amp_rewrite.runtime.tf2.swap_records import LOGGER_NAME, SwapRecord, SwapTable
 
 logger = logging.getLogger(LOGGER_NAME)

@@ -1,6 +1,6 @@
 """The mixed body of a step on trial: its half regions that ran faster in half stay half, the rest float32.
 
-After a step trial's verdict (:mod:`~amp_rewrite.runtime.tf2.step_trial`),
+After a step trial's verdict (:mod:`~amp_rewrite.runtime.tf2.function_trial`),
 one real call of the half body and one of the float32 body run under
 TensorFlow's profiler. :class:`StepRegions` holds the half regions of every
 rewritten body the step runs (the function's own rewrite, or for a function
@@ -29,11 +29,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from amp_rewrite import tf_internals
-from amp_rewrite.runtime.tf2.fallback import called_name
+from amp_rewrite.runtime.tf2.calls import called_name
 from amp_rewrite.runtime.tf2.swap_records import LOGGER_NAME, SwapRecord
-from amp_rewrite.tune import step_regions, steps
+from amp_rewrite.tune import keys, step_regions
 from amp_rewrite.tune.cache import Timing, TuneCache
 from amp_rewrite.tune.step_regions import ExecutedNames, Region, RegionChoice, RegionTimes
+from amp_rewrite.tune.trial import MixedVerdict, StepVerdict, mixed_verdict_of
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -111,7 +112,7 @@ class StepRegions:
     def mixed_from_cache(self, cache: TuneCache, key: str, *, is_half_step: bool
                          ) -> tuple[RegionChoice, Timing] | None:
         """The mixed step an earlier run chose and confirmed for this step (its choice and trial), or None."""
-        confirmed = cache.get(key + steps.MIXED_KEY)
+        confirmed = cache.get(key + keys.MIXED_KEY)
         found = step_regions.remembered(cache, key, self.regions)
         if confirmed is None or found is None:
             return None
@@ -192,7 +193,7 @@ class Mixing:
             logger.debug("amp-rewrite: the step's half regions could not be read: %s", exc)
             return False
 
-    def propose(self, concrete_function, states: dict, verdict: steps.StepVerdict, half_ops: dict[str, float],
+    def propose(self, concrete_function, states: dict, verdict: StepVerdict, half_ops: dict[str, float],
                 float32_ops: dict[str, float]) -> dict | None:
         """The mixed body's state where the profiles propose one (its times cached either way), else None."""
         regions = self.regions
@@ -211,12 +212,12 @@ class Mixing:
         self.choice = choice
         return state
 
-    def verdict(self, pure: steps.StepVerdict, timing: Timing) -> steps.MixedVerdict:
+    def verdict(self, pure: StepVerdict, timing: Timing) -> MixedVerdict:
         """The confirming trial's verdict (cached): the mixed body against the better pure one."""
         assert self.choice is not None
-        verdict = steps.mixed_verdict_of(timing, pure, len(self.choice.half), len(self.choice.times))
+        verdict = mixed_verdict_of(timing, pure, len(self.choice.half), len(self.choice.times))
         cache = self.cache()
-        cache.put(self.key + steps.MIXED_KEY, timing)
+        cache.put(self.key + keys.MIXED_KEY, timing)
         cache.save()
         return verdict
 

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from amp_rewrite.runtime.profile import FunctionProfiles
     from amp_rewrite.runtime.tf2.fallback import FloorFallback
     from amp_rewrite.runtime.tf2.first_call_guard import FirstCallGuards
-    from amp_rewrite.runtime.tf2.step_trial import StepTrials
+    from amp_rewrite.runtime.tf2.function_trial import FunctionTrials
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -59,14 +59,14 @@ class SwapTools:
         fallback: the hook's fallback to float32 (its floor watch, its guarded applies).
         profiles: with ``AMP_REWRITE_PROFILE``, what profiles a later call; else None.
         first_calls: the hook's first-call guards, which make the guard of a swapped function.
-        trials: the hook's step trials (:mod:`~amp_rewrite.runtime.tf2.step_trial`); None: no step is timed.
+        trials: the hook's step trials (:mod:`~amp_rewrite.runtime.tf2.function_trial`); None: no step is timed.
     """
 
     loss_scaling: TF2LossScaling | None
     fallback: FloorFallback
     profiles: FunctionProfiles | None
     first_calls: FirstCallGuards
-    trials: StepTrials | None = None
+    trials: FunctionTrials | None = None
 
 
 @dataclass
@@ -175,7 +175,7 @@ def guard_first_call(tools: SwapTools, swap: Swap) -> None:
 
     The guard (:mod:`~amp_rewrite.runtime.tf2.first_call_guard`) then steps
     aside; a guarded function gets the loss-scale floor watch in its place. A
-    timed function gets its step trial first (:mod:`~amp_rewrite.runtime.tf2.step_trial`),
+    timed function gets its step trial first (:mod:`~amp_rewrite.runtime.tf2.function_trial`),
     which hands over to the watch when half wins.
     """
     cf = swap.concrete_function

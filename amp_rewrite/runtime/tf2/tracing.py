@@ -72,8 +72,9 @@ from amp_rewrite.runtime.ledger import LOCK, Ledger
 from amp_rewrite.runtime.records import ObjectTable
 from amp_rewrite.runtime.settings import RuntimeSettings
 from amp_rewrite.runtime.tf2 import fallback as tf2_fallback
+from amp_rewrite.runtime.tf2.calls import function_name
 from amp_rewrite.runtime.tf2.first_call_guard import FirstCallGuards
-from amp_rewrite.runtime.tf2.step_trial import StepTrials
+from amp_rewrite.runtime.tf2.function_trial import FunctionTrials
 from amp_rewrite.runtime.tf2.swap_records import FunctionReport, SwapRecord, SwapTable
 from amp_rewrite.runtime.tf2.swap_steps import Swap, SwapTools, swap_in
 
@@ -133,7 +134,7 @@ class TracingHook:
         first_calls: its first-call guards
             (:class:`~amp_rewrite.runtime.tf2.first_call_guard.FirstCallGuards`, given the table ``swapped``).
         trials: with step timing on (the runtime's hook, unless ``AMP_REWRITE_TUNE=0``), its step trials
-            (:class:`~amp_rewrite.runtime.tf2.step_trial.StepTrials`, given the table ``swapped``); else None.
+            (:class:`~amp_rewrite.runtime.tf2.function_trial.FunctionTrials`, given the table ``swapped``); else None.
         tools: what the swap steps use (:class:`~amp_rewrite.runtime.tf2.swap_steps.SwapTools`).
         marked: on the marked functions' hook, each graph :func:`marked` traced → its
             :class:`~amp_rewrite.Config` (the runtime's hook reads this table too).
@@ -151,9 +152,9 @@ class TracingHook:
 
             self.profiles = FunctionProfiles(runtime.requested.profile_after)
         self.fallback = tf2_fallback.FloorFallback(self.loss_scaling, self.swapped, is_strict=self.is_strict)
-        self.trials: StepTrials | None = None
+        self.trials: FunctionTrials | None = None
         if runtime is not None and runtime.requested.is_timing_steps:
-            self.trials = StepTrials(self.swapped, config=self.default_config,
+            self.trials = FunctionTrials(self.swapped, config=self.default_config,
                                      cache_dir=runtime.requested.tune_cache_dir)
         self.tools = SwapTools(self.loss_scaling, self.fallback, self.profiles, self.first_calls, self.trials)
         self.marked: ObjectTable[Config] = ObjectTable()
@@ -214,7 +215,7 @@ class TracingHook:
         is_explicit = config is not None
         if self.runtime is None and (not is_explicit or _runtime_hook() is not None):
             return
-        name = tf2_fallback.function_name(concrete_function)
+        name = function_name(concrete_function)
         if TF_DATA_ATTR in concrete_function.function_def.attr:
             logger.debug("tf.function %s: a tf.data function, left in float32", name)
             return
@@ -295,7 +296,7 @@ class TracingHook:
     def _swap_in(self, concrete_function, config: Config, *, is_explicit: bool, calls_guarded: bool = False,
                  is_timed: bool = False) -> None:
         """Runs the swap steps (:func:`~amp_rewrite.runtime.tf2.swap_steps.swap_in`) and keeps their record."""
-        swap = Swap(concrete_function, tf2_fallback.function_name(concrete_function), config,
+        swap = Swap(concrete_function, function_name(concrete_function), config,
                     is_explicit=is_explicit, calls_guarded=calls_guarded, is_timed=is_timed)
         record = swap_in(self.tools, swap)
         if record is None:

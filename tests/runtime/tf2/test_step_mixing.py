@@ -16,8 +16,7 @@ from amp_rewrite import runtime, tf_internals
 from amp_rewrite.runtime.settings import RuntimeSettings
 from amp_rewrite.runtime.tf2 import step_mixing, tracing
 from amp_rewrite.runtime.tf2.step_mixing import MIXED
-from amp_rewrite.tune import steps
-from amp_rewrite.tune.steps import FLOAT32, HALF
+from amp_rewrite.tune.trial import CALLS, FLOAT32, HALF
 
 TRACING_LOGGER = "amp_rewrite.runtime.tf2.tracing"
 #: Op milliseconds of the two MatMuls in each profiled body: ``fast`` wins in half, ``slow`` loses.
@@ -77,23 +76,23 @@ def lines(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == TRACING_LOGGER]
 
 
-CALLS = steps.CALLS + 2 + 5  # the pure trial, one profiled call of each body, the confirming trial
+ALL_CALLS = CALLS + 2 + 5  # the pure trial, one profiled call of each body, the confirming trial
 
 
 def test_a_region_that_wins_inside_a_step_that_loses_runs_half_alone(amp_runtime, tmp_path, caplog):
     reference = training_loop()
-    float32_losses = [float(reference()) for _ in range(CALLS + 2)]
+    float32_losses = [float(reference()) for _ in range(ALL_CALLS + 2)]
     clock = Clock({HALF: 0.012, FLOAT32: 0.010, MIXED: 0.008})
     start(amp_runtime, tmp_path, clock)
     step = training_loop()
     with caplog.at_level(logging.INFO, TRACING_LOGGER):
-        losses = [float(step()) for _ in range(CALLS + 2)]
+        losses = [float(step()) for _ in range(ALL_CALLS + 2)]
     cf = step.get_concrete_function()
     types = running_dtypes(cf)
     assert types["fast"] == tf.bfloat16 and types["slow"] == tf.float32
     assert tf_internals.call_override(cf) is None  # the trials are over and left nothing behind
     assert clock.profiled == [HALF, FLOAT32]
-    assert clock.timed[steps.CALLS - 1:] == [MIXED, MIXED, FLOAT32, FLOAT32, MIXED]  # after the guard's call
+    assert clock.timed[CALLS - 1:] == [MIXED, MIXED, FLOAT32, FLOAT32, MIXED]  # after the guard's call
     [line] = [line for line in lines(caplog) if "half regions" in line]
     assert line.startswith("amp-rewrite: tf.function step runs 1 of ")
     assert "the step ran 8.0 ms with 1 of" in line
@@ -107,7 +106,7 @@ def test_a_region_that_wins_inside_a_step_that_loses_runs_half_alone(amp_runtime
 def test_a_second_run_rebuilds_the_mixed_step_from_the_cache(amp_runtime, tmp_path, caplog):
     start(amp_runtime, tmp_path, Clock({HALF: 0.012, FLOAT32: 0.010, MIXED: 0.008}))
     step = training_loop()
-    for _ in range(CALLS):
+    for _ in range(ALL_CALLS):
         step()
     runtime.disable()
     clock = Clock({})  # read by nothing: a timed or profiled call fails the test with a KeyError
@@ -128,7 +127,7 @@ def test_a_mixed_step_no_faster_than_the_better_pure_step_is_dropped(amp_runtime
     start(amp_runtime, tmp_path, clock)
     step = training_loop()
     with caplog.at_level(logging.INFO, TRACING_LOGGER):
-        for _ in range(CALLS + 1):
+        for _ in range(ALL_CALLS + 1):
             step()
     types = running_dtypes(step.get_concrete_function())
     assert types["fast"] == types["slow"] == tf.float32
@@ -148,7 +147,7 @@ def test_profiles_that_propose_no_mixed_step_leave_the_pure_verdict(amp_runtime,
     start(amp_runtime, tmp_path, clock)
     step = training_loop()
     with caplog.at_level(logging.INFO, TRACING_LOGGER):
-        for _ in range(steps.CALLS + 4):
+        for _ in range(CALLS + 4):
             step()
     assert clock.profiled == [HALF, FLOAT32], why
     assert MIXED not in clock.timed
@@ -254,7 +253,7 @@ def test_a_step_far_slower_in_half_is_not_profiled(amp_runtime, tmp_path):
     clock = Clock({HALF: 0.030, FLOAT32: 0.010, MIXED: 0.001})
     start(amp_runtime, tmp_path, clock)
     step = training_loop()
-    for _ in range(steps.CALLS + 3):
+    for _ in range(CALLS + 3):
         step()
     assert clock.profiled == [] and MIXED not in clock.timed
     assert running_dtypes(step.get_concrete_function())["fast"] == tf.float32

@@ -52,7 +52,7 @@ The modules, one job each:
   :data:`CallKey`);
 - :mod:`~amp_rewrite.runtime.tf1.session.keeper`: :class:`ShadowKeeper`, which
   shadow is current (built, grown, a float32 copy) and what is made on it;
-- :mod:`~amp_rewrite.runtime.tf1.session.step_trial`: the step trials, each
+- :mod:`~amp_rewrite.runtime.tf1.session.session_trial`: the step trials, each
   step's float32 copy in the shadow, and their verdicts;
 - :mod:`~amp_rewrite.runtime.tf1.session.fallback`: the explicit
   :class:`FallbackState` and whose a failure is.

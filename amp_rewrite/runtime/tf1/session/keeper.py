@@ -9,7 +9,7 @@ runs. Running a call is :class:`~amp_rewrite.runtime.tf1.session.runner.ShadowRu
 
 With step trials on (``RuntimeSettings.is_timing_steps``), a new plan that
 runs half ops gets a trial against its float32 copy
-(:mod:`~amp_rewrite.runtime.tf1.session.step_trial`); the keeper holds the
+(:mod:`~amp_rewrite.runtime.tf1.session.session_trial`); the keeper holds the
 trials running on the current shadow and makes the winner the key's plan.
 Trials and verdicts are kept per step (fetches and feeds), not per graph
 version: ops added to the graph never change what a step runs, so a script
@@ -29,9 +29,9 @@ from amp_rewrite.runtime.core import Runtime
 from amp_rewrite.runtime.tf1.session.fallback import FallbackState, error_line
 from amp_rewrite.runtime.tf1.session.fast_calls import FastCalls
 from amp_rewrite.runtime.tf1.session.plans import PlanKey, RunPlan, StepId, make_plan
-from amp_rewrite.runtime.tf1.session.step_trial import SessionStepTrial, SessionStepTrials, trials_of
+from amp_rewrite.runtime.tf1.session.session_trial import SessionTrial, SessionTrials, trials_of
 from amp_rewrite.runtime.tf1.shadow_graph import ShadowGraph, ShadowState
-from amp_rewrite.tune.steps import HALF
+from amp_rewrite.tune.trial import HALF
 
 # One logger for the whole package: its lines keep the name they have always had.
 logger = logging.getLogger(__package__)
@@ -53,7 +53,7 @@ class ShadowKeeper:
         has_run: the rewritten graph ran a step (its variables hold trained values).
         trials: per :data:`StepId`, the step trial running on the current shadow.
         decided: per :data:`StepId`, the plan a verdict (or the lack of a trial) chose on the current shadow.
-        step_trials: the runtime's :class:`SessionStepTrials`; None when steps are not timed.
+        step_trials: the runtime's :class:`SessionTrials`; None when steps are not timed.
     """
 
     def __init__(self, graph, runtime: Runtime, target: str = "", config=None):
@@ -69,9 +69,9 @@ class ShadowKeeper:
         self.fetched: set[str] = set()
         self.fed: set[str] = set()
         self.has_run = False
-        self.trials: dict[StepId, SessionStepTrial] = {}
+        self.trials: dict[StepId, SessionTrial] = {}
         self.decided: dict[StepId, RunPlan] = {}
-        self.step_trials: SessionStepTrials | None = trials_of(runtime)
+        self.step_trials: SessionTrials | None = trials_of(runtime)
         self._stopped_rewriting = False
 
     # --- planning --------------------------------------------------------
@@ -132,7 +132,7 @@ class ShadowKeeper:
             self.decided[step] = plan
         return plan
 
-    def record_trial(self, key: PlanKey, trial: SessionStepTrial, body: str, seconds: float | None) -> None:
+    def record_trial(self, key: PlanKey, trial: SessionTrial, body: str, seconds: float | None) -> None:
         """One run of a step on trial finished; once all ran, the winner is the key's plan for good."""
         assert self.step_trials is not None
         step = key.step

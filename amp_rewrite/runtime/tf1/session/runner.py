@@ -5,7 +5,7 @@ A :class:`ShadowRunner` maps each ``run`` (through a
 :class:`~amp_rewrite.runtime.tf1.session.plans.RunPlan`) and each partial run
 onto the current shadow, converts values between the two graphs' dtypes, and
 logs the loss-scale reports. A step on trial
-(:mod:`~amp_rewrite.runtime.tf1.session.step_trial`) runs the variant its
+(:mod:`~amp_rewrite.runtime.tf1.session.session_trial`) runs the variant its
 schedule names, timed, on the general path. Which shadow is current, and
 what a failure changes, is its
 :class:`~amp_rewrite.runtime.tf1.session.keeper.ShadowKeeper`'s.

@@ -1,26 +1,24 @@
-"""Whole GraphDefs timed step by step in TF1 sessions: what ``--tune`` and ``doctor --benchmark`` measure.
+"""Two whole GraphDefs, each in a TF1 session of its own, stepped on the same feeds.
 
-One way to measure, the runtime's (:mod:`amp_rewrite.tune.steps`): the
-float32 graph and the rewritten graph each run in a session of their own on
-the same feeds, alternating in the order :func:`~amp_rewrite.tune.steps.schedule`
+What ``--tune`` and ``doctor --benchmark`` run. The schedule and verdict are
+the runtime's (:mod:`amp_rewrite.tune.trial`): the float32 graph and the
+rewritten graph alternate in the order :func:`~amp_rewrite.tune.trial.schedule`
 gives (an untimed warm-up of each, then half, float32, float32, half, ...);
 the best step of each counts, and half wins only by
-:data:`~amp_rewrite.tune.steps.MARGIN`.
+:data:`~amp_rewrite.tune.trial.MARGIN`.
 
 The graphs are reached through a small interface, :class:`StepRunner`: one
 step of a body (``"half"`` or ``"float32"``) and its seconds, and one
 optional profiled step giving each node's op seconds (from ``RunMetadata``
 step stats, :func:`amp_rewrite.tune.step_stats.step_stats_ops`), for a
-choice finer than the whole graph. :class:`SessionSteps` is the real one;
+choice finer than the whole graph. :class:`GraphSessions` is the real one;
 tests pass their own, or a fake clock.
 """
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable, Mapping, Sequence
-from types import SimpleNamespace
 from typing import Protocol
 
 import numpy as np
@@ -28,12 +26,9 @@ import numpy as np
 from amp_rewrite import tf_internals
 from amp_rewrite.errors import AmpRewriteError, first_line
 from amp_rewrite.graph.facts import tensor_name
-from amp_rewrite.tune import steps
 from amp_rewrite.tune.step_stats import step_stats_ops
-from amp_rewrite.tune.steps import FLOAT32, HALF, StepTrial, StepVerdict
+from amp_rewrite.tune.trial import FLOAT32, HALF
 
-#: The key of a whole graph's timings in the tuning cache begins with this.
-KEY_PREFIX = "graph "
 _LABELS = {FLOAT32: "float32", HALF: "rewritten"}
 
 
@@ -54,28 +49,7 @@ class StepRunner(Protocol):
         """Frees what the runner holds."""
 
 
-def run_trial(step: Callable[[str], float], *, warmup: int = steps.WARMUP, rounds: int = steps.ROUNDS
-              ) -> tuple[StepVerdict, int]:
-    """The verdict of one trial whose calls ``step`` runs, and the timed calls of each body.
-
-    The calls follow :func:`~amp_rewrite.tune.steps.schedule`; ``step``
-    raises to stop the trial.
-    """
-    trial = run_calls(step, StepTrial(order=steps.schedule(warmup, rounds), untimed=2 * warmup))
-    verdict = trial.verdict()
-    assert verdict is not None, "a finished trial with at least one round has a verdict"
-    return verdict, rounds
-
-
-def run_calls(step: Callable[[str], float], trial: StepTrial) -> StepTrial:
-    """``trial`` with all its calls run by ``step`` (one step of the body named, its seconds), in its order."""
-    while not trial.is_done:
-        body = trial.next_body()
-        trial.record(body, step(body))
-    return trial
-
-
-class SessionSteps:
+class GraphSessions:
     """The two graphs (``{"half": ..., "float32": ...}`` GraphDefs), each in its own session, ready to step.
 
     Args:
@@ -165,19 +139,3 @@ class _Session:
 
     def close(self) -> None:
         self.session.close()
-
-
-def graph_key(float32_graph, half_graph, *, feeds: Mapping[str, object], fetches: Sequence[str]) -> str:
-    """The cache key of a trial of two graphs: a digest of what both compute, the feeds' shapes and the fetches.
-
-    Each graph's digest is :func:`amp_rewrite.tune.steps.step_key`'s (ops and
-    attributes, not names), over its nodes and its library.
-    """
-    arrays = {name: np.asarray(value) for name, value in feeds.items()}
-    inputs = sorted((f"{name}:{array.dtype}", array.shape) for name, array in arrays.items())
-    digest = hashlib.sha256()
-    for graph_def in (float32_graph, half_graph):
-        bodies = [SimpleNamespace(node_def=graph_def.node), *graph_def.library.function]
-        digest.update(steps.step_key(bodies, inputs).encode())
-    digest.update(repr(sorted(fetches)).encode())
-    return KEY_PREFIX + digest.hexdigest()[:32]

@@ -14,7 +14,7 @@ import tensorflow as tf
 from amp_rewrite import runtime, tf_internals
 from amp_rewrite.runtime.settings import RuntimeSettings
 from amp_rewrite.runtime.tf2 import tracing
-from amp_rewrite.tune import steps
+from amp_rewrite.tune.trial import CALLS, FLOAT32, HALF
 
 TRACING_LOGGER = "amp_rewrite.runtime.tf2.tracing"
 
@@ -61,10 +61,10 @@ def lines(caplog) -> list[str]:
 
 
 def test_half_that_runs_faster_is_kept(amp_runtime, tmp_path, caplog):
-    start(amp_runtime, tmp_path, {steps.HALF: 0.005, steps.FLOAT32: 0.010})
+    start(amp_runtime, tmp_path, {HALF: 0.005, FLOAT32: 0.010})
     step, _ = training_loop()
     with caplog.at_level(logging.INFO, TRACING_LOGGER):
-        losses = [float(step()) for _ in range(steps.CALLS + 2)]
+        losses = [float(step()) for _ in range(CALLS + 2)]
     cf = step.get_concrete_function()
     assert "MatMul" in half_ops(cf)
     assert tf_internals.call_override(cf) is None  # the trial is over and left nothing behind
@@ -77,11 +77,11 @@ def test_half_that_runs_faster_is_kept(amp_runtime, tmp_path, caplog):
 
 def test_half_that_runs_slower_gives_the_step_its_float32_body(amp_runtime, tmp_path, caplog):
     float32_step, float32_w = training_loop()
-    float32_losses = [float(float32_step()) for _ in range(steps.CALLS + 2)]
-    start(amp_runtime, tmp_path, {steps.HALF: 0.012, steps.FLOAT32: 0.010})
+    float32_losses = [float(float32_step()) for _ in range(CALLS + 2)]
+    start(amp_runtime, tmp_path, {HALF: 0.012, FLOAT32: 0.010})
     step, w = training_loop()
     with caplog.at_level(logging.INFO, TRACING_LOGGER):
-        losses = [float(step()) for _ in range(steps.CALLS + 2)]
+        losses = [float(step()) for _ in range(CALLS + 2)]
     cf = step.get_concrete_function()
     assert half_ops(cf) == [] and cf not in runtime.current_runtime().tracing.swapped
     assert tf_internals.call_override(cf) is None
@@ -93,12 +93,12 @@ def test_half_that_runs_slower_gives_the_step_its_float32_body(amp_runtime, tmp_
 
 
 def test_a_second_run_decides_from_the_cache_before_the_first_call(amp_runtime, tmp_path, caplog):
-    start(amp_runtime, tmp_path, {steps.HALF: 0.012, steps.FLOAT32: 0.010})
+    start(amp_runtime, tmp_path, {HALF: 0.012, FLOAT32: 0.010})
     step, _ = training_loop()
-    for _ in range(steps.CALLS):
+    for _ in range(CALLS):
         step()
     runtime.disable()
-    start(amp_runtime, tmp_path, {steps.HALF: 0.001, steps.FLOAT32: 0.010})  # this clock is never read
+    start(amp_runtime, tmp_path, {HALF: 0.001, FLOAT32: 0.010})  # this clock is never read
     again, _ = training_loop()
     with caplog.at_level(logging.INFO, TRACING_LOGGER):
         again()
@@ -138,7 +138,7 @@ def keras3_fit(epochs: int, **fit):
 def test_keras3_fit_whose_half_step_loses_runs_float32_bodies(amp_runtime, tmp_path, caplog):
     """Keras 3 calls its rewritten one-step function inside the train function: the caller is tried."""
     float32_losses = keras3_fit(2)
-    start(amp_runtime, tmp_path, {steps.HALF: 0.030, steps.FLOAT32: 0.020})
+    start(amp_runtime, tmp_path, {HALF: 0.030, FLOAT32: 0.020})
     with caplog.at_level(logging.INFO, TRACING_LOGGER):
         losses = keras3_fit(2)
     decided = [line for line in lines(caplog) if "stays float32" in line]
@@ -153,11 +153,11 @@ def test_keras3_fit_whose_half_step_loses_runs_float32_bodies(amp_runtime, tmp_p
 
 def test_keras3_fit_in_a_second_run_gets_its_float32_bodies_from_the_cache(amp_runtime, tmp_path, caplog):
     """The train function decided float32 before: it runs float32 bodies from its first call, nothing timed."""
-    start(amp_runtime, tmp_path, {steps.HALF: 0.030, steps.FLOAT32: 0.020})
+    start(amp_runtime, tmp_path, {HALF: 0.030, FLOAT32: 0.020})
     keras3_fit(1)
     runtime.disable()
     float32_losses = keras3_fit(2)
-    start(amp_runtime, tmp_path, {steps.HALF: 0.001, steps.FLOAT32: 0.020})  # never read: nothing is timed
+    start(amp_runtime, tmp_path, {HALF: 0.001, FLOAT32: 0.020})  # never read: nothing is timed
     with caplog.at_level(logging.INFO, TRACING_LOGGER):
         losses = keras3_fit(2)
     decided = [line for line in lines(caplog) if "stays float32" in line]
@@ -171,7 +171,7 @@ def test_keras3_fit_in_a_second_run_gets_its_float32_bodies_from_the_cache(amp_r
 
 @pytest.mark.parametrize("is_half", [True, False])
 def test_keras3_fit_keeps_the_verdict_of_its_train_function(amp_runtime, tmp_path, caplog, is_half):
-    seconds = {steps.HALF: 0.010, steps.FLOAT32: 0.020} if is_half else {steps.HALF: 0.020, steps.FLOAT32: 0.010}
+    seconds = {HALF: 0.010, FLOAT32: 0.020} if is_half else {HALF: 0.020, FLOAT32: 0.010}
     start(amp_runtime, tmp_path, seconds)
     with caplog.at_level(logging.INFO, TRACING_LOGGER):
         keras3_fit(1)
@@ -188,11 +188,11 @@ def test_a_step_too_small_for_half_to_win_runs_float32_after_its_trial(amp_runti
     import keras
 
     amp_runtime(RuntimeSettings(target="bfloat16", is_timing_steps=True, tune_cache_dir=str(tmp_path),
-                                profile_after=steps.CALLS + 2))
+                                profile_after=CALLS + 2))
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((20000,)), keras.layers.Dense(3)])
     model.compile(optimizer="sgd", loss="mse")
-    x = np.ones((8 * (steps.CALLS + 6), 20000), np.float32)
+    x = np.ones((8 * (CALLS + 6), 20000), np.float32)
     with caplog.at_level(logging.INFO, TRACING_LOGGER):
         model.fit(x, np.zeros((len(x), 3), np.float32), batch_size=8, epochs=1, verbose=0)
     decided = [line for line in lines(caplog) if "stays float32: the step ran" in line]

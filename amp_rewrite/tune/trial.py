@@ -1,15 +1,23 @@
-"""The step decides: a function runs in half only where its real calls ran faster in half here.
+"""The step decides: a step runs in half only where its real calls ran faster in half here.
 
 The op lists guess which ops are faster in half; whether the *step* is
 depends on the device, the shapes, and what the kernel library makes of the
 whole graph (oneDNN fuses a convolution's filter gradient with its bias
 gradient in float32 and not around a Cast; its bfloat16 kernels win on one
-shape and lose on another). So the runtime times the step the user runs: it
-alternates real calls of the rewritten body and of the traced float32 body
-(both are training steps, so nothing is wasted), and keeps half only when
-its fastest call beat float32's fastest by :data:`MARGIN`.
+shape and lose on another). So the step the user runs is timed: real calls
+of the rewritten body and of the float32 body alternate (both are training
+steps, so nothing is wasted), and half stays only when its fastest call beat
+float32's fastest by :data:`MARGIN`.
 
-:class:`StepTrial` is that schedule and verdict, with no TensorFlow in it:
+This module is that schedule and its verdict, with no TensorFlow in it; the
+three places that run it only call their bodies:
+
+- a traced ``tf.function`` (:class:`~amp_rewrite.runtime.tf2.function_trial.FunctionTrial`),
+- a TF1 ``Session.run`` step (:class:`~amp_rewrite.runtime.tf1.session.session_trial.SessionTrial`),
+- two GraphDefs in sessions of their own, for ``--tune``
+  (:class:`~amp_rewrite.tune.graph_sessions.GraphSessions`, through :func:`run_trial`).
+
+:class:`TrialSchedule` holds one trial's calls:
 
 - the first call of each body is not timed (:data:`WARMUP`): it optimizes
   the graph and sets up the kernels;
@@ -22,17 +30,20 @@ its fastest call beat float32's fastest by :data:`MARGIN`.
 - half wins only when its best is at most ``1 - MARGIN`` of float32's; a
   near tie stays float32, which keeps float32's numbers and never loses.
 
-Ten calls in all (:data:`CALLS`). The two best times are cached per device,
-TensorFlow version and graph (:func:`step_key`, in the tuning cache), so a
-second run measures nothing and decides the same; a changed graph has a new
-key and is measured again.
+Ten calls in all (:data:`CALLS`). The two best times are cached under what
+was timed (:mod:`amp_rewrite.tune.keys`, in the tuning cache of
+:mod:`amp_rewrite.tune.cache`), so a second run measures nothing and decides
+the same; a changed graph has a new key and is measured again. The same
+:data:`MARGIN` decides a mixed body's confirmation and each region's choice
+(:mod:`amp_rewrite.tune.step_regions`).
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Iterable
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from amp_rewrite.tune.cache import Timing
 
@@ -51,17 +62,10 @@ WARMUP = 1
 #: Timed calls of each body.
 ROUNDS = 4
 CALLS = 2 * (WARMUP + ROUNDS)
-#: The key of a step's timings in the tuning cache begins with this, apart from the ops' keys.
-KEY_PREFIX = "step "
-#: After the step key: the op time of the two profiled steps (float32's, half's).
-PROFILE_KEY = " profile"
-#: After the step key: the best times of the better pure body and of the mixed one, in the trial confirming it.
-MIXED_KEY = " mixed"
 
-# Attributes that name things rather than compute them: a graph traced again
-# in another run gets new function names and resource names.
-_NAMING_ATTRS = frozenset({"shared_name", "container", "f", "then_branch", "else_branch", "cond", "body",
-                           "branches"})
+#: ``(body, call)`` → ``(outputs, seconds)``: runs one call of a body (``half``, ``float32`` or
+#: ``mixed``) and says how long it took. Each trial takes one, so tests give a clock of their own.
+Timer = Callable[[str, Callable[[], Any]], tuple[Any, float]]
 
 
 def schedule(warmup: int = WARMUP, rounds: int = ROUNDS) -> list[str]:
@@ -113,7 +117,7 @@ def verdict_of(timing: Timing, *, is_cached: bool = False) -> StepVerdict:
 
 
 @dataclass
-class StepTrial:
+class TrialSchedule:
     """The calls of one trial: which body the next runs, the times so far, and the verdict once all ran.
 
     A call that was not timed (the warm-ups, or a call the caller could not
@@ -147,13 +151,13 @@ class StepTrial:
         return verdict_of(Timing(float32=min(self.times[FLOAT32]), half=min(self.times[HALF])))
 
 
-def confirmation() -> StepTrial:
+def confirmation() -> TrialSchedule:
     """The trial of a mixed step (``half`` here) against the better pure one (``float32`` here).
 
     The mixed body runs once untimed (the better pure body is warm already),
     then two mirrored pairs: five calls.
     """
-    return StepTrial(order=[HALF, HALF, FLOAT32, FLOAT32, HALF], untimed=1)
+    return TrialSchedule(order=[HALF, HALF, FLOAT32, FLOAT32, HALF], untimed=1)
 
 
 @dataclass(frozen=True)
@@ -212,55 +216,31 @@ def mixed_verdict_of(timing: Timing, pure: StepVerdict, half_regions: int, regio
     return MixedVerdict(is_mixed, timing.half, timing.float32, pure, half_regions, regions)
 
 
-def step_key(functions: Iterable, inputs: Iterable[tuple[str, tuple]]) -> str:
-    """The cache key of a step: a digest of what its graph computes, not of what its parts are named.
+def time_call(body: str, call: Callable[[], Any]) -> tuple[Any, float]:
+    """A :data:`Timer` for calls that return once the step is done (``Session.run``; a CPU's eager call)."""
+    began = time.perf_counter()
+    outputs = call()
+    return outputs, time.perf_counter() - began
 
-    Args:
-        functions: the FunctionDefs of the step (its own and those it calls).
-        inputs: each input's dtype name and shape (None for an unknown dimension).
 
-    Every node's op and attributes count (but those that only name a function
-    or a resource, which change from run to run), as a multiset, with the
-    input signature: the same model traced in another run has the same key,
-    another shape or a changed model another.
+def run_trial(step: Callable[[str], float], *, warmup: int = WARMUP, rounds: int = ROUNDS
+              ) -> tuple[StepVerdict, int]:
+    """The verdict of one trial whose calls ``step`` runs, and the timed calls of each body.
+
+    The calls follow :func:`schedule`; ``step`` raises to stop the trial.
     """
-    return _digest((node for fdef in functions for node in fdef.node_def), inputs)
+    trial = run_calls(step, TrialSchedule(order=schedule(warmup, rounds), untimed=2 * warmup))
+    verdict = trial.verdict()
+    assert verdict is not None, "a finished trial with at least one round has a verdict"
+    return verdict, rounds
 
 
-def session_step_key(nodes: Iterable, fetches: Iterable[str], inputs: Iterable[tuple[str, tuple]], *,
-                     target: str) -> str:
-    """The cache key of a TF1 session step: :func:`step_key`'s digest of the NodeDefs it runs, and what it fetches.
-
-    Args:
-        nodes: the NodeDefs of the script graph's ops the step's fetches depend on.
-        fetches: what each fetch is, not what it is called (``op NoOp``, ``float32[]``), in fetch order.
-        inputs: each fed tensor's dtype name and shape (None for an unknown dimension), in feed order.
-        target: the half type the step's rewrite computes in (its graph is rewritten for it).
-
-    The same script run again builds the same graph under the same or other
-    names and gets the same key; another model, batch shape or target another.
-    """
-    signature = [("session", (target,)), *(("fetch " + text, ()) for text in fetches), *inputs]
-    return _digest(nodes, signature)
-
-
-def _digest(nodes: Iterable, inputs: Iterable[tuple[str, tuple]]) -> str:
-    digest = hashlib.sha256()
-    for dtype, shape in inputs:
-        digest.update(f"{dtype}{list(shape)};".encode())
-    for text in sorted(node_text(node) for node in nodes):
-        digest.update(text)
-    return KEY_PREFIX + digest.hexdigest()[:32]
-
-
-def node_text(node) -> bytes:
-    """What a node computes, as bytes: its op, its input count, its attributes but those that name things."""
-    parts = [node.op.encode(), str(len(node.input)).encode()]
-    for name in sorted(node.attr):
-        if name.startswith("_") or name in _NAMING_ATTRS:
-            continue
-        parts.append(name.encode() + b"=" + node.attr[name].SerializeToString(deterministic=True))
-    return b"|".join(parts)
+def run_calls(step: Callable[[str], float], trial: TrialSchedule) -> TrialSchedule:
+    """``trial`` with all its calls run by ``step`` (one step of the body named, its seconds), in its order."""
+    while not trial.is_done:
+        body = trial.next_body()
+        trial.record(body, step(body))
+    return trial
 
 
 def _ms(seconds: float) -> str:

@@ -1,8 +1,8 @@
 """A rewritten ``tf.function`` keeps half only where its real calls ran faster in half here.
 
-The schedule and the verdict are :mod:`amp_rewrite.tune.steps`'; this module
+The schedule and the verdict are :mod:`amp_rewrite.tune.trial`'; this module
 runs them on a ConcreteFunction. A function on trial gets a
-:class:`StepTrialCall` as its ``_call_flat``, holding two states of it: the
+:class:`FunctionTrial` as its ``_call_flat``, holding two states of it: the
 half one (the rewritten body, or for a function calling rewritten bodies
 its graph as traced) and the float32 one (the traced body; where the traced
 graph calls rewritten bodies, rebuilt to call their traced ones, as
@@ -10,13 +10,13 @@ graph calls rewritten bodies, rebuilt to call their traced ones, as
 fallback). Each eager call runs the body the schedule names and is timed
 (the device synchronised first, on a GPU); both are real steps of the
 user's training on the same variables, so no work is wasted. After
-:data:`~amp_rewrite.tune.steps.CALLS` calls the verdict keeps one state for
+:data:`~amp_rewrite.tune.trial.CALLS` calls the verdict keeps one state for
 good and one INFO line says which and why (``amp-rewrite: tf.function
 one_step_on_data stays float32: the step ran 449 ms in bfloat16 and 373 ms
 in float32 on this CPU``).
 
 The two best times go into the tuning cache under the step's key
-(:func:`~amp_rewrite.tune.steps.step_key`: the traced graph's ops and the
+(:func:`~amp_rewrite.tune.trial.step_key`: the traced graph's ops and the
 input signature), so the same function traced in a later run is decided
 before its first call, with nothing measured.
 
@@ -44,20 +44,29 @@ from typing import Any
 
 from amp_rewrite import tf_internals
 from amp_rewrite.config import Config
-from amp_rewrite.runtime.tf2.fallback import CallStep, called_name, function_name
+from amp_rewrite.runtime.tf2.calls import CallStep, called_name, function_name
 from amp_rewrite.runtime.tf2.step_mixing import MIXED, Mixing, Profiler, StepRegions, part_of, state_calling
 from amp_rewrite.runtime.tf2.swap_records import LOGGER_NAME, SwapRecord, SwapTable
-from amp_rewrite.tune import steps
+from amp_rewrite.tune import keys
 from amp_rewrite.tune.cache import TuneCache
-from amp_rewrite.tune.steps import FLOAT32, HALF, MixedVerdict, StepTrial, StepVerdict
+from amp_rewrite.tune.trial import (
+    FLOAT32,
+    HALF,
+    MARGIN,
+    MixedVerdict,
+    StepVerdict,
+    Timer,
+    TrialSchedule,
+    confirmation,
+    is_worth_mixing,
+    mixed_verdict_of,
+    verdict_of,
+)
 
 logger = logging.getLogger(LOGGER_NAME)
 
-#: ``(body, call)`` → ``(outputs, seconds)``: runs one call of the body (``half`` or ``float32``) and times it.
-Timer = Callable[[str, Callable[[], Any]], tuple[Any, float]]
 
-
-class StepTrialCall:
+class FunctionTrial:
     """The ``_call_flat`` of a function on trial: runs each call in the body the schedule names, and times it.
 
     Three phases, each on real calls: the trial of the two pure bodies; when
@@ -69,10 +78,10 @@ class StepTrialCall:
         function_ref: the ConcreteFunction on trial, held weakly.
         name: its name, for the INFO line.
         states: ``half``, ``float32`` (and once built, ``mixed``) → the function's state running that body.
-        trial: the schedule, times and verdict (:class:`~amp_rewrite.tune.steps.StepTrial`).
+        trial: the schedule, times and verdict (:class:`~amp_rewrite.tune.trial.TrialSchedule`).
         on_verdict: called once with the function and the verdict, after the state is kept.
         then: the floor watch that takes the trial's place when half wins; None: nothing.
-        timer: runs one call of a body and says how long it took (:data:`Timer`).
+        timer: runs one call of a body and says how long it took (:data:`~amp_rewrite.tune.trial.Timer`).
         mixing: what profiles the pure bodies and makes the mixed one; None: the pure verdict is final.
     """
 
@@ -82,14 +91,14 @@ class StepTrialCall:
         self.function_ref = weakref.ref(concrete_function)
         self.name = name
         self.states = states
-        self.trial = StepTrial()
+        self.trial = TrialSchedule()
         self.on_verdict = on_verdict
         self.then = then
         self.timer = timer
         self.mixing = mixing
         self.verdict: StepVerdict | None = None
         self.profiles: dict[str, dict[str, float]] = {}
-        self.confirmation: StepTrial | None = None
+        self.confirmation: TrialSchedule | None = None
 
     # The first-call guard runs the first call itself (a half one) and hands its bookkeeping here.
 
@@ -142,7 +151,7 @@ class StepTrialCall:
             if verdict is None:
                 return
             self.verdict = verdict
-            if self.mixing is None or not steps.is_worth_mixing(verdict) or not self.mixing.can_mix():
+            if self.mixing is None or not is_worth_mixing(verdict) or not self.mixing.can_mix():
                 self.settle(cf, verdict)
         elif self.confirmation is None:
             if seconds is None:  # no profile: the pure verdict stands
@@ -166,7 +175,7 @@ class StepTrialCall:
             self.settle(cf, self.verdict)
             return
         self.states[MIXED] = state
-        self.confirmation = steps.confirmation()
+        self.confirmation = confirmation()
 
     def _better_pure(self) -> str:
         return HALF if self.verdict is not None and self.verdict.is_half else FLOAT32
@@ -187,18 +196,18 @@ class StepTrialCall:
         tf_internals.set_concrete_function_state(concrete_function, {**self.states[body], "_call_flat": self})
 
 
-class StepTrials:
+class FunctionTrials:
     """A tracing hook's step trials: which functions get one, their float32 state, the cache, the lines.
 
     Attributes:
         swapped: the hook's swapped functions (its own table).
         config: returns the rewrite configuration (read at first use: the target chosen, the device type).
         cache_dir: where the tuning cache lives (None: the user's cache directory).
-        timer: runs one call of a body and times it (:data:`Timer`; tests give their own).
+        timer: runs one call of a body and times it (:data:`~amp_rewrite.tune.trial.Timer`; tests give their own).
         profiler: runs one call of a body profiled (:data:`~amp_rewrite.runtime.tf2.step_mixing.Profiler`;
             tests give their own); None: no step is profiled, and pure verdicts are final.
         decisions: each function decided in this process, oldest first: its name, verdict (a
-            :class:`~amp_rewrite.tune.steps.MixedVerdict` for a step that tried a mixed body), and the
+            :class:`~amp_rewrite.tune.trial.MixedVerdict` for a step that tried a mixed body), and the
             function (held weakly).
         trials: the trials made, held weakly (a settled one goes with its function's reference to it).
     """
@@ -213,7 +222,7 @@ class StepTrials:
         self.timer = timer or self.time_call
         self.profiler: Profiler | None = profile_body
         self.decisions: list[tuple[str, StepVerdict | MixedVerdict, weakref.ref]] = []
-        self.trials: weakref.WeakSet[StepTrialCall] = weakref.WeakSet()
+        self.trials: weakref.WeakSet[FunctionTrial] = weakref.WeakSet()
         self._cache: TuneCache | None = None
         # traced body (an AtomicFunction) → its step key: a large step's key costs a tenth of a second
         self._keys: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -276,7 +285,7 @@ class StepTrials:
         tf_internals.set_concrete_function_state(concrete_function, state)
         if call is not None:
             tf_internals.override_call(concrete_function, call)
-        mixed = steps.mixed_verdict_of(timing, verdict, len(choice.half), len(choice.times))
+        mixed = mixed_verdict_of(timing, verdict, len(choice.half), len(choice.times))
         self._say(name, mixed, concrete_function)
 
     def keep_float32(self, concrete_function) -> None:
@@ -293,7 +302,7 @@ class StepTrials:
                 tf_internals.set_concrete_function_state(cf, trial.states[HALF])
         self.trials.clear()
 
-    def for_swapped(self, concrete_function, record: SwapRecord, then: CallStep | None) -> StepTrialCall:
+    def for_swapped(self, concrete_function, record: SwapRecord, then: CallStep | None) -> FunctionTrial:
         """The trial of a function just swapped, which follows its first-call guard; ``then`` after it."""
         traced = record.traced_state
         states = {HALF: tf_internals.concrete_function_state(concrete_function),
@@ -313,7 +322,7 @@ class StepTrials:
     # --- the trial --------------------------------------------------------
 
     def _trial(self, concrete_function, name: str, states: dict, key: str, then, *, on_float32,
-               record: SwapRecord | None = None) -> StepTrialCall:
+               record: SwapRecord | None = None) -> FunctionTrial:
         def on_verdict(cf, verdict: StepVerdict | MixedVerdict) -> None:
             if not verdict.is_half:
                 on_float32(cf)
@@ -326,7 +335,7 @@ class StepTrials:
             mixing = Mixing(lambda: self._regions(record, traced), cache=lambda: self.cache,
                             key=key, profiler=lambda body, call: self.profiler(body, call),  # type: ignore[misc]
                             traced_state=traced)
-        trial = StepTrialCall(concrete_function, name, states, on_verdict=on_verdict, then=then,
+        trial = FunctionTrial(concrete_function, name, states, on_verdict=on_verdict, then=then,
                               timer=lambda body, call: self.timer(body, call), mixing=mixing)
         self.trials.add(trial)
         return trial
@@ -366,7 +375,7 @@ class StepTrials:
     # --- the cache and the lines ------------------------------------------
 
     def _key(self, state: dict) -> str:
-        """The step key of the function whose state is ``state`` (:func:`~amp_rewrite.tune.steps.step_key`)."""
+        """The step key of the function whose state is ``state`` (:func:`~amp_rewrite.tune.trial.step_key`)."""
         body = state["_inference_function"]
         key = self._keys.get(body)
         if key is None:
@@ -374,17 +383,17 @@ class StepTrials:
             functions = [f.definition for f in tf_internals.graph_functions(graph).values()]
             inputs = [(t.dtype.name, tuple(t.shape.as_list()) if t.shape.rank is not None else ())
                       for t in graph.inputs]
-            key = self._keys[body] = steps.step_key([*functions, body.definition], inputs)
+            key = self._keys[body] = keys.step_key([*functions, body.definition], inputs)
         return key
 
     def _cached(self, key: str) -> StepVerdict | None:
         """The verdict of the times the cache holds for ``key`` (this process's trials put theirs there too)."""
         timing = self.cache.get(key)
-        return steps.verdict_of(timing, is_cached=True) if timing is not None else None
+        return verdict_of(timing, is_cached=True) if timing is not None else None
 
     def _was_mixed(self, key: str) -> bool:
-        timing = self.cache.get(key + steps.MIXED_KEY)
-        return timing is not None and timing.half <= (1.0 - steps.MARGIN) * timing.float32
+        timing = self.cache.get(key + keys.MIXED_KEY)
+        return timing is not None and timing.half <= (1.0 - MARGIN) * timing.float32
 
     def _remember(self, key: str, verdict: StepVerdict) -> None:
         self.cache.put(key, verdict.timing())

@@ -1,11 +1,11 @@
 """A TF1 session step keeps half only where its real runs were faster in half here.
 
-The schedule and the verdict are :mod:`amp_rewrite.tune.steps`' (the same as
-for a ``tf.function``, :mod:`amp_rewrite.runtime.tf2.step_trial`); this
+The schedule and the verdict are :mod:`amp_rewrite.tune.trial`' (the same as
+for a ``tf.function``, :mod:`amp_rewrite.runtime.tf2.function_trial`); this
 module runs them on ``Session.run`` steps. Each :class:`PlanKey` whose plan
-runs half ops gets a :class:`SessionStepTrial`: its first runs alternate the
+runs half ops gets a :class:`SessionTrial`: its first runs alternate the
 rewritten plan and a float32 plan of the same step, each timed around the
-shadow session's ``run``; after :data:`~amp_rewrite.tune.steps.CALLS` runs
+shadow session's ``run``; after :data:`~amp_rewrite.tune.trial.CALLS` runs
 the winner becomes the key's plan for good, and one INFO line says which and
 why (``amp-rewrite: session step (fetches Adam, loss) runs in bfloat16: the
 step ran 8.0 ms in bfloat16 and 16.2 ms in float32 on this CPU (2.02x)``,
@@ -40,7 +40,7 @@ plan and a DEBUG line says why:
   on CPUs with bfloat16 kernels, which is the case trials are for.
 
 The two best times go into the tuning cache under the step's key
-(:func:`~amp_rewrite.tune.steps.session_step_key`: the script graph's ops
+(:func:`~amp_rewrite.tune.trial.session_step_key`: the script graph's ops
 the fetches depend on, what is fetched and fed, the target), so the same
 script run again decides each step when its plan is made, measuring
 nothing. A failed run of either variant falls back as any failed run does
@@ -51,17 +51,15 @@ a new shadow (the graph grew, or a fallback) starts without trials.
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from amp_rewrite import tf_internals
 from amp_rewrite.graph.facts import node_name
 from amp_rewrite.runtime.tf1.session.plans import FeedPlan, PlanKey, RunPlan, ancestors, dtype_change
-from amp_rewrite.tune import steps
+from amp_rewrite.tune import keys
 from amp_rewrite.tune.cache import TuneCache
-from amp_rewrite.tune.steps import FLOAT32, HALF, StepTrial, StepVerdict
+from amp_rewrite.tune.trial import FLOAT32, HALF, StepVerdict, Timer, TrialSchedule, time_call, verdict_of
 
 # One logger for the whole package: its lines keep the name they have always had.
 logger = logging.getLogger(__package__)
@@ -73,21 +71,18 @@ COLLECTIVE_PREFIXES = ("Collective", "Nccl")
 #: The scope the float32 variants of the shadow's steps are imported under.
 FLOAT32_SCOPE = "Float32-AmpRewrite"
 
-#: ``(body, run)`` → ``(values, seconds)``: runs one step of the variant (``half`` or ``float32``) and times it.
-Timer = Callable[[str, Callable[[], Any]], tuple[Any, float]]
-
 
 class NoTrial(Exception):
     """A step that cannot be tried: the message says why."""
 
 
 @dataclass
-class SessionStepTrial:
+class SessionTrial:
     """One step on trial: its two plans, the schedule and times, and its cache key.
 
     Attributes:
         plans: ``half`` (the rewritten plan) and ``float32`` (the plan of its float32 copy).
-        key: the step's cache key (:func:`~amp_rewrite.tune.steps.session_step_key`).
+        key: the step's cache key (:func:`~amp_rewrite.tune.trial.session_step_key`).
         name: the step, in words, for the INFO line.
         trial: the schedule, times and verdict.
     """
@@ -95,17 +90,17 @@ class SessionStepTrial:
     plans: dict[str, RunPlan]
     key: str
     name: str
-    trial: StepTrial = field(default_factory=StepTrial)
+    trial: TrialSchedule = field(default_factory=TrialSchedule)
 
 
-class SessionStepTrials:
+class SessionTrials:
     """The runtime's session step trials: which steps get one, the cache, the lines, the decisions.
 
     Attributes:
         target: the half type the rewrites compute in.
         device_type: the device type the steps run on (``CPU``, ``GPU``).
         cache_dir: where the tuning cache lives (None: the user's cache directory).
-        timer: runs one step of a variant and times it (:data:`Timer`; tests give their own).
+        timer: runs one step of a variant and times it (:data:`~amp_rewrite.tune.trial.Timer`; tests give their own).
         decisions: each step decided in this process, oldest first: its name and verdict.
     """
 
@@ -114,7 +109,7 @@ class SessionStepTrials:
         self.target = target
         self.device_type = device_type or "CPU"
         self.cache_dir = cache_dir
-        self.timer: Timer = timer or time_run
+        self.timer: Timer = timer or time_call
         self.decisions: list[tuple[str, StepVerdict]] = []
         self._cache: TuneCache | None = None
         self._said: set[str] = set()
@@ -128,7 +123,7 @@ class SessionStepTrials:
             self._cache = cache_here(self.cache_dir, self.device_type)
         return self._cache
 
-    def plan(self, script_graph, shadow_graph, key: PlanKey, half: RunPlan) -> tuple[RunPlan, SessionStepTrial | None]:
+    def plan(self, script_graph, shadow_graph, key: PlanKey, half: RunPlan) -> tuple[RunPlan, SessionTrial | None]:
         """The plan a new step runs, and its trial when it gets one.
 
         A step without half ops runs ``half`` (its rewritten plan) untried; a
@@ -146,18 +141,18 @@ class SessionStepTrials:
             step_key = self.key_of(script_graph, key)
             timing = self.cache.get(step_key)
             if timing is not None:
-                verdict = steps.verdict_of(timing, is_cached=True)
+                verdict = verdict_of(timing, is_cached=True)
                 plan = half if verdict.is_half else float32_plan(script_graph, shadow_graph, key, half)
                 self.say(name, step_key, verdict)
                 return plan, None
-            trial = SessionStepTrial({HALF: half, FLOAT32: float32_plan(script_graph, shadow_graph, key, half)},
+            trial = SessionTrial({HALF: half, FLOAT32: float32_plan(script_graph, shadow_graph, key, half)},
                                      step_key, name)
         except NoTrial as exc:
             logger.debug("amp-rewrite: no step trial for session step %s: %s", name, exc)
             return half, None
         return half, trial
 
-    def settle(self, trial: SessionStepTrial, verdict: StepVerdict) -> RunPlan:
+    def settle(self, trial: SessionTrial, verdict: StepVerdict) -> RunPlan:
         """The plan the verdict keeps; its times go into the cache, and the line is said."""
         self.cache.put(trial.key, verdict.timing())
         self.cache.save()
@@ -171,7 +166,7 @@ class SessionStepTrials:
         nodes += _function_nodes(script_graph, [name for node in nodes for name in _called(node)])
         fetches = [f"op {e.type}" if not hasattr(e, "dtype") else f"{e.dtype.name}{_dims(e)}" for e in elements]
         inputs = [(tensor.dtype.name, _dims(tensor)) for tensor in map(script_graph.get_tensor_by_name, key.feeds)]
-        return steps.session_step_key(nodes, fetches, inputs, target=self.target)
+        return keys.session_step_key(nodes, fetches, inputs, target=self.target)
 
     def say(self, name: str, step_key: str, verdict: StepVerdict) -> None:
         """The INFO line of a decided step, once per step and process; the decision is kept."""
@@ -186,13 +181,13 @@ class SessionStepTrials:
             logger.info("amp-rewrite: session step %s stays float32: %s", name, reason)
 
 
-def trials_of(runtime) -> SessionStepTrials | None:
+def trials_of(runtime) -> SessionTrials | None:
     """The runtime's session step trials (made at first use); None when its steps are not timed."""
     if not runtime.settings.is_timing_steps or runtime.target is None:
         return None
     trials = runtime.session_trials
     if trials is None or trials.target != runtime.target:
-        trials = runtime.session_trials = SessionStepTrials(
+        trials = runtime.session_trials = SessionTrials(
             target=runtime.target, device_type=runtime.rewrite_config().device_type,
             cache_dir=runtime.requested.tune_cache_dir)
     return trials
@@ -212,13 +207,6 @@ def step_decisions(runtime) -> list[tuple[str, bool, str]]:
         return []
     return [(name, verdict.is_half, verdict.reason(trials.target, trials.device_type))
             for name, verdict in trials.decisions]
-
-
-def time_run(body: str, run: Callable[[], Any]) -> tuple[Any, float]:
-    """Runs one step and returns its values and seconds (``Session.run`` returns once the step is done)."""
-    began = time.perf_counter()
-    values = run()
-    return values, time.perf_counter() - began
 
 
 def step_name(key: PlanKey) -> str:

@@ -14,17 +14,17 @@ from helpers import rng, runner_of, tf1
 from amp_rewrite import runtime
 from amp_rewrite.runtime.settings import RuntimeSettings
 from amp_rewrite.runtime.tf1.session import RuntimeRewriteError
-from amp_rewrite.runtime.tf1.session import step_trial as session_trials
+from amp_rewrite.runtime.tf1.session import session_trial as session_trials
 from amp_rewrite.runtime.tf1.session.plans import PlanKey, RunPlan, ancestors
-from amp_rewrite.tune import steps
+from amp_rewrite.tune.trial import CALLS, FLOAT32, HALF, schedule
 
 SESSION_LOGGER = "amp_rewrite.runtime.tf1.session"
 X = rng().normal(size=(8, 16)).astype(np.float32)
 T = (X[:, :1] * 2.0 - X[:, 1:2]).astype(np.float32)
 FEEDS = {"x:0": X, "t:0": T}
 STEP = ["train_op", "loss:0"]
-HALF_WINS = {steps.HALF: 0.005, steps.FLOAT32: 0.008}
-HALF_LOSES = {steps.HALF: 0.020, steps.FLOAT32: 0.010}
+HALF_WINS = {HALF: 0.005, FLOAT32: 0.008}
+HALF_LOSES = {HALF: 0.020, FLOAT32: 0.010}
 
 
 def training_graph(optimizer: str = "sgd", inputs: str = "placeholders"):
@@ -120,11 +120,11 @@ def test_half_that_runs_faster_keeps_the_rewritten_step(amp_runtime, tmp_path, c
     graph = training_graph("adam")
     with caplog.at_level(logging.INFO, SESSION_LOGGER), tf1.Session(graph=graph) as sess:
         sess.run("init")
-        losses = [float(sess.run(STEP, FEEDS)[1]) for _ in range(steps.CALLS + 3)]
+        losses = [float(sess.run(STEP, FEEDS)[1]) for _ in range(CALLS + 3)]
         plan = step_plan(sess)
         metadata = tf1.RunMetadata()
         sess.run(STEP, FEEDS, options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE), run_metadata=metadata)
-    assert calls == steps.schedule()  # the init step runs no half op: no trial
+    assert calls == schedule()  # the init step runs no half op: no trial
     assert {"mm1", "mm2"} <= set(matmul_types(plan)) and set(matmul_types(plan).values()) == {tf.bfloat16}
     ran = {node.node_name for device in metadata.step_stats.dev_stats for node in device.node_stats}
     assert "mm1" in ran and not any(name.startswith(session_trials.FLOAT32_SCOPE) for name in ran)
@@ -139,14 +139,14 @@ def test_half_that_runs_slower_runs_the_float32_step_on_the_same_variables(amp_r
     graph = training_graph()
     with caplog.at_level(logging.INFO, SESSION_LOGGER), tf1.Session(graph=graph) as sess:
         sess.run("init")
-        trial_losses = [float(sess.run(*step_call(graph))[1]) for _ in range(steps.CALLS)]
+        trial_losses = [float(sess.run(*step_call(graph))[1]) for _ in range(CALLS)]
         after_trial = weights(sess, graph)
         losses = [float(sess.run(*step_call(graph))[1]) for _ in range(5)]
         plan = step_plan(sess)
         assert [call.plan for call in runner_of(sess).keeper.calls.values()] == [plan]  # the fast path runs it
         assert runner_of(sess).fallback_reason is None
     runtime.disable()
-    assert len(calls) == steps.CALLS
+    assert len(calls) == CALLS
     assert len(matmul_types(plan)) == 6 and set(matmul_types(plan).values()) == {tf.float32}
     assert all(name.startswith(session_trials.FLOAT32_SCOPE + "/") for name in matmul_types(plan))
     assert "stays float32: the step ran 20.0 ms in bfloat16 and 10.0 ms in float32 on this CPU" in lines(caplog)[-1]
@@ -161,7 +161,7 @@ def test_a_second_run_decides_from_the_cache_before_its_first_step(amp_runtime, 
     graph = training_graph("adam")
     with tf1.Session(graph=graph) as sess:
         sess.run("init")
-        for _ in range(steps.CALLS):
+        for _ in range(CALLS):
             sess.run(STEP, FEEDS)
     runtime.disable()
     start(amp_runtime, tmp_path)  # as a new process: its timer fails the test
@@ -190,9 +190,9 @@ def test_a_step_reading_an_iterator_or_a_queue_gets_no_trial(amp_runtime, tmp_pa
         if inputs == "iterator":
             sess.run(graph.get_collection("iterator_init"))
         else:
-            for _ in range(steps.CALLS + 2):
+            for _ in range(CALLS + 2):
                 sess.run("enqueue")
-        for _ in range(steps.CALLS + 2):
+        for _ in range(CALLS + 2):
             sess.run(STEP, {"t:0": T})
         plan = step_plan(sess, feeds=("t:0",))
     assert not calls
@@ -213,7 +213,7 @@ def test_steps_are_not_timed_unless_asked(amp_runtime):
 
 
 def failing_float32_timer(body, run):
-    if body == steps.FLOAT32:
+    if body == FLOAT32:
         raise tf.errors.InternalError(None, None, "the float32 variant broke")
     return run(), 0.01
 
@@ -269,7 +269,7 @@ def test_a_step_calling_a_function_the_rewrite_changed_gets_no_trial(amp_runtime
         tf1.global_variables_initializer()
     with caplog.at_level(logging.DEBUG, SESSION_LOGGER), tf1.Session(graph=graph) as sess:
         sess.run("init")
-        for _ in range(steps.CALLS + 1):
+        for _ in range(CALLS + 1):
             sess.run([train, loss], {x: X})
         assert not runner_of(sess).keeper.trials
     assert not calls
@@ -282,13 +282,13 @@ def test_ops_added_between_steps_neither_restart_the_trial_nor_copy_the_step_aga
     graph = training_graph()
     with caplog.at_level(logging.INFO, SESSION_LOGGER), tf1.Session(graph=graph) as sess:
         sess.run("init")
-        for index in range(steps.CALLS + 3):
+        for index in range(CALLS + 3):
             with graph.as_default():
                 tf.identity(graph.get_tensor_by_name("loss:0"), name=f"added_{index}")  # a new graph version
             sess.run(*step_call(graph))
         shadow = runner_of(sess).shadow_graph
         plan = step_plan(sess)
-    assert len(calls) == steps.CALLS
+    assert len(calls) == CALLS
     assert sum("stays float32" in line for line in lines(caplog)) == 1
     scopes = {op.name.split("/")[0] for op in shadow.get_operations()
               if op.name.startswith(session_trials.FLOAT32_SCOPE)}
@@ -304,11 +304,11 @@ def test_a_fed_tensor_the_step_does_not_read_is_fed_to_either_variant(amp_runtim
     with tf1.Session(graph=graph) as sess:
         sess.run("init")
         fetches, feeds = step_call(graph)
-        for _ in range(steps.CALLS + 2):
+        for _ in range(CALLS + 2):
             sess.run(fetches, {**feeds, phase: True})
         plan = step_plan(sess, feeds=("x:0", "t:0", "phase:0"))
         assert runner_of(sess).fallback_reason is None
-    assert calls == steps.schedule()
+    assert calls == schedule()
     assert set(matmul_types(plan).values()) == {tf.float32}
 
 
@@ -323,10 +323,10 @@ def test_a_step_fetching_a_variable_is_tried(amp_runtime, tmp_path):
         tf1.global_variables_initializer()
     with tf1.Session(graph=graph) as sess:
         sess.run("init")
-        values = [sess.run([train, loss, w], {x: X}) for _ in range(steps.CALLS + 2)]
+        values = [sess.run([train, loss, w], {x: X}) for _ in range(CALLS + 2)]
         plan = step_plan(sess, fetches=["train_op", "loss:0", "w:0"], feeds=("x:0",))
         assert runner_of(sess).fallback_reason is None
-    assert calls == steps.schedule()
+    assert calls == schedule()
     assert set(matmul_types(plan).values()) == {tf.float32}
     assert values[-1][2].shape == (16, 4) and not np.array_equal(values[-1][2], values[0][2])
 
