@@ -340,3 +340,44 @@ def test_a_step_running_collective_ops_gets_no_trial():
     key = PlanKey(graph.version, ("sum:0",), ("x:0",))
     why = session_trials.why_no_trial(graph, graph, key, RunPlan([], [], {}))
     assert why == "it runs CollectiveReduceV2 'sum': every worker or replica must run the same variant"
+
+
+def test_runs_from_several_threads_follow_the_schedule_one_at_a_time(amp_runtime, tmp_path, caplog):
+    """Six threads run the step from its first run on: its trial's runs keep their order and are timed alone."""
+    import threading
+    import time
+
+    amp_runtime(RuntimeSettings(target="bfloat16", is_timing_steps=True, tune_cache_dir=str(tmp_path)))
+    spans = []
+
+    def timer(body, run):
+        began = time.perf_counter()
+        time.sleep(0.02)  # another thread gets the interpreter here
+        values = run()
+        spans.append((body, began, time.perf_counter()))
+        return values, HALF_WINS[body]
+
+    session_trials.trials_of(runtime.current_runtime()).timer = timer
+    graph = training_graph()
+    barrier = threading.Barrier(6)
+    losses = []
+    with caplog.at_level(logging.INFO, SESSION_LOGGER), tf1.Session(graph=graph) as sess:
+        sess.run("init")
+
+        def train():
+            barrier.wait()
+            for _ in range(4):
+                losses.append(float(sess.run(STEP, FEEDS)[1]))
+
+        threads = [threading.Thread(target=train) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        plan = step_plan(sess)
+    assert [body for body, _, _ in spans] == schedule()
+    times = sorted((began, ended) for _, began, ended in spans)
+    assert all(ended <= next_began for (_, ended), (next_began, _) in zip(times, times[1:]))
+    assert len(losses) == 24 and np.all(np.isfinite(losses))
+    assert set(matmul_types(plan).values()) == {tf.bfloat16}
+    assert len([line for line in lines(caplog) if "runs in bfloat16" in line]) == 1

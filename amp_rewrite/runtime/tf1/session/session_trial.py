@@ -51,6 +51,7 @@ a new shadow (the graph grew, or a fallback) starts without trials.
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,12 +86,15 @@ class SessionTrial:
         key: the step's cache key (:func:`~amp_rewrite.tune.trial.session_step_key`).
         name: the step, in words, for the INFO line.
         trial: the schedule, times and verdict.
+        lock: held by each run of the step while it is on trial, so that runs from several threads
+            follow the schedule one at a time, each timed alone (runs after the verdict never take it).
     """
 
     plans: dict[str, RunPlan]
     key: str
     name: str
     trial: TrialSchedule = field(default_factory=TrialSchedule)
+    lock: Any = field(default_factory=threading.RLock, repr=False, compare=False)
 
 
 class SessionTrials:
