@@ -35,6 +35,11 @@ create a variable under it, the workers agree (:func:`exchange`):
   failed verdict raises on every worker that has the runtime, after putting
   the job in error so that a worker without it stops too.
 
+Once they agreed on a half precision, the workers form a
+:class:`~amp_rewrite.runtime.job.Job`, through which the trials of the steps
+that run collectives decide together which body every worker keeps
+(:mod:`amp_rewrite.runtime.tf2.job_rounds`).
+
 The agreement happens once per process; a second strategy keeps the decision.
 A strategy of one worker, ``MirroredStrategy`` and TF1's strategies (which
 have no coordination service) are left alone.
@@ -47,10 +52,10 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from typing import Protocol
 
 from amp_rewrite import tf_internals
 from amp_rewrite.errors import RuntimeRewriteError, first_line
+from amp_rewrite.runtime.job import KEY_PREFIX, Job, JobStore, Store, Task, name
 from amp_rewrite.runtime.ledger import Ledger
 from amp_rewrite.runtime.settings import LossScaleSettings, RuntimeSettings, scales_loss
 from amp_rewrite.runtime.target import TargetChoice
@@ -58,12 +63,9 @@ from amp_rewrite.runtime.target import TargetChoice
 logger = logging.getLogger(__name__)
 
 LEDGER_NAME = "multi-worker agreement"
-KEY_PREFIX = "amp_rewrite"
 VERDICT_KEY = f"{KEY_PREFIX}/decision"
 COORDINATED_JOBS = ("chief", "worker")  # the jobs that run the collectives
 FIX = "set ENABLE_AUTO_MP, AMP_REWRITE_TARGET and any AMP_LOSS_SCALE* alike on every worker"
-
-Task = tuple[str, int]
 
 
 @dataclass(frozen=True)
@@ -191,34 +193,12 @@ class Cluster:
         return cls(tasks, me) if me in tasks else None
 
 
-def name(task: Task) -> str:
-    return f"{task[0]} {task[1]}"
-
-
 def names(tasks) -> str:
     return ", ".join(name(task) for task in tasks)
 
 
 def setting_key(task: Task) -> str:
     return f"{KEY_PREFIX}/setting/{task[0]}/{task[1]}"
-
-
-class Store(Protocol):
-    """The job's key-value store: inserts never overwrite; reads wait up to a timeout."""
-
-    def insert(self, key: str, value: str) -> bool: ...
-
-    def read(self, key: str, timeout_seconds: float) -> str | None: ...
-
-
-class JobStore:
-    """The key-value store of TensorFlow's coordination service."""
-
-    def insert(self, key: str, value: str) -> bool:
-        return tf_internals.insert_job_value(key, value)
-
-    def read(self, key: str, timeout_seconds: float) -> str | None:
-        return tf_internals.read_job_value(key, timeout_seconds)
 
 
 def exchange(cluster: Cluster, own: Setting, store: Store, *, wait: float,
@@ -300,14 +280,18 @@ class Agreement:
         follow: installs the runtime for another decision:
             ``follow(choice, settings)``, where ``choice.target`` None means float32.
         store: the job's key-value store (tests pass another).
+        joined: given the :class:`~amp_rewrite.runtime.job.Job` once the workers agreed on a half
+            precision, for the steps they must then decide together (their trials).
     """
 
     def __init__(self, settings: RuntimeSettings, choice: TargetChoice,
-                 follow: Callable[[TargetChoice, RuntimeSettings], None], store: Store | None = None):
+                 follow: Callable[[TargetChoice, RuntimeSettings], None], store: Store | None = None,
+                 joined: Callable[[Job], None] = lambda job: None):
         self.settings = settings
         self.own = Setting(Decision.of(settings, choice), settings.is_strict)
         self.follow = follow
         self.store = store or JobStore()
+        self.joined = joined
         self.verdict: Verdict | None = None
 
     def construct(self, original, strategy, *args, **kwargs):
@@ -326,6 +310,8 @@ class Agreement:
             return
         self.verdict = verdict
         self._apply(cluster, verdict)
+        if verdict.decision.target is not None:
+            self.joined(Job(cluster.tasks, cluster.me, self.store, self.settings.peer_wait_seconds))
 
     def _verdict(self, cluster: Cluster) -> Verdict | None:
         """The job's verdict; float32 when the workers cannot agree; None when nothing can be checked.
@@ -372,14 +358,18 @@ def _fail(line: str) -> None:
 
 
 def install(ledger: Ledger, settings: RuntimeSettings, choice: TargetChoice,
-            follow: Callable[[TargetChoice, RuntimeSettings], None]) -> None:
-    """Patches ``MultiWorkerMirroredStrategy``'s constructor to agree with the other workers (entered in ``ledger``)."""
+            follow: Callable[[TargetChoice, RuntimeSettings], None],
+            joined: Callable[[Job], None] = lambda job: None) -> None:
+    """Patches ``MultiWorkerMirroredStrategy``'s constructor to agree with the other workers (entered in ``ledger``).
+
+    ``follow`` and ``joined`` are the :class:`Agreement`'s.
+    """
     import tensorflow as tf
 
     with ledger.lock:
         if ledger.installed(LEDGER_NAME):
             return
-        agreement = Agreement(settings, choice, follow)
+        agreement = Agreement(settings, choice, follow, joined=joined)
         ledger.install(LEDGER_NAME, tf.distribute.MultiWorkerMirroredStrategy, "__init__", agreement.construct)
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from fixtures.harness import Script, free_ports, run_scripts
+from helpers import KeyValueStore as Store
 
 from amp_rewrite import runtime
 from amp_rewrite.errors import RuntimeRewriteError
@@ -37,27 +38,6 @@ TWO = (CHIEF, WORKER1)
 DYNAMIC = LossScaleSettings()
 F16 = Setting(Decision("float16", DYNAMIC))
 BF16 = Setting(Decision("bfloat16"))
-
-
-class Store:
-    """The coordination service's key-value store as the exchange sees it, shared by threads."""
-
-    def __init__(self):
-        self.values = {}
-        self.changed = threading.Condition()
-
-    def insert(self, key, value):
-        with self.changed:
-            if key in self.values:
-                return False
-            self.values[key] = value
-            self.changed.notify_all()
-            return True
-
-    def read(self, key, timeout_seconds):
-        with self.changed:
-            self.changed.wait_for(lambda: key in self.values, timeout=timeout_seconds)
-            return self.values.get(key)
 
 
 def run_workers(settings, *, store=None, wait=0.3):
@@ -350,6 +330,7 @@ def test_uninstalling_all_but_one_name_keeps_its_entries_in_place():
 
 PEER_WAIT = "4"
 HALF = {"ENABLE_AUTO_MP": "1", "AMP_REWRITE_PEER_WAIT": PEER_WAIT}
+TIMED = {"AMP_REWRITE_TARGET": "bfloat16", "AMP_REWRITE_TUNE": "1"}
 SCENARIOS = {
     # name: the environment of worker 0 and of worker 1 (None: without amp-rewrite)
     "chief_only": ({**HALF, "AMP_REWRITE_TARGET": "float16"}, None),
@@ -357,6 +338,9 @@ SCENARIOS = {
     "float16_vs_bfloat16": ({**HALF, "AMP_REWRITE_TARGET": "float16"}, {**HALF, "AMP_REWRITE_TARGET": "bfloat16"}),
     "matched": ({**HALF, "AMP_REWRITE_TARGET": "float16"}, {**HALF, "AMP_REWRITE_TARGET": "float16"}),
     "strict_chief_only": ({**HALF, "AMP_REWRITE_TARGET": "float16", "AMP_REWRITE_STRICT": "1"}, None),
+    # bfloat16 with step trials, whose clocks disagree: half wins on worker 0 and loses on worker 1
+    "timers_disagree": ({**HALF, **TIMED, "FIXTURE_STEP_SECONDS": '{"half": 0.001, "float32": 0.002}'},
+                        {**HALF, **TIMED, "FIXTURE_STEP_SECONDS": '{"half": 0.004, "float32": 0.002}'}),
 }
 # What mismatched workers died with before they agreed.
 COLLECTIVE_ERRORS = ("Shape mismatch", "Collective instance")
@@ -375,12 +359,17 @@ def jobs(tmp_path_factory):
         cluster = {"worker": [f"localhost:{next(ports)}" for _ in environments]}
         jobs[name] = [
             Script("train_multiworker_tf2.py", ["--style", "keras_loop"], root / f"{name}{i}.json",
-                   env={**(env or {}), "TF_CONFIG": json.dumps({"cluster": cluster,
-                                                                "task": {"type": "worker", "index": i}})})
+                   env={**(env or {}), **tuning_cache(env, root / f"{name}{i}-cache"),
+                        "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})})
             for i, env in enumerate(environments)]
     # A job's two workers are adjacent, so they start together.
     run_scripts(*(worker for workers in jobs.values() for worker in workers), parallel=4, timeout=120)
     return jobs
+
+
+def tuning_cache(env, folder) -> dict:
+    """A worker's own tuning cache, where its steps are timed (else the user's would be read)."""
+    return {"AMP_REWRITE_TUNE_CACHE": str(folder)} if env and env.get("AMP_REWRITE_TUNE") == "1" else {}
 
 
 def our_lines(worker):
@@ -451,3 +440,18 @@ def test_a_strict_worker_stops_the_whole_job_with_our_line(jobs):
     assert f"amp_rewrite.errors.RuntimeRewriteError: {line}" in hooked.stderr.splitlines()
     assert f"Collective ops is aborted by: amp-rewrite: {line}" in plain.stderr
 
+
+
+def test_workers_whose_timers_disagree_keep_the_body_they_decided_together(jobs):
+    """Alone, worker 0 would keep bfloat16 and worker 1 float32; together both keep float32, and finish."""
+    workers = jobs["timers_disagree"]
+    reason = "the step ran 4.0 ms in bfloat16 and 2.0 ms in float32 on the slowest of 2 workers"
+    for worker in workers:
+        worker.check()
+        assert not any(error in worker.stderr for error in COLLECTIVE_ERRORS)
+        assert worker.result["target"] == "bfloat16"
+        assert worker.result["decisions"] == [["step", False, reason]]
+        assert worker.result["half_ops"] == []  # the traced float32 body, on both
+        assert f"amp-rewrite: tf.function step stays float32: {reason}" in worker.stderr
+    assert workers[0].result["losses"] == workers[1].result["losses"]
+    np.testing.assert_allclose(workers[0].result["losses"], jobs["chief_only"][0].result["losses"], rtol=2e-2)
