@@ -7,13 +7,16 @@ job's collectives no longer line up: every worker dies with a
 ``CollectiveBcastSend ... Shape mismatch`` naming nothing of ours. That
 happens whenever the workers' settings differ: ``ENABLE_AUTO_MP=1`` on one
 host only, another ``AMP_REWRITE_TARGET`` or ``AMP_LOSS_SCALE``, or ``auto``
-choosing float16 on a GPU host and float32 on a CPU one.
+choosing float16 on a GPU host and float32 on a CPU one. Step trials
+(``AMP_REWRITE_TUNE``) on one worker only would do the same: it would run
+float32 bodies in calls where its peers run half ones.
 
 So the runtime patches the strategy's constructor, and before the script can
 create a variable under it, the workers agree (:func:`exchange`):
 
 - each worker publishes its setting (:class:`Setting`: the target and loss
-  scaling it would run, and whether it is strict) in the job's key-value
+  scaling it would run, whether it times its steps, and whether it is
+  strict) in the job's key-value
   store, which the strategy's coordination service provides beside the
   collectives. A worker without the runtime publishes nothing and runs
   nothing of ours, so no collective of ours can be used: that worker would
@@ -65,7 +68,7 @@ logger = logging.getLogger(__name__)
 LEDGER_NAME = "multi-worker agreement"
 VERDICT_KEY = f"{KEY_PREFIX}/decision"
 COORDINATED_JOBS = ("chief", "worker")  # the jobs that run the collectives
-FIX = "set ENABLE_AUTO_MP, AMP_REWRITE_TARGET and any AMP_LOSS_SCALE* alike on every worker"
+FIX = "set ENABLE_AUTO_MP, AMP_REWRITE_TARGET, AMP_REWRITE_TUNE and any AMP_LOSS_SCALE* alike on every worker"
 
 
 @dataclass(frozen=True)
@@ -75,10 +78,13 @@ class Decision:
     Attributes:
         target: ``"float16"`` or ``"bfloat16"``; None for float32 (nothing rewritten).
         loss_scale: the loss scaling of the optimizers; None for none.
+        is_timed: the steps are timed, each keeping the faster body (``AMP_REWRITE_TUNE``): a
+            worker that times its steps runs float32 bodies in the calls where one that does not runs half.
     """
 
     target: str | None = None
     loss_scale: LossScaleSettings | None = None
+    is_timed: bool = False
 
     @classmethod
     def of(cls, settings: RuntimeSettings, choice: TargetChoice) -> Decision:
@@ -86,19 +92,20 @@ class Decision:
         if choice.target is None:
             return cls()
         if not scales_loss(replace(settings, target=choice.target)):
-            return cls(choice.target)
-        return cls(choice.target, _policy(settings.loss_scale))
+            return cls(choice.target, is_timed=settings.is_timing_steps)
+        return cls(choice.target, _policy(settings.loss_scale), settings.is_timing_steps)
 
     def describe(self) -> str:
         if self.target is None:
             return "float32"
+        timed = " and timed steps" if self.is_timed else ""
         scaling = self.loss_scale
         if scaling is None:
-            return f"{self.target} without loss scaling"
+            return f"{self.target} without loss scaling{timed}"
         if not scaling.is_dynamic:
-            return f"{self.target} with a fixed loss scale of {scaling.initial_scale:g}"
+            return f"{self.target} with a fixed loss scale of {scaling.initial_scale:g}{timed}"
         return (f"{self.target} with dynamic loss scaling (from {scaling.initial_scale:g}, "
-                f"doubling after {scaling.growth_interval} finite steps)")
+                f"doubling after {scaling.growth_interval} finite steps){timed}")
 
     def settings_for(self, settings: RuntimeSettings) -> RuntimeSettings:
         """``settings`` changed so that the runtime runs this decision."""
@@ -106,15 +113,17 @@ class Decision:
             return settings
         scaling = self.loss_scale or settings.loss_scale
         return replace(settings, target=self.target, is_loss_scaled=self.loss_scale is not None,
-                       loss_scale=replace(scaling, log_every=settings.loss_scale.log_every))
+                       loss_scale=replace(scaling, log_every=settings.loss_scale.log_every),
+                       is_timing_steps=self.is_timed)
 
     def to_dict(self) -> dict:
-        return {"target": self.target, "loss_scale": asdict(self.loss_scale) if self.loss_scale else None}
+        return {"target": self.target, "loss_scale": asdict(self.loss_scale) if self.loss_scale else None,
+                "is_timed": self.is_timed}
 
     @classmethod
     def from_dict(cls, data: dict) -> Decision:
         scaling = data.get("loss_scale")
-        return cls(data.get("target"), LossScaleSettings(**scaling) if scaling else None)
+        return cls(data.get("target"), LossScaleSettings(**scaling) if scaling else None, bool(data.get("is_timed")))
 
 
 FLOAT32 = Decision()

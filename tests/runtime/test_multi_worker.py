@@ -98,16 +98,21 @@ def test_decisions_differ_by_target_and_by_loss_scaling_but_not_by_logging(monke
     assert decision("float16") != decision("float16", AMP_LOSS_SCALE_INIT="1024")
     assert decision("float16", AMP_LOSS_SCALE="128") == decision("float16", AMP_LOSS_SCALE="128",
                                                                  AMP_LOSS_SCALE_GROWTH_INTERVAL="10")
-    assert decision("bfloat16") == Decision("bfloat16")
-    assert decision("bfloat16", AMP_LOSS_SCALE="dynamic") == Decision("bfloat16", DYNAMIC)
+    assert decision("bfloat16") == Decision("bfloat16", is_timed=True)  # ENABLE_AUTO_MP times steps
+    assert decision("bfloat16", AMP_REWRITE_TUNE="0") == Decision("bfloat16")
+    assert decision("bfloat16", AMP_LOSS_SCALE="dynamic") == Decision("bfloat16", DYNAMIC, is_timed=True)
     assert Decision.of(RuntimeSettings(), TargetChoice(None, "no GPU")) == FLOAT32
-    assert decision("float16", AMP_LOSS_SCALE="128").describe() == "float16 with a fixed loss scale of 128"
+    assert decision("float16", AMP_LOSS_SCALE="128").describe() == ("float16 with a fixed loss scale of 128 and "
+                                                                    "timed steps")
+    assert decision("float16", AMP_LOSS_SCALE="128", AMP_REWRITE_TUNE="0").describe() == \
+        "float16 with a fixed loss scale of 128"
 
 
 @pytest.mark.parametrize("job, local_env, scales", [
     (Decision("bfloat16"), {"AMP_LOSS_SCALE": "dynamic"}, False),
     (Decision("bfloat16", DYNAMIC), {}, True),
     (Decision("float16", LossScaleSettings(False, 128.0)), {"AMP_LOSS_SCALE_LOG_STEPS": "7"}, True),
+    (Decision("bfloat16", is_timed=True), {"AMP_REWRITE_TUNE": "0"}, False),
 ])
 def test_following_a_decision_gives_the_settings_that_run_it(monkeypatch, job, local_env, scales):
     for name, value in local_env.items():
@@ -116,6 +121,7 @@ def test_following_a_decision_gives_the_settings_that_run_it(monkeypatch, job, l
     followed = job.settings_for(local)
     assert followed.target == job.target
     assert runtime.scales_loss(followed) is scales
+    assert followed.is_timing_steps is job.is_timed
     # What this worker now runs is the job's decision, and its log cadence stays its own.
     assert Decision.of(followed, TargetChoice(job.target, "job")) == job
     assert followed.loss_scale.log_every == local.loss_scale.log_every
@@ -207,6 +213,21 @@ def test_a_differing_worker_says_so_in_one_line_and_follows(coordinated, caplog)
         "runs float16 with dynamic loss scaling (from 32768, doubling after 2000 finite steps), as every worker "
         f"does: the chief (worker 0) chose it; {multi_worker.FIX}"]
     assert not coordinated
+
+
+def test_a_worker_that_does_not_time_its_steps_follows_a_chief_that_does(coordinated, caplog):
+    """Else it would run its half body in the calls where the chief's trial runs its float32 one."""
+    store, followed = Store(), []
+    agreements = [Agreement(RuntimeSettings(target="bfloat16", is_timing_steps=timed, peer_wait_seconds=1),
+                            TargetChoice("bfloat16", "asked"), lambda *a: followed.append(a), store)
+                  for timed in (True, False)]
+    with caplog.at_level(logging.WARNING, "amp_rewrite"):
+        agree_in_threads(agreements)
+    [(choice, settings)] = followed
+    assert choice.target == "bfloat16" and settings.is_timing_steps
+    [line] = [r.getMessage() for r in caplog.records]
+    assert "(worker 1) of a multi-worker job asked for bfloat16 without loss scaling but runs bfloat16 without " \
+           "loss scaling and timed steps, as every worker does" in line
 
 
 def test_strict_workers_that_differ_all_raise_and_stop_the_job(coordinated):
