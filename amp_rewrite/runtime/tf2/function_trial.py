@@ -9,7 +9,10 @@ graph calls rewritten bodies, rebuilt to call their traced ones, as
 :func:`~amp_rewrite.runtime.tf2.concrete.reload_calling` does for a
 fallback). Each eager call runs the body the schedule names and is timed
 (the device synchronised first, on a GPU); both are real steps of the
-user's training on the same variables, so no work is wasted. After
+user's training on the same variables, so no work is wasted. Calls from
+several threads take turns, and each runs in a copy of the function holding
+its body's state, so the function itself changes only once, at the
+verdict. After
 :data:`~amp_rewrite.tune.trial.CALLS` calls the verdict keeps one state for
 good and one INFO line says which and why (``amp-rewrite: tf.function
 one_step_on_data stays float32: the step ran 449 ms in bfloat16 and 373 ms
@@ -19,6 +22,10 @@ The two best times go into the tuning cache under the step's key
 (:func:`~amp_rewrite.tune.trial.step_key`: the traced graph's ops and the
 input signature), so the same function traced in a later run is decided
 before its first call, with nothing measured.
+
+In a multi-worker job, a step that runs collective ops takes each decision
+with the job's other workers (:mod:`~amp_rewrite.runtime.tf2.job_rounds`),
+and its verdict is neither read from nor written to this host's cache.
 
 Which functions: each function the hook swapped, and each function whose
 graph calls swapped bodies (Keras 3's train function, which runs the
