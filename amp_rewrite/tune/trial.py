@@ -100,7 +100,7 @@ class StepVerdict:
                 f"float32 on {where}")
         if self.is_half and self.half_seconds > 0:
             text += f" ({self.float32_seconds / self.half_seconds:.2f}x)"
-        elif not self.is_half and self.half_seconds < self.float32_seconds:
+        elif not self.is_half and (1.0 - MARGIN) * self.float32_seconds < self.half_seconds < self.float32_seconds:
             text += f", less than the {MARGIN:.0%} that half must save"
         if self.is_cached:
             text += "; measured before, read from the cache"

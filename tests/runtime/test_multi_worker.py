@@ -351,7 +351,9 @@ def test_uninstalling_all_but_one_name_keeps_its_entries_in_place():
 
 PEER_WAIT = "4"
 HALF = {"ENABLE_AUTO_MP": "1", "AMP_REWRITE_PEER_WAIT": PEER_WAIT}
-TIMED = {"AMP_REWRITE_TARGET": "bfloat16", "AMP_REWRITE_TUNE": "1"}
+# Step trials in bfloat16; the wait is long, so that a loaded machine never leaves a worker unheard
+# (waited for only when a worker is late).
+TIMED = {"AMP_REWRITE_TARGET": "bfloat16", "AMP_REWRITE_TUNE": "1", "AMP_REWRITE_PEER_WAIT": "30"}
 SCENARIOS = {
     # name: the environment of worker 0 and of worker 1 (None: without amp-rewrite)
     "chief_only": ({**HALF, "AMP_REWRITE_TARGET": "float16"}, None),

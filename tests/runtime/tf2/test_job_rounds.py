@@ -192,3 +192,19 @@ def test_a_step_without_collective_ops_is_each_workers_own(amp_runtime, tmp_path
         local()
     assert store.values == {}
     assert tracing.step_decisions()[0][:2] == ("local", True)
+
+
+def test_a_worker_that_hears_no_chief_keeps_float32_and_says_why(amp_runtime, tmp_path, caplog):
+    """Its answer is written first, so a chief that comes later follows it: float32 is the safe one."""
+    store, clock = KeyValueStore(), Clock({HALF: 0.005, FLOAT32: 0.010})
+    start(amp_runtime, tmp_path, clock)
+    runtime.current_runtime().job = Job(TWO, WORKER1, store, 0.2)
+    step = collective_step()
+    with caplog.at_level(logging.INFO, TRACING_LOGGER):
+        for _ in range(CALLS + 1):
+            step()
+    assert running_dtypes(step.get_concrete_function())["fast"] == tf.float32
+    assert ("amp-rewrite: tf.function step stays float32: the step ran 5.0 ms in bfloat16 and 10.0 ms in float32 on "
+            "worker 1, which heard no decision from the chief (worker 0) within 0.4 s") in lines(caplog)
+    late = JobRounds(Job(TWO, CHIEF, store, 0.2), 0, "step").pure(StepVerdict(True, 0.001, 0.010), True)
+    assert not late[0].is_half and not late[1]
