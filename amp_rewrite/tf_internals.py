@@ -334,9 +334,24 @@ def concrete_function_state(concrete_function) -> dict:
 
 
 def set_concrete_function_state(concrete_function, state: dict) -> None:
+    """Makes ``concrete_function`` run the body of ``state``.
+
+    Never empty meanwhile: another thread reading one of its attributes finds
+    the old value or the new one. The new values go in before the old names
+    go, so ``_call_flat`` (a call override) is the last to change.
+    """
     current = vars(concrete_function)
-    current.clear()
     current.update(state)
+    for name in [name for name in current if name not in state]:
+        del current[name]
+
+
+def function_with_state(concrete_function, state: dict):
+    """A ConcreteFunction of ``concrete_function``'s class holding ``state``: it runs, or can be read
+    and rewritten as, that body, while ``concrete_function`` itself stays as it is."""
+    copy = object.__new__(type(concrete_function))
+    vars(copy).update(state)
+    return copy
 
 
 def graph_in_state(state: dict):

@@ -188,6 +188,32 @@ class ScheduledClock:
         return self.now
 
 
+class KeyValueStore:
+    """The coordination service's key-value store as a multi-worker job sees it, shared by threads.
+
+    Inserts never overwrite a key; reads wait up to their timeout for it.
+    """
+
+    def __init__(self):
+        import threading
+
+        self.values = {}
+        self.changed = threading.Condition()
+
+    def insert(self, key, value):
+        with self.changed:
+            if key in self.values:
+                return False
+            self.values[key] = value
+            self.changed.notify_all()
+            return True
+
+    def read(self, key, timeout_seconds):
+        with self.changed:
+            self.changed.wait_for(lambda: key in self.values, timeout=timeout_seconds)
+            return self.values.get(key)
+
+
 def _costs(costs, count: int):
     return iter([float(costs)] * count if isinstance(costs, (int, float)) else costs)
 

@@ -63,6 +63,7 @@ from amp_rewrite.runtime.settings import RuntimeSettings, scales_loss
 from amp_rewrite.runtime.target import TargetChoice, choose_target
 
 if TYPE_CHECKING:
+    from amp_rewrite.runtime.job import Job
     from amp_rewrite.runtime.loss_scale.tf2_state import TF2LossScaling
 
 logger = logging.getLogger(__name__)
@@ -181,7 +182,8 @@ def _apply_patches(active: Runtime) -> None:
         active.choose(choice)
         # Installed whatever this machine chose: under a multi-worker strategy the job's decision may differ.
         multi_worker.install(active.ledger, active.requested, choice,
-                             lambda choice, settings: _follow_job(active, choice, settings))
+                             lambda choice, settings: _follow_job(active, choice, settings),
+                             joined=lambda job: _join_job(active, job))
         if active.target is None:
             logger.info("amp-rewrite: scripts run in float32: %s", active.target_reason)
             return
@@ -213,6 +215,12 @@ def _follow_job(active: Runtime, choice: TargetChoice, settings: RuntimeSettings
         active.choose(choice)
         if choice.target is not None:
             _install(active)
+
+
+def _join_job(active: Runtime, job: Job) -> None:
+    """This process is a worker of a multi-worker job running half: its collective steps decide with the others."""
+    with LOCK:
+        active.job = job
 
 
 def _tf1_capabilities(settings: RuntimeSettings) -> list[tf_internals.Capability]:
@@ -277,7 +285,8 @@ def _install_tf2_patches(active: Runtime) -> None:
     from amp_rewrite.runtime.tf2 import tracing
 
     scaling = tf2_install.TF2LossScaling(active.settings, active.objects) if scales_loss(active.settings) else None
-    active.tracing = tracing.install(tracing.RuntimeInputs(active.requested, active.rewrite_config, scaling),
+    active.tracing = tracing.install(tracing.RuntimeInputs(active.requested, active.rewrite_config, scaling,
+                                                           job=lambda: active.job),
                                          active.ledger)
     if active.tracing is not None:
         active.ledger.record(tracing.LEDGER_NAME, "the runtime's tracing hook", lambda: _forget_tracing(active))

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from amp_rewrite.config import Config
+from amp_rewrite.runtime.job import Job
 from amp_rewrite.runtime.ledger import Ledger
 from amp_rewrite.runtime.records import ObjectRecords
 from amp_rewrite.runtime.settings import RuntimeSettings
@@ -55,6 +56,8 @@ class Runtime:
             :class:`~amp_rewrite.runtime.tf1.session.session_trial.SessionTrials`: their cache,
             timer and decisions), made by the first session that times its steps. Untyped here:
             the sessions sit above this module, which names none of their types.
+        job: the multi-worker job this process is a worker of, once its workers agreed on a half
+            precision (:mod:`amp_rewrite.runtime.multi_worker`); None outside one.
     """
 
     requested: RuntimeSettings
@@ -65,6 +68,7 @@ class Runtime:
     tracing: TracingHook | None = None
     loss_scaling: TF2LossScaling | None = None
     session_trials: Any = None
+    job: Job | None = None
 
     def choose(self, choice: TargetChoice) -> None:
         """Records the target chosen (again, when a multi-worker job decides otherwise)."""

@@ -7,13 +7,16 @@ job's collectives no longer line up: every worker dies with a
 ``CollectiveBcastSend ... Shape mismatch`` naming nothing of ours. That
 happens whenever the workers' settings differ: ``ENABLE_AUTO_MP=1`` on one
 host only, another ``AMP_REWRITE_TARGET`` or ``AMP_LOSS_SCALE``, or ``auto``
-choosing float16 on a GPU host and float32 on a CPU one.
+choosing float16 on a GPU host and float32 on a CPU one. Step trials
+(``AMP_REWRITE_TUNE``) on one worker only would do the same: it would run
+float32 bodies in calls where its peers run half ones.
 
 So the runtime patches the strategy's constructor, and before the script can
 create a variable under it, the workers agree (:func:`exchange`):
 
 - each worker publishes its setting (:class:`Setting`: the target and loss
-  scaling it would run, and whether it is strict) in the job's key-value
+  scaling it would run, whether it times its steps, and whether it is
+  strict) in the job's key-value
   store, which the strategy's coordination service provides beside the
   collectives. A worker without the runtime publishes nothing and runs
   nothing of ours, so no collective of ours can be used: that worker would
@@ -35,6 +38,11 @@ create a variable under it, the workers agree (:func:`exchange`):
   failed verdict raises on every worker that has the runtime, after putting
   the job in error so that a worker without it stops too.
 
+Once they agreed on a half precision, the workers form a
+:class:`~amp_rewrite.runtime.job.Job`, through which the trials of the steps
+that run collectives decide together which body every worker keeps
+(:mod:`amp_rewrite.runtime.tf2.job_rounds`).
+
 The agreement happens once per process; a second strategy keeps the decision.
 A strategy of one worker, ``MirroredStrategy`` and TF1's strategies (which
 have no coordination service) are left alone.
@@ -47,10 +55,10 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from typing import Protocol
 
 from amp_rewrite import tf_internals
 from amp_rewrite.errors import RuntimeRewriteError, first_line
+from amp_rewrite.runtime.job import KEY_PREFIX, Job, JobStore, Store, Task, name
 from amp_rewrite.runtime.ledger import Ledger
 from amp_rewrite.runtime.settings import LossScaleSettings, RuntimeSettings, scales_loss
 from amp_rewrite.runtime.target import TargetChoice
@@ -58,12 +66,9 @@ from amp_rewrite.runtime.target import TargetChoice
 logger = logging.getLogger(__name__)
 
 LEDGER_NAME = "multi-worker agreement"
-KEY_PREFIX = "amp_rewrite"
 VERDICT_KEY = f"{KEY_PREFIX}/decision"
 COORDINATED_JOBS = ("chief", "worker")  # the jobs that run the collectives
-FIX = "set ENABLE_AUTO_MP, AMP_REWRITE_TARGET and any AMP_LOSS_SCALE* alike on every worker"
-
-Task = tuple[str, int]
+FIX = "set ENABLE_AUTO_MP, AMP_REWRITE_TARGET, AMP_REWRITE_TUNE and any AMP_LOSS_SCALE* alike on every worker"
 
 
 @dataclass(frozen=True)
@@ -73,10 +78,13 @@ class Decision:
     Attributes:
         target: ``"float16"`` or ``"bfloat16"``; None for float32 (nothing rewritten).
         loss_scale: the loss scaling of the optimizers; None for none.
+        is_timed: the steps are timed, each keeping the faster body (``AMP_REWRITE_TUNE``): a
+            worker that times its steps runs float32 bodies in the calls where one that does not runs half.
     """
 
     target: str | None = None
     loss_scale: LossScaleSettings | None = None
+    is_timed: bool = False
 
     @classmethod
     def of(cls, settings: RuntimeSettings, choice: TargetChoice) -> Decision:
@@ -84,19 +92,20 @@ class Decision:
         if choice.target is None:
             return cls()
         if not scales_loss(replace(settings, target=choice.target)):
-            return cls(choice.target)
-        return cls(choice.target, _policy(settings.loss_scale))
+            return cls(choice.target, is_timed=settings.is_timing_steps)
+        return cls(choice.target, _policy(settings.loss_scale), settings.is_timing_steps)
 
     def describe(self) -> str:
         if self.target is None:
             return "float32"
+        timed = " and timed steps" if self.is_timed else ""
         scaling = self.loss_scale
         if scaling is None:
-            return f"{self.target} without loss scaling"
+            return f"{self.target} without loss scaling{timed}"
         if not scaling.is_dynamic:
-            return f"{self.target} with a fixed loss scale of {scaling.initial_scale:g}"
+            return f"{self.target} with a fixed loss scale of {scaling.initial_scale:g}{timed}"
         return (f"{self.target} with dynamic loss scaling (from {scaling.initial_scale:g}, "
-                f"doubling after {scaling.growth_interval} finite steps)")
+                f"doubling after {scaling.growth_interval} finite steps){timed}")
 
     def settings_for(self, settings: RuntimeSettings) -> RuntimeSettings:
         """``settings`` changed so that the runtime runs this decision."""
@@ -104,15 +113,17 @@ class Decision:
             return settings
         scaling = self.loss_scale or settings.loss_scale
         return replace(settings, target=self.target, is_loss_scaled=self.loss_scale is not None,
-                       loss_scale=replace(scaling, log_every=settings.loss_scale.log_every))
+                       loss_scale=replace(scaling, log_every=settings.loss_scale.log_every),
+                       is_timing_steps=self.is_timed)
 
     def to_dict(self) -> dict:
-        return {"target": self.target, "loss_scale": asdict(self.loss_scale) if self.loss_scale else None}
+        return {"target": self.target, "loss_scale": asdict(self.loss_scale) if self.loss_scale else None,
+                "is_timed": self.is_timed}
 
     @classmethod
     def from_dict(cls, data: dict) -> Decision:
         scaling = data.get("loss_scale")
-        return cls(data.get("target"), LossScaleSettings(**scaling) if scaling else None)
+        return cls(data.get("target"), LossScaleSettings(**scaling) if scaling else None, bool(data.get("is_timed")))
 
 
 FLOAT32 = Decision()
@@ -191,34 +202,12 @@ class Cluster:
         return cls(tasks, me) if me in tasks else None
 
 
-def name(task: Task) -> str:
-    return f"{task[0]} {task[1]}"
-
-
 def names(tasks) -> str:
     return ", ".join(name(task) for task in tasks)
 
 
 def setting_key(task: Task) -> str:
     return f"{KEY_PREFIX}/setting/{task[0]}/{task[1]}"
-
-
-class Store(Protocol):
-    """The job's key-value store: inserts never overwrite; reads wait up to a timeout."""
-
-    def insert(self, key: str, value: str) -> bool: ...
-
-    def read(self, key: str, timeout_seconds: float) -> str | None: ...
-
-
-class JobStore:
-    """The key-value store of TensorFlow's coordination service."""
-
-    def insert(self, key: str, value: str) -> bool:
-        return tf_internals.insert_job_value(key, value)
-
-    def read(self, key: str, timeout_seconds: float) -> str | None:
-        return tf_internals.read_job_value(key, timeout_seconds)
 
 
 def exchange(cluster: Cluster, own: Setting, store: Store, *, wait: float,
@@ -300,14 +289,18 @@ class Agreement:
         follow: installs the runtime for another decision:
             ``follow(choice, settings)``, where ``choice.target`` None means float32.
         store: the job's key-value store (tests pass another).
+        joined: given the :class:`~amp_rewrite.runtime.job.Job` once the workers agreed on a half
+            precision, for the steps they must then decide together (their trials).
     """
 
     def __init__(self, settings: RuntimeSettings, choice: TargetChoice,
-                 follow: Callable[[TargetChoice, RuntimeSettings], None], store: Store | None = None):
+                 follow: Callable[[TargetChoice, RuntimeSettings], None], store: Store | None = None,
+                 joined: Callable[[Job], None] = lambda job: None):
         self.settings = settings
         self.own = Setting(Decision.of(settings, choice), settings.is_strict)
         self.follow = follow
         self.store = store or JobStore()
+        self.joined = joined
         self.verdict: Verdict | None = None
 
     def construct(self, original, strategy, *args, **kwargs):
@@ -326,6 +319,8 @@ class Agreement:
             return
         self.verdict = verdict
         self._apply(cluster, verdict)
+        if verdict.decision.target is not None:
+            self.joined(Job(cluster.tasks, cluster.me, self.store, self.settings.peer_wait_seconds))
 
     def _verdict(self, cluster: Cluster) -> Verdict | None:
         """The job's verdict; float32 when the workers cannot agree; None when nothing can be checked.
@@ -372,14 +367,18 @@ def _fail(line: str) -> None:
 
 
 def install(ledger: Ledger, settings: RuntimeSettings, choice: TargetChoice,
-            follow: Callable[[TargetChoice, RuntimeSettings], None]) -> None:
-    """Patches ``MultiWorkerMirroredStrategy``'s constructor to agree with the other workers (entered in ``ledger``)."""
+            follow: Callable[[TargetChoice, RuntimeSettings], None],
+            joined: Callable[[Job], None] = lambda job: None) -> None:
+    """Patches ``MultiWorkerMirroredStrategy``'s constructor to agree with the other workers (entered in ``ledger``).
+
+    ``follow`` and ``joined`` are the :class:`Agreement`'s.
+    """
     import tensorflow as tf
 
     with ledger.lock:
         if ledger.installed(LEDGER_NAME):
             return
-        agreement = Agreement(settings, choice, follow)
+        agreement = Agreement(settings, choice, follow, joined=joined)
         ledger.install(LEDGER_NAME, tf.distribute.MultiWorkerMirroredStrategy, "__init__", agreement.construct)
 
 

@@ -78,24 +78,29 @@ def schedule(warmup: int = WARMUP, rounds: int = ROUNDS) -> list[str]:
 
 @dataclass(frozen=True)
 class StepVerdict:
-    """What a trial decided: half or float32, and the best time of each body in seconds."""
+    """What a trial decided: half or float32, and the best time of each body in seconds.
+
+    ``where`` says where the times were measured when not on this device alone (``the slowest of
+    2 workers`` for a multi-worker job's verdict).
+    """
 
     is_half: bool
     half_seconds: float
     float32_seconds: float
     is_cached: bool = False
+    where: str = ""
 
     def reason(self, target: str, device_type: str, *, subject: str = "the step") -> str:
         """``the step ran 449 ms in bfloat16 and 373 ms in float32 on this CPU`` (with the speed-up when half won).
 
         ``subject`` names what ran (``the graph`` for a whole GraphDef).
         """
-        where = f"this {device_type}" if device_type else "this machine"
+        where = self.where or (f"this {device_type}" if device_type else "this machine")
         text = (f"{subject} ran {_ms(self.half_seconds)} in {target} and {_ms(self.float32_seconds)} in "
                 f"float32 on {where}")
         if self.is_half and self.half_seconds > 0:
             text += f" ({self.float32_seconds / self.half_seconds:.2f}x)"
-        elif not self.is_half and self.half_seconds < self.float32_seconds:
+        elif not self.is_half and (1.0 - MARGIN) * self.float32_seconds < self.half_seconds < self.float32_seconds:
             text += f", less than the {MARGIN:.0%} that half must save"
         if self.is_cached:
             text += "; measured before, read from the cache"
@@ -191,7 +196,7 @@ class MixedVerdict:
         449 ms``. Not: the pure verdict's reason, then ``; with 12 of 53
         half regions in bfloat16 it ran 380 ms``. ``subject`` names what ran.
         """
-        where = f"this {device_type}" if device_type else "this machine"
+        where = self.pure.where or (f"this {device_type}" if device_type else "this machine")
         regions = f"{self.half_regions} of {self.regions} half regions in {target}"
         if not self.is_mixed:
             return (f"{self.pure.reason(target, device_type, subject=subject)}; with {regions} it ran "

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from fixtures.harness import Script, free_ports, run_scripts
+from helpers import KeyValueStore as Store
 
 from amp_rewrite import runtime
 from amp_rewrite.errors import RuntimeRewriteError
@@ -37,27 +38,6 @@ TWO = (CHIEF, WORKER1)
 DYNAMIC = LossScaleSettings()
 F16 = Setting(Decision("float16", DYNAMIC))
 BF16 = Setting(Decision("bfloat16"))
-
-
-class Store:
-    """The coordination service's key-value store as the exchange sees it, shared by threads."""
-
-    def __init__(self):
-        self.values = {}
-        self.changed = threading.Condition()
-
-    def insert(self, key, value):
-        with self.changed:
-            if key in self.values:
-                return False
-            self.values[key] = value
-            self.changed.notify_all()
-            return True
-
-    def read(self, key, timeout_seconds):
-        with self.changed:
-            self.changed.wait_for(lambda: key in self.values, timeout=timeout_seconds)
-            return self.values.get(key)
 
 
 def run_workers(settings, *, store=None, wait=0.3):
@@ -118,16 +98,21 @@ def test_decisions_differ_by_target_and_by_loss_scaling_but_not_by_logging(monke
     assert decision("float16") != decision("float16", AMP_LOSS_SCALE_INIT="1024")
     assert decision("float16", AMP_LOSS_SCALE="128") == decision("float16", AMP_LOSS_SCALE="128",
                                                                  AMP_LOSS_SCALE_GROWTH_INTERVAL="10")
-    assert decision("bfloat16") == Decision("bfloat16")
-    assert decision("bfloat16", AMP_LOSS_SCALE="dynamic") == Decision("bfloat16", DYNAMIC)
+    assert decision("bfloat16") == Decision("bfloat16", is_timed=True)  # ENABLE_AUTO_MP times steps
+    assert decision("bfloat16", AMP_REWRITE_TUNE="0") == Decision("bfloat16")
+    assert decision("bfloat16", AMP_LOSS_SCALE="dynamic") == Decision("bfloat16", DYNAMIC, is_timed=True)
     assert Decision.of(RuntimeSettings(), TargetChoice(None, "no GPU")) == FLOAT32
-    assert decision("float16", AMP_LOSS_SCALE="128").describe() == "float16 with a fixed loss scale of 128"
+    assert decision("float16", AMP_LOSS_SCALE="128").describe() == ("float16 with a fixed loss scale of 128 and "
+                                                                    "timed steps")
+    assert decision("float16", AMP_LOSS_SCALE="128", AMP_REWRITE_TUNE="0").describe() == \
+        "float16 with a fixed loss scale of 128"
 
 
 @pytest.mark.parametrize("job, local_env, scales", [
     (Decision("bfloat16"), {"AMP_LOSS_SCALE": "dynamic"}, False),
     (Decision("bfloat16", DYNAMIC), {}, True),
     (Decision("float16", LossScaleSettings(False, 128.0)), {"AMP_LOSS_SCALE_LOG_STEPS": "7"}, True),
+    (Decision("bfloat16", is_timed=True), {"AMP_REWRITE_TUNE": "0"}, False),
 ])
 def test_following_a_decision_gives_the_settings_that_run_it(monkeypatch, job, local_env, scales):
     for name, value in local_env.items():
@@ -136,6 +121,7 @@ def test_following_a_decision_gives_the_settings_that_run_it(monkeypatch, job, l
     followed = job.settings_for(local)
     assert followed.target == job.target
     assert runtime.scales_loss(followed) is scales
+    assert followed.is_timing_steps is job.is_timed
     # What this worker now runs is the job's decision, and its log cadence stays its own.
     assert Decision.of(followed, TargetChoice(job.target, "job")) == job
     assert followed.loss_scale.log_every == local.loss_scale.log_every
@@ -227,6 +213,21 @@ def test_a_differing_worker_says_so_in_one_line_and_follows(coordinated, caplog)
         "runs float16 with dynamic loss scaling (from 32768, doubling after 2000 finite steps), as every worker "
         f"does: the chief (worker 0) chose it; {multi_worker.FIX}"]
     assert not coordinated
+
+
+def test_a_worker_that_does_not_time_its_steps_follows_a_chief_that_does(coordinated, caplog):
+    """Else it would run its half body in the calls where the chief's trial runs its float32 one."""
+    store, followed = Store(), []
+    agreements = [Agreement(RuntimeSettings(target="bfloat16", is_timing_steps=timed, peer_wait_seconds=1),
+                            TargetChoice("bfloat16", "asked"), lambda *a: followed.append(a), store)
+                  for timed in (True, False)]
+    with caplog.at_level(logging.WARNING, "amp_rewrite"):
+        agree_in_threads(agreements)
+    [(choice, settings)] = followed
+    assert choice.target == "bfloat16" and settings.is_timing_steps
+    [line] = [r.getMessage() for r in caplog.records]
+    assert "(worker 1) of a multi-worker job asked for bfloat16 without loss scaling but runs bfloat16 without " \
+           "loss scaling and timed steps, as every worker does" in line
 
 
 def test_strict_workers_that_differ_all_raise_and_stop_the_job(coordinated):
@@ -350,6 +351,9 @@ def test_uninstalling_all_but_one_name_keeps_its_entries_in_place():
 
 PEER_WAIT = "4"
 HALF = {"ENABLE_AUTO_MP": "1", "AMP_REWRITE_PEER_WAIT": PEER_WAIT}
+# Step trials in bfloat16; the wait is long, so that a loaded machine never leaves a worker unheard
+# (waited for only when a worker is late).
+TIMED = {"AMP_REWRITE_TARGET": "bfloat16", "AMP_REWRITE_TUNE": "1", "AMP_REWRITE_PEER_WAIT": "30"}
 SCENARIOS = {
     # name: the environment of worker 0 and of worker 1 (None: without amp-rewrite)
     "chief_only": ({**HALF, "AMP_REWRITE_TARGET": "float16"}, None),
@@ -357,6 +361,9 @@ SCENARIOS = {
     "float16_vs_bfloat16": ({**HALF, "AMP_REWRITE_TARGET": "float16"}, {**HALF, "AMP_REWRITE_TARGET": "bfloat16"}),
     "matched": ({**HALF, "AMP_REWRITE_TARGET": "float16"}, {**HALF, "AMP_REWRITE_TARGET": "float16"}),
     "strict_chief_only": ({**HALF, "AMP_REWRITE_TARGET": "float16", "AMP_REWRITE_STRICT": "1"}, None),
+    # bfloat16 with step trials, whose clocks disagree: half wins on worker 0 and loses on worker 1
+    "timers_disagree": ({**HALF, **TIMED, "FIXTURE_STEP_SECONDS": '{"half": 0.001, "float32": 0.002}'},
+                        {**HALF, **TIMED, "FIXTURE_STEP_SECONDS": '{"half": 0.004, "float32": 0.002}'}),
 }
 # What mismatched workers died with before they agreed.
 COLLECTIVE_ERRORS = ("Shape mismatch", "Collective instance")
@@ -375,12 +382,17 @@ def jobs(tmp_path_factory):
         cluster = {"worker": [f"localhost:{next(ports)}" for _ in environments]}
         jobs[name] = [
             Script("train_multiworker_tf2.py", ["--style", "keras_loop"], root / f"{name}{i}.json",
-                   env={**(env or {}), "TF_CONFIG": json.dumps({"cluster": cluster,
-                                                                "task": {"type": "worker", "index": i}})})
+                   env={**(env or {}), **tuning_cache(env, root / f"{name}{i}-cache"),
+                        "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})})
             for i, env in enumerate(environments)]
     # A job's two workers are adjacent, so they start together.
     run_scripts(*(worker for workers in jobs.values() for worker in workers), parallel=4, timeout=120)
     return jobs
+
+
+def tuning_cache(env, folder) -> dict:
+    """A worker's own tuning cache, where its steps are timed (else the user's would be read)."""
+    return {"AMP_REWRITE_TUNE_CACHE": str(folder)} if env and env.get("AMP_REWRITE_TUNE") == "1" else {}
 
 
 def our_lines(worker):
@@ -451,3 +463,18 @@ def test_a_strict_worker_stops_the_whole_job_with_our_line(jobs):
     assert f"amp_rewrite.errors.RuntimeRewriteError: {line}" in hooked.stderr.splitlines()
     assert f"Collective ops is aborted by: amp-rewrite: {line}" in plain.stderr
 
+
+
+def test_workers_whose_timers_disagree_keep_the_body_they_decided_together(jobs):
+    """Alone, worker 0 would keep bfloat16 and worker 1 float32; together both keep float32, and finish."""
+    workers = jobs["timers_disagree"]
+    reason = "the step ran 4.0 ms in bfloat16 and 2.0 ms in float32 on the slowest of 2 workers"
+    for worker in workers:
+        worker.check()
+        assert not any(error in worker.stderr for error in COLLECTIVE_ERRORS)
+        assert worker.result["target"] == "bfloat16"
+        assert worker.result["decisions"] == [["step", False, reason]]
+        assert worker.result["half_ops"] == []  # the traced float32 body, on both
+        assert f"amp-rewrite: tf.function step stays float32: {reason}" in worker.stderr
+    assert workers[0].result["losses"] == workers[1].result["losses"]
+    np.testing.assert_allclose(workers[0].result["losses"], jobs["chief_only"][0].result["losses"], rtol=2e-2)

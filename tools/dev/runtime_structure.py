@@ -62,9 +62,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # loss scaling: the algorithm, and how TF1 and TF2 hook it in
     ("amp_rewrite.runtime.loss_scale",),
     # what the runtime's parts share: settings, the target's choice, the ledger,
-    # the records, profiling, the overflow probes
+    # the records, profiling, the overflow probes, a multi-worker job's store
     ("amp_rewrite.runtime.settings", "amp_rewrite.runtime.target", "amp_rewrite.runtime.ledger",
-     "amp_rewrite.runtime.records", "amp_rewrite.runtime.profile", "amp_rewrite.runtime.overflow_probe"),
+     "amp_rewrite.runtime.records", "amp_rewrite.runtime.profile", "amp_rewrite.runtime.overflow_probe",
+     "amp_rewrite.runtime.job"),
     # what runs the pipeline for a purpose: a SavedModel, a guarded rewrite, a report; stripping casts;
     # and the rewrite kept only where it ran faster (--tune)
     ("amp_rewrite.saved_model", "amp_rewrite.validate", "amp_rewrite.report", "amp_rewrite.strip",

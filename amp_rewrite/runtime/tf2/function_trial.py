@@ -9,7 +9,10 @@ graph calls rewritten bodies, rebuilt to call their traced ones, as
 :func:`~amp_rewrite.runtime.tf2.concrete.reload_calling` does for a
 fallback). Each eager call runs the body the schedule names and is timed
 (the device synchronised first, on a GPU); both are real steps of the
-user's training on the same variables, so no work is wasted. After
+user's training on the same variables, so no work is wasted. Calls from
+several threads take turns, and each runs in a copy of the function holding
+its body's state, so the function itself changes only once, at the
+verdict. After
 :data:`~amp_rewrite.tune.trial.CALLS` calls the verdict keeps one state for
 good and one INFO line says which and why (``amp-rewrite: tf.function
 one_step_on_data stays float32: the step ran 449 ms in bfloat16 and 373 ms
@@ -19,6 +22,10 @@ The two best times go into the tuning cache under the step's key
 (:func:`~amp_rewrite.tune.trial.step_key`: the traced graph's ops and the
 input signature), so the same function traced in a later run is decided
 before its first call, with nothing measured.
+
+In a multi-worker job, a step that runs collective ops takes each decision
+with the job's other workers (:mod:`~amp_rewrite.runtime.tf2.job_rounds`),
+and its verdict is neither read from nor written to this host's cache.
 
 Which functions: each function the hook swapped, and each function whose
 graph calls swapped bodies (Keras 3's train function, which runs the
@@ -37,6 +44,7 @@ The trials know their hook's table of swaps, never the hook.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -44,7 +52,9 @@ from typing import Any
 
 from amp_rewrite import tf_internals
 from amp_rewrite.config import Config
+from amp_rewrite.runtime.job import Job, first_collective
 from amp_rewrite.runtime.tf2.calls import CallStep, called_name, function_name
+from amp_rewrite.runtime.tf2.job_rounds import JobRounds
 from amp_rewrite.runtime.tf2.step_mixing import MIXED, Mixing, Profiler, StepRegions, part_of, state_calling
 from amp_rewrite.runtime.tf2.swap_records import LOGGER_NAME, SwapRecord, SwapTable
 from amp_rewrite.tune import keys
@@ -74,6 +84,13 @@ class FunctionTrial:
     (:mod:`~amp_rewrite.runtime.tf2.step_mixing`); when the profiles propose
     a mixed body, the trial confirming it against the better pure one.
 
+    Calls from several threads run one at a time (a lock held for the call),
+    each in the schedule's order and timed alone. A call runs its body in a
+    copy of the function holding that body's state, so the function itself
+    keeps one state during the trial (the half one) and a call that reads it
+    meanwhile (the first-call guard's, another thread's tracing) sees one
+    whole body. The verdict changes it once; calls after it never take the lock.
+
     Attributes:
         function_ref: the ConcreteFunction on trial, held weakly.
         name: its name, for the INFO line.
@@ -83,11 +100,16 @@ class FunctionTrial:
         then: the floor watch that takes the trial's place when half wins; None: nothing.
         timer: runs one call of a body and says how long it took (:data:`~amp_rewrite.tune.trial.Timer`).
         mixing: what profiles the pure bodies and makes the mixed one; None: the pure verdict is final.
+        rounds: in a multi-worker job, where the workers take each decision together
+            (:mod:`~amp_rewrite.runtime.tf2.job_rounds`); None: this process decides alone.
+        lock: held by each call on trial.
+        is_over: the verdict is kept (or the hook went).
+        kept: the verdict kept; None before.
     """
 
     def __init__(self, concrete_function, name: str, states: dict[str, dict], *,
                  on_verdict: Callable[[Any, Any], None], then: CallStep | None, timer: Timer,
-                 mixing: Mixing | None = None):
+                 mixing: Mixing | None = None, rounds: JobRounds | None = None):
         self.function_ref = weakref.ref(concrete_function)
         self.name = name
         self.states = states
@@ -96,9 +118,14 @@ class FunctionTrial:
         self.then = then
         self.timer = timer
         self.mixing = mixing
+        self.rounds = rounds
         self.verdict: StepVerdict | None = None
-        self.profiles: dict[str, dict[str, float]] = {}
+        self.profiles: dict[str, dict[str, float] | None] = {}
         self.confirmation: TrialSchedule | None = None
+        self.lock = threading.RLock()
+        self.is_over = False
+        self.kept: StepVerdict | MixedVerdict | None = None
+        self._copies: dict[str, Any] = {}
 
     # The first-call guard runs the first call itself (a half one) and hands its bookkeeping here.
 
@@ -108,8 +135,11 @@ class FunctionTrial:
     def after_call(self, concrete_function, start) -> None:
         if self.then is not None:
             self.then.after_call(concrete_function, start)
-        if self.is_on_trial(concrete_function):
-            self.trial.record(HALF, None)  # untimed: the guard's call, the first of the half body
+        with self.lock:
+            # The guard's call is the half body's first, untimed; others it ran from other threads meanwhile are
+            # not the schedule's.
+            if self.is_on_trial(concrete_function) and self.trial.calls == 0:
+                self.trial.record(HALF, None)
 
     def __call__(self, tensor_inputs, captured_inputs):
         import tensorflow as tf
@@ -117,12 +147,23 @@ class FunctionTrial:
         cf: Any = self.function_ref()
         if not tf.executing_eagerly():
             return tf_internals.call_concrete_function(cf, tensor_inputs, captured_inputs)  # builds a call
+        with self.lock:
+            if self.is_on_trial(cf):
+                return self._call(cf, tensor_inputs, captured_inputs)
+        # Decided while this call waited: it runs what runs now. (A first call that another thread's
+        # calls outlasted hands over to the trial after the verdict: the trial hands on.)
+        if tf_internals.call_override(cf) is self:
+            self._hand_on(cf)
+        return cf._call_flat(tensor_inputs, captured_inputs)
+
+    def _call(self, cf, tensor_inputs, captured_inputs):
+        """One call of the body the schedule names, timed (or profiled), then recorded."""
         body = self.next_body()
-        self._use(cf, body)
+        copy = self._copy_running(cf, body)
         start = self.before_call(cf)
 
         def call():
-            return tf_internals.call_concrete_function(cf, tensor_inputs, captured_inputs)
+            return tf_internals.call_concrete_function(copy, tensor_inputs, captured_inputs)
 
         seconds: Any
         if self.verdict is not None and self.confirmation is None:
@@ -150,11 +191,11 @@ class FunctionTrial:
             verdict = self.trial.verdict()
             if verdict is None:
                 return
-            self.verdict = verdict
-            if self.mixing is None or not is_worth_mixing(verdict) or not self.mixing.can_mix():
-                self.settle(cf, verdict)
+            self.verdict, profiles_next = self._pure(verdict)
+            if not profiles_next:
+                self.settle(cf, self.verdict)
         elif self.confirmation is None:
-            if seconds is None:  # no profile: the pure verdict stands
+            if seconds is None and self.rounds is None:  # no profile: the pure verdict stands
                 self.settle(cf, self.verdict)
                 return
             self.profiles[body] = seconds
@@ -164,36 +205,84 @@ class FunctionTrial:
             self.confirmation.record(HALF if body == MIXED else FLOAT32, seconds)
             timing = self.confirmation.verdict()
             if timing is not None:
-                assert self.mixing is not None
-                self.settle(cf, self.mixing.verdict(self.verdict, timing.timing()))
+                assert self.mixing is not None and self.mixing.choice is not None
+                if self.rounds is None:
+                    self.settle(cf, self.mixing.verdict(self.verdict, timing.timing()))
+                else:
+                    self.settle(cf, self.rounds.mixed(timing.timing(), self.verdict, self.mixing.choice))
+
+    def _pure(self, verdict: StepVerdict) -> tuple[StepVerdict, bool]:
+        """The verdict on the pure bodies (the job's, in a job), and whether the regions are profiled next."""
+        if self.rounds is not None:
+            return self.rounds.pure(verdict, self.mixing is not None and self.mixing.can_mix())
+        return verdict, self.mixing is not None and is_worth_mixing(verdict) and self.mixing.can_mix()
 
     def _propose(self, cf) -> None:
         """The profiles' proposal: a mixed body to confirm, or the pure verdict for good."""
         assert self.verdict is not None and self.mixing is not None
-        state = self.mixing.propose(cf, self.states, self.verdict, self.profiles[HALF], self.profiles[FLOAT32])
+        half, float32 = self.profiles[HALF], self.profiles[FLOAT32]
+        if self.rounds is not None:
+            state = self._propose_together(cf, half, float32)
+        else:
+            assert half is not None and float32 is not None
+            state = self.mixing.propose(cf, self.states, self.verdict, half, float32)
         if state is None:
             self.settle(cf, self.verdict)
             return
         self.states[MIXED] = state
         self.confirmation = confirmation()
 
+    def _propose_together(self, cf, half_ops, float32_ops) -> dict | None:
+        """The mixed body every worker of the job builds from the regions' times summed over the workers."""
+        assert self.verdict is not None and self.mixing is not None and self.rounds is not None
+        own = None
+        if half_ops is not None and float32_ops is not None:
+            try:
+                own = self.mixing.times(half_ops, float32_ops)
+            except Exception as exc:  # noqa: BLE001 - no mixed body: the pure verdict stands
+                logger.debug("amp-rewrite: tf.function %s: the regions' times were not read: %s", self.name, exc)
+        job = self.rounds.regions(own)
+        if job is None:
+            return None
+        state = self.mixing.mixed_state(cf, *job, is_half_step=self.verdict.is_half)
+        return state if self.rounds.built(state is not None) else None
+
     def _better_pure(self) -> str:
         return HALF if self.verdict is not None and self.verdict.is_half else FLOAT32
 
     def is_on_trial(self, concrete_function) -> bool:
-        return tf_internals.call_override(concrete_function) is self
+        """Whether the trial still decides the calls: no verdict yet, and nothing else (a fallback) changed the body.
+
+        The function holds its half state all through the trial, so any other state means it is over.
+        """
+        return (not self.is_over
+                and tf_internals.inference_function(concrete_function) is self.states[HALF]["_inference_function"])
 
     def settle(self, concrete_function, verdict) -> None:
         """Keeps the body the verdict chose, with the floor watch after a half one; then ``on_verdict``."""
         mixed = getattr(verdict, "is_mixed", False)
         body = MIXED if mixed else HALF if verdict.is_half else FLOAT32
-        tf_internals.set_concrete_function_state(concrete_function, self.states[body])
+        state = dict(self.states[body])
         if verdict.is_half and self.then is not None:
-            tf_internals.override_call(concrete_function, self.then)
+            state["_call_flat"] = self.then
+        self.is_over, self.kept = True, verdict
+        tf_internals.set_concrete_function_state(concrete_function, state)  # one change: no call sees half of it
+        self._copies.clear()
         self.on_verdict(concrete_function, verdict)
 
-    def _use(self, concrete_function, body: str) -> None:
-        tf_internals.set_concrete_function_state(concrete_function, {**self.states[body], "_call_flat": self})
+    def _hand_on(self, concrete_function) -> None:
+        """Leaves the function's calls to what follows the trial: the floor watch after a half verdict, or none."""
+        if self.then is not None and self.kept is not None and self.kept.is_half:
+            tf_internals.override_call(concrete_function, self.then)
+        else:
+            tf_internals.drop_call_override(concrete_function)
+
+    def _copy_running(self, concrete_function, body: str):
+        """A copy of the function holding the state of ``body`` (made once a body)."""
+        copy = self._copies.get(body)
+        if copy is None:
+            copy = self._copies[body] = tf_internals.function_with_state(concrete_function, self.states[body])
+        return copy
 
 
 class FunctionTrials:
@@ -210,14 +299,20 @@ class FunctionTrials:
             :class:`~amp_rewrite.tune.trial.MixedVerdict` for a step that tried a mixed body), and the
             function (held weakly).
         trials: the trials made, held weakly (a settled one goes with its function's reference to it).
+        job: returns the multi-worker job this process is a worker of, or None
+            (:class:`~amp_rewrite.runtime.job.Job`): a step running collective ops is decided with the
+            job's other workers, and never from this host's cache.
+        job_trials: how many trials of steps decided with the job were made (each one's number).
     """
 
     def __init__(self, swapped: SwapTable, *, config: Callable[[], Config], cache_dir: str | None = None,
-                 timer: Timer | None = None):
+                 timer: Timer | None = None, job: Callable[[], Job | None] = lambda: None):
         from amp_rewrite.runtime.tf2.step_mixing import profile_body
 
         self.swapped = swapped
         self.config = config
+        self.job = job
+        self.job_trials = 0
         self.cache_dir = cache_dir
         self.timer = timer or self.time_call
         self.profiler: Profiler | None = profile_body
@@ -250,7 +345,10 @@ class FunctionTrials:
         Said in one line, unless that trial kept a mixed body
         (:meth:`was_mixed`): :meth:`keep_mixed` says that one.
         """
-        key = self._key(tf_internals.concrete_function_state(concrete_function))
+        state = tf_internals.concrete_function_state(concrete_function)
+        if self._job_of(state) is not None:
+            return None  # this host's times are not the job's: its workers decide together, in the trial
+        key = self._key(state)
         verdict = self._cached(key)
         if verdict is not None and not self._was_mixed(key):
             self._say(function_name(concrete_function), verdict, concrete_function)
@@ -298,8 +396,10 @@ class FunctionTrials:
         """Ends the trials still running (the hook is going): each function keeps the body it has."""
         for trial in list(self.trials):
             cf = trial.function_ref()
-            if cf is not None and trial.is_on_trial(cf):
-                tf_internals.set_concrete_function_state(cf, trial.states[HALF])
+            with trial.lock:
+                if cf is not None and trial.is_on_trial(cf):
+                    trial.is_over = True
+                    tf_internals.set_concrete_function_state(cf, trial.states[HALF])
         self.trials.clear()
 
     def for_swapped(self, concrete_function, record: SwapRecord, then: CallStep | None) -> FunctionTrial:
@@ -323,22 +423,44 @@ class FunctionTrials:
 
     def _trial(self, concrete_function, name: str, states: dict, key: str, then, *, on_float32,
                record: SwapRecord | None = None) -> FunctionTrial:
+        traced = record.traced_state if record is not None else states[HALF]
+        job = self._job_of(traced)
+        rounds = None
+        if job is not None:
+            rounds = JobRounds(job, self.job_trials, name)
+            self.job_trials += 1
+
         def on_verdict(cf, verdict: StepVerdict | MixedVerdict) -> None:
             if not verdict.is_half:
                 on_float32(cf)
-            self._remember(key, verdict.pure if isinstance(verdict, MixedVerdict) else verdict)
+            if rounds is None:  # a job's verdict is not this host's alone
+                self._remember(key, verdict.pure if isinstance(verdict, MixedVerdict) else verdict)
             self._say(name, verdict, cf)
 
         mixing = None
         if self.profiler is not None:
-            traced = record.traced_state if record is not None else states[HALF]
             mixing = Mixing(lambda: self._regions(record, traced), cache=lambda: self.cache,
                             key=key, profiler=lambda body, call: self.profiler(body, call),  # type: ignore[misc]
                             traced_state=traced)
         trial = FunctionTrial(concrete_function, name, states, on_verdict=on_verdict, then=then,
-                              timer=lambda body, call: self.timer(body, call), mixing=mixing)
+                              timer=lambda body, call: self.timer(body, call), mixing=mixing, rounds=rounds)
         self.trials.add(trial)
         return trial
+
+    def _job_of(self, state: dict) -> Job | None:
+        """The multi-worker job to decide the step of ``state`` with: the job, where the step runs collective ops.
+
+        Every worker must run such a step's collectives in the same body; a
+        step without any (one that only the chief runs, say) is each worker's own.
+        """
+        job = self.job()
+        graph = tf_internals.graph_in_state(state)
+        if job is None or graph is None:
+            return None
+        op_types = [op.type for op in graph.get_operations()]
+        op_types += [node.op for function in tf_internals.graph_functions(graph).values()
+                     for node in function.definition.node_def]
+        return job if first_collective(op_types) is not None else None
 
     def _regions(self, record: SwapRecord | None, traced: dict) -> StepRegions:
         """The half regions of the step: its own rewrite's (``record``), or those of the swapped bodies it calls."""

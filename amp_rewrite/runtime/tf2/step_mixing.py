@@ -196,16 +196,27 @@ class Mixing:
     def propose(self, concrete_function, states: dict, verdict: StepVerdict, half_ops: dict[str, float],
                 float32_ops: dict[str, float]) -> dict | None:
         """The mixed body's state where the profiles propose one (its times cached either way), else None."""
-        regions = self.regions
-        times, choice = regions.propose(half_ops, float32_ops, is_half_step=verdict.is_half)
+        times, totals = self.times(half_ops, float32_ops)
         cache = self.cache()
-        step_regions.remember(cache, self.key, times, Timing(float32=sum(float32_ops.values()),
-                                                             half=sum(half_ops.values())))
+        step_regions.remember(cache, self.key, times, totals)
         cache.save()
+        return self.mixed_state(concrete_function, times, totals, is_half_step=verdict.is_half)
+
+    def times(self, half_ops: dict[str, float], float32_ops: dict[str, float]) -> tuple[list[RegionTimes], Timing]:
+        """Each region's op times in the two profiles, and the profiles' totals (half's as ``half``)."""
+        regions = self.regions
+        times = step_regions.region_times(regions.regions, regions.names, half_ops, float32_ops)
+        return times, Timing(float32=sum(float32_ops.values()), half=sum(half_ops.values()))
+
+    def mixed_state(self, concrete_function, times: list[RegionTimes], totals: Timing, *,
+                    is_half_step: bool) -> dict | None:
+        """The state of the mixed body these region times choose; None when they choose none, or it failed."""
+        choice = step_regions.choose(times, half_total=totals.half, float32_total=totals.float32,
+                                     is_half_step=is_half_step)
         if choice is None:
             return None
         try:
-            state = regions.mixed_state(concrete_function, self.traced_state, choice)
+            state = self.regions.mixed_state(concrete_function, self.traced_state, choice)
         except Exception as exc:  # noqa: BLE001 - the pure verdict stands
             logger.debug("amp-rewrite: the mixed body could not be built: %s", exc)
             return None
@@ -226,7 +237,7 @@ def state_calling(concrete_function, traced_state: dict, replacements: Mapping[s
     """``traced_state`` with its graph's calls of some functions sent to others (itself where it calls none).
 
     Args:
-        concrete_function: the function whose state it is (its state is put back after).
+        concrete_function: the function whose state it is (never changed: a copy holding the state is loaded).
         traced_state: the state to load again.
         replacements: the name a call gives → the function object to call instead.
     """
@@ -234,12 +245,8 @@ def state_calling(concrete_function, traced_state: dict, replacements: Mapping[s
 
     if not replacements:
         return traced_state
-    current = tf_internals.concrete_function_state(concrete_function)
-    tf_internals.set_concrete_function_state(concrete_function, traced_state)
-    try:
-        new = reload_calling(concrete_function, replacements)
-    finally:
-        tf_internals.set_concrete_function_state(concrete_function, current)
+    # A copy holding the traced state: calls of the function from other threads meanwhile run its own.
+    new = reload_calling(tf_internals.function_with_state(concrete_function, traced_state), replacements)
     if new is None:
         return traced_state
     new_state = tf_internals.concrete_function_state(new)
@@ -253,12 +260,8 @@ def _rewrite_keeping(concrete_function, record: SwapRecord, keep: Mapping[str, s
 
     config = record.rewritten.result.config  # type: ignore[attr-defined]
     config = replace(config, keep_float32=(*config.keep_float32, *sorted(keep.items())))
-    current = tf_internals.concrete_function_state(concrete_function)
-    tf_internals.set_concrete_function_state(concrete_function, record.traced_state)
-    try:
-        rewritten = concrete.rewrite_concrete(concrete_function, config)
-    finally:
-        tf_internals.set_concrete_function_state(concrete_function, current)
+    rewritten = concrete.rewrite_concrete(tf_internals.function_with_state(concrete_function, record.traced_state),
+                                          config)
     if rewritten.concrete_function is None:
         raise ValueError("the mixed rewrite changed nothing")
     return rewritten

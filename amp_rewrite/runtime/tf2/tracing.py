@@ -79,6 +79,7 @@ from amp_rewrite.runtime.tf2.swap_records import FunctionReport, SwapRecord, Swa
 from amp_rewrite.runtime.tf2.swap_steps import Swap, SwapTools, swap_in
 
 if TYPE_CHECKING:
+    from amp_rewrite.runtime.job import Job
     from amp_rewrite.runtime.loss_scale.tf2_state import TF2LossScaling
 
 logger = logging.getLogger(__name__)
@@ -98,11 +99,13 @@ class RuntimeInputs:
         requested: the settings the runtime was enabled with (the target as asked: ``auto`` stays ``auto``).
         config: returns the runtime's rewrite configuration (read at its first call, for the target chosen).
         loss_scaling: the runtime's TF2 loss scaling, made before the hook; None when loss is not scaled.
+        job: returns the multi-worker job this process is a worker of, once there is one; else None.
     """
 
     requested: RuntimeSettings
     config: Callable[[], Config]
     loss_scaling: TF2LossScaling | None = None
+    job: Callable[[], Job | None] = lambda: None
 
 
 class TracingHook:
@@ -155,7 +158,7 @@ class TracingHook:
         self.trials: FunctionTrials | None = None
         if runtime is not None and runtime.requested.is_timing_steps:
             self.trials = FunctionTrials(self.swapped, config=self.default_config,
-                                     cache_dir=runtime.requested.tune_cache_dir)
+                                     cache_dir=runtime.requested.tune_cache_dir, job=runtime.job)
         self.tools = SwapTools(self.loss_scaling, self.fallback, self.profiles, self.first_calls, self.trials)
         self.marked: ObjectTable[Config] = ObjectTable()
 

@@ -340,3 +340,66 @@ def test_a_step_running_collective_ops_gets_no_trial():
     key = PlanKey(graph.version, ("sum:0",), ("x:0",))
     why = session_trials.why_no_trial(graph, graph, key, RunPlan([], [], {}))
     assert why == "it runs CollectiveReduceV2 'sum': every worker or replica must run the same variant"
+
+
+def test_a_half_step_running_collective_ops_says_once_that_it_is_not_timed(tmp_path, caplog):
+    """A graph-mode job has no store for its workers to decide through: each runs the op lists' rewrite."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [8, 8], name="x")
+        product = tf.cast(tf.matmul(tf.cast(x, tf.bfloat16), tf.cast(x, tf.bfloat16)), tf.float32)
+        total = tf.raw_ops.CollectiveReduceV2(input=product, group_size=2, group_key=1, instance_key=1,
+                                              ordering_token=[], merge_op="Add", final_op="Id", name="sum")
+    trials = session_trials.SessionTrials(target="bfloat16", device_type="CPU", cache_dir=str(tmp_path),
+                                          timer=lambda body, run: pytest.fail("a step was timed"))
+    key = PlanKey(graph.version, ("sum:0",), ("x:0",))
+    half = RunPlan([total], [None], {})
+    with caplog.at_level(logging.INFO, SESSION_LOGGER):
+        for _ in range(2):
+            assert trials.plan(graph, graph, key, half) == (half, None)
+    assert lines(caplog) == [
+        "amp-rewrite: session step (fetches sum) is not timed and runs in bfloat16 as the op lists say: it runs "
+        "CollectiveReduceV2 'sum', and the workers of a graph-mode job have no coordination service to decide "
+        "through together"]
+    assert not list(tmp_path.iterdir())
+
+
+def test_runs_from_several_threads_follow_the_schedule_one_at_a_time(amp_runtime, tmp_path, caplog):
+    """Six threads run the step from its first run on: its trial's runs keep their order and are timed alone."""
+    import threading
+    import time
+
+    amp_runtime(RuntimeSettings(target="bfloat16", is_timing_steps=True, tune_cache_dir=str(tmp_path)))
+    spans = []
+
+    def timer(body, run):
+        began = time.perf_counter()
+        time.sleep(0.02)  # another thread gets the interpreter here
+        values = run()
+        spans.append((body, began, time.perf_counter()))
+        return values, HALF_WINS[body]
+
+    session_trials.trials_of(runtime.current_runtime()).timer = timer
+    graph = training_graph()
+    barrier = threading.Barrier(6)
+    losses = []
+    with caplog.at_level(logging.INFO, SESSION_LOGGER), tf1.Session(graph=graph) as sess:
+        sess.run("init")
+
+        def train():
+            barrier.wait()
+            for _ in range(4):
+                losses.append(float(sess.run(STEP, FEEDS)[1]))
+
+        threads = [threading.Thread(target=train) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        plan = step_plan(sess)
+    assert [body for body, _, _ in spans] == schedule()
+    times = sorted((began, ended) for _, began, ended in spans)
+    assert all(ended <= next_began for (_, ended), (next_began, _) in zip(times, times[1:]))
+    assert len(losses) == 24 and np.all(np.isfinite(losses))
+    assert set(matmul_types(plan).values()) == {tf.bfloat16}
+    assert len([line for line in lines(caplog) if "runs in bfloat16" in line]) == 1

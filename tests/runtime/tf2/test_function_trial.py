@@ -14,7 +14,7 @@ import tensorflow as tf
 from amp_rewrite import runtime, tf_internals
 from amp_rewrite.runtime.settings import RuntimeSettings
 from amp_rewrite.runtime.tf2 import tracing
-from amp_rewrite.tune.trial import CALLS, FLOAT32, HALF
+from amp_rewrite.tune.trial import CALLS, FLOAT32, HALF, schedule
 
 TRACING_LOGGER = "amp_rewrite.runtime.tf2.tracing"
 
@@ -200,3 +200,78 @@ def test_a_step_too_small_for_half_to_win_runs_float32_after_its_trial(amp_runti
     profile = capfd.readouterr().err
     rows = [line.split() for line in profile.splitlines() if line.startswith("  ") and "%" in line]
     assert rows and not [row for row in rows if "bfloat16" in row], profile[-3000:]  # float32 kernels ran
+
+
+class ThreadedClock:
+    """A timer that sleeps before each call it times, so that calls from other threads would overlap it.
+
+    It notes each call's body, when it began and ended, and which body the outputs came from.
+    """
+
+    def __init__(self, seconds: dict[str, float], which_body):
+        self.seconds = seconds
+        self.which_body = which_body
+        self.calls: list[tuple[str, float, float, str]] = []
+
+    def timer(self, body, call):
+        import time
+
+        began = time.perf_counter()
+        time.sleep(0.02)  # another thread gets the interpreter here
+        outputs = call()
+        self.calls.append((body, began, time.perf_counter(), self.which_body(outputs)))
+        return outputs, self.seconds[body]
+
+
+def test_calls_from_several_threads_during_the_trial_each_run_one_whole_body(amp_runtime, tmp_path):
+    """Eight threads call one function from its first call on: each call runs the body the schedule names, alone."""
+    import threading
+
+    rng = np.random.default_rng(0)
+    w_value = rng.normal(0, 1, (64, 64)).astype(np.float32)
+    x_value = rng.normal(0, 1, (8, 64)).astype(np.float32)
+    float32_product = x_value @ w_value
+    bfloat16 = tf.bfloat16.as_numpy_dtype
+    half_product = x_value.astype(bfloat16).astype(np.float32) @ w_value.astype(bfloat16).astype(np.float32)
+
+    def which_body(outputs) -> str:
+        """``float32`` or ``half`` by the outputs' rounding (the inputs rounded to bfloat16 or not)."""
+        value = outputs.numpy() if hasattr(outputs, "numpy") else np.asarray(outputs)
+        if np.allclose(value, float32_product, rtol=1e-5, atol=1e-5):
+            return FLOAT32
+        return HALF if np.allclose(value, half_product, rtol=2e-2, atol=2e-2) else "neither"
+
+    assert not np.allclose(half_product, float32_product, rtol=1e-5, atol=1e-5)  # the bodies can be told apart
+    clock = ThreadedClock({HALF: 0.005, FLOAT32: 0.010}, which_body)
+    amp_runtime(RuntimeSettings(target="bfloat16", is_timing_steps=True, tune_cache_dir=str(tmp_path)))
+    trials = runtime.current_runtime().tracing.trials
+    trials.timer, trials.profiler = clock.timer, None
+    w, x = tf.Variable(w_value), tf.constant(x_value)
+
+    @tf.function
+    def product():
+        return tf.matmul(x, w)
+
+    cf = product.get_concrete_function()  # traced (and swapped) before the threads start
+    barrier = threading.Barrier(8)
+    seen: list[str] = []
+
+    def serve():
+        barrier.wait()
+        for _ in range(4):
+            seen.append(which_body(product()))
+
+    threads = [threading.Thread(target=serve) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    bodies = [body for body, _, _, _ in clock.calls]
+    # the schedule in order, from the first call the first-call guard did not run
+    assert bodies in (schedule(), schedule()[1:]), bodies
+    assert [ran for _, _, _, ran in clock.calls] == bodies  # each call ran the body the timer was told
+    spans = sorted((began, ended) for _, began, ended, _ in clock.calls)
+    assert all(ended <= next_began for (_, ended), (next_began, _) in zip(spans, spans[1:]))  # one at a time
+    assert len(seen) == 32 and set(seen) <= {HALF, FLOAT32}
+    assert tf_internals.call_override(cf) is None  # decided: later calls take no lock
+    assert which_body(product()) == HALF and tracing.step_decisions()[0][:2] == ("product", True)

@@ -88,32 +88,47 @@ class ShadowRunner:
         if plan is None:
             return original_run(session, fetches, feed_dict, options, run_metadata)
         trial = keeper.trials.get(key.step) if keeper.trials else None
-        body, seconds = "", None
         if trial is not None:
-            body = trial.trial.next_body()
-            plan = trial.plans[body]
+            with trial.lock:  # one run of a step on trial at a time: each in the schedule's order, timed alone
+                if keeper.trials.get(key.step) is trial:
+                    return self._run_on_trial(trial, key, feeds, mapper, fetches, options, run_metadata,
+                                              lambda: self.run(original_run, session, fetches, feed_dict, options,
+                                                               run_metadata))
+            # decided (or a new shadow made) while this run waited
+            return self.run(original_run, session, fetches, feed_dict, options, run_metadata)
         shadow_feeds = {plan.feeds[name].tensor: to_shadow(value, plan.feeds[name].change)
                         for name, value in feeds}
         try:
-            if trial is None:
-                values = keeper.shadow.session.run(plan.fetches, shadow_feeds, options, run_metadata)
-            else:
-                assert keeper.step_trials is not None
-                shadow_session = keeper.shadow.session
-                values, seconds = keeper.step_trials.timer(
-                    body, lambda: shadow_session.run(plan.fetches, shadow_feeds, options, run_metadata))
+            values = keeper.shadow.session.run(plan.fetches, shadow_feeds, options, run_metadata)
         except Exception as exc:
             if not keeper.fallback.blames_rewrite(exc):
                 raise
             return keeper.run_failed(exc, lambda: self.run(original_run, session, fetches, feed_dict, options,
                                                            run_metadata))
         keeper.has_run = True
-        if trial is not None:
-            keeper.record_trial(key, trial, body, seconds)
-            return self._results(plan, mapper, fetches, values)
         plan.runs += 1
         if flat is not None and plan.runs >= 2 and key.version == self.graph.version:
             keeper.calls.remember(self.graph, keeper.shadow.session, fetches, feed_dict, key, plan)
+        return self._results(plan, mapper, fetches, values)
+
+    def _run_on_trial(self, trial, key, feeds, mapper, fetches, options, run_metadata, retry):
+        """One run of a step on trial: the variant its schedule names, timed, then recorded."""
+        keeper = self.keeper
+        assert keeper.step_trials is not None
+        body = trial.trial.next_body()
+        plan = trial.plans[body]
+        shadow_feeds = {plan.feeds[name].tensor: to_shadow(value, plan.feeds[name].change)
+                        for name, value in feeds}
+        shadow_session = keeper.shadow.session
+        try:
+            values, seconds = keeper.step_trials.timer(
+                body, lambda: shadow_session.run(plan.fetches, shadow_feeds, options, run_metadata))
+        except Exception as exc:
+            if not keeper.fallback.blames_rewrite(exc):
+                raise
+            return keeper.run_failed(exc, retry)
+        keeper.has_run = True
+        keeper.record_trial(key, trial, body, seconds)
         return self._results(plan, mapper, fetches, values)
 
     def _run_fast(self, call, feeds, original_run, session, fetches, feed_dict):

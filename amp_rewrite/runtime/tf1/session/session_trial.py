@@ -31,9 +31,11 @@ plan and a DEBUG line says why:
 - the step calls functions (``tf.function``, control flow v2) that the
   rewrite changed in place: the copy's calls would reach their half bodies
   (a step calling only functions the rewrite left as they were is tried);
-- the step runs collective ops (a distributed step): each worker times
-  its own trial, and workers that chose differently would wait for each
-  other's collectives forever;
+- the step runs collective ops (a distributed step), with an INFO line:
+  its workers would have to decide together, and a graph-mode job has no
+  coordination service to decide through (:mod:`amp_rewrite.runtime.job`);
+  each worker timing its own trial could keep another variant than its
+  peers, whose collectives would wait for each other forever;
 - the step applies loss scaling (float16, or bfloat16 with
   ``AMP_LOSS_SCALE``) or fetches the overflow probe: its float32 copy would
   scale too, so a trial would not time float32's step. Auto picks bfloat16
@@ -51,11 +53,13 @@ a new shadow (the graph grew, or a fallback) starts without trials.
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 from amp_rewrite import tf_internals
 from amp_rewrite.graph.facts import node_name
+from amp_rewrite.runtime.job import first_collective
 from amp_rewrite.runtime.tf1.session.plans import FeedPlan, PlanKey, RunPlan, ancestors, dtype_change
 from amp_rewrite.tune import keys
 from amp_rewrite.tune.cache import TuneCache
@@ -66,8 +70,6 @@ logger = logging.getLogger(__package__)
 
 # The ops that hold a variable (as the shadow graph's copy of variables knows them).
 VARIABLE_OPS = ("VarHandleOp", "VariableV2", "Variable")
-# Ops that exchange values with other workers or devices: each one's peers must run the same variant.
-COLLECTIVE_PREFIXES = ("Collective", "Nccl")
 #: The scope the float32 variants of the shadow's steps are imported under.
 FLOAT32_SCOPE = "Float32-AmpRewrite"
 
@@ -85,12 +87,15 @@ class SessionTrial:
         key: the step's cache key (:func:`~amp_rewrite.tune.trial.session_step_key`).
         name: the step, in words, for the INFO line.
         trial: the schedule, times and verdict.
+        lock: held by each run of the step while it is on trial, so that runs from several threads
+            follow the schedule one at a time, each timed alone (runs after the verdict never take it).
     """
 
     plans: dict[str, RunPlan]
     key: str
     name: str
     trial: TrialSchedule = field(default_factory=TrialSchedule)
+    lock: Any = field(default_factory=threading.RLock, repr=False, compare=False)
 
 
 class SessionTrials:
@@ -134,6 +139,14 @@ class SessionTrials:
         if not runs_half(half):
             return half, None
         name = step_name(key)
+        collective = collective_op(script_graph, key)
+        if collective is not None:
+            if name not in self._said:
+                self._said.add(name)
+                logger.info("amp-rewrite: session step %s is not timed and runs in %s as the op lists say: it "
+                            "runs %s %r, and the workers of a graph-mode job have no coordination service to "
+                            "decide through together", name, self.target, collective.type, collective.name)
+            return half, None
         try:
             why_not = why_no_trial(script_graph, shadow_graph, key, half)
             if why_not:
@@ -231,19 +244,27 @@ def why_no_trial(script_graph, shadow_graph, key: PlanKey, plan: RunPlan) -> str
         return "it applies loss scaling, which its float32 copy would apply too"
     if plan.has_probe:
         return "it fetches the overflow probe"
+    collective = collective_op(script_graph, key)
+    if collective is not None:
+        return f"it runs {collective.type} {collective.name!r}: every worker or replica must run the same variant"
     called: list[str] = []
     for op in ancestors(script_graph.as_graph_element(name) for name in key.fetches):
         if op.type in VARIABLE_OPS:
             continue
         if _creates_resource(op):
             return f"it reads {op.type} {op.name!r}, which a float32 copy could not share"
-        if op.type.startswith(COLLECTIVE_PREFIXES):
-            return f"it runs {op.type} {op.name!r}: every worker or replica must run the same variant"
         called += _called(op.node_def)
     changed = _changed_functions(script_graph, shadow_graph, called)
     if changed:
         return f"it calls functions the rewrite changed under the same names ({', '.join(changed)})"
     return None
+
+
+def collective_op(script_graph, key: PlanKey):
+    """The first op the step runs that exchanges values with other workers or devices, or None."""
+    ops = list(ancestors(script_graph.as_graph_element(name) for name in key.fetches))
+    found = first_collective(op.type for op in ops)
+    return next(op for op in ops if op.type == found) if found is not None else None
 
 
 def _called(node) -> list[str]:
