@@ -33,7 +33,8 @@ those below):
 
 - this module, the runtime's face;
 - :mod:`~amp_rewrite.runtime.tf1`, the TF1 sessions (given the runtime's
-  value itself), and :mod:`~amp_rewrite.runtime.multi_worker`;
+  value itself), and :mod:`~amp_rewrite.runtime.multi_worker`, with the
+  rounds its job answers together (:mod:`~amp_rewrite.runtime.job`);
 - :mod:`~amp_rewrite.runtime.core`, the :class:`Runtime` value, which holds
   the TF2 tracing hook and loss scaling;
 - :mod:`~amp_rewrite.runtime.tf2`, traced ``tf.function`` bodies rewritten;

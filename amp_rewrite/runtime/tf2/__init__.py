@@ -12,6 +12,7 @@ installs the tracing hook and :func:`amp_rewrite.function` uses it.
   function's names);
 - :mod:`~amp_rewrite.runtime.tf2.function_trial`: a rewritten function's first calls alternate its half
   and float32 bodies, and the faster stays;
+- :mod:`~amp_rewrite.runtime.tf2.job_rounds`: a multi-worker job's trial decisions, taken together;
 - :mod:`~amp_rewrite.runtime.tf2.step_mixing`: the mixed body of a step on trial, from one profiled
   call of each body: the regions faster in half stay half, the rest float32;
 - :mod:`~amp_rewrite.runtime.tf2.concrete`: a ConcreteFunction rewritten and reloaded;
