@@ -45,7 +45,15 @@ from typing import Any
 from amp_rewrite import tf_internals
 from amp_rewrite.config import Config
 from amp_rewrite.runtime.tf2.fallback import CallStep, called_name, function_name
-from amp_rewrite.runtime.tf2.step_mixing import MIXED, Mixing, Profiler, StepRegions, part_of, state_calling
+from amp_rewrite.runtime.tf2.step_mixing import (
+    MIXED,
+    Mixing,
+    Profiler,
+    StepRegions,
+    part_of,
+    profile_body,
+    state_calling,
+)
 from amp_rewrite.runtime.tf2.swap_records import LOGGER_NAME, SwapRecord, SwapTable
 from amp_rewrite.tune import steps
 from amp_rewrite.tune.cache import TuneCache
@@ -70,14 +78,15 @@ class StepTrialCall:
         name: its name, for the INFO line.
         states: ``half``, ``float32`` (and once built, ``mixed``) → the function's state running that body.
         trial: the schedule, times and verdict (:class:`~amp_rewrite.tune.steps.StepTrial`).
-        on_verdict: called once with the function and the verdict, after the state is kept.
+        on_verdict: called once with the function, the verdict and why no mixed body was tried (or None),
+            after the state is kept.
         then: the floor watch that takes the trial's place when half wins; None: nothing.
         timer: runs one call of a body and says how long it took (:data:`Timer`).
         mixing: what profiles the pure bodies and makes the mixed one; None: the pure verdict is final.
     """
 
     def __init__(self, concrete_function, name: str, states: dict[str, dict], *,
-                 on_verdict: Callable[[Any, Any], None], then: CallStep | None, timer: Timer,
+                 on_verdict: Callable[[Any, Any, str | None], None], then: CallStep | None, timer: Timer,
                  mixing: Mixing | None = None):
         self.function_ref = weakref.ref(concrete_function)
         self.name = name
@@ -145,8 +154,8 @@ class StepTrialCall:
             if self.mixing is None or not steps.is_worth_mixing(verdict) or not self.mixing.can_mix():
                 self.settle(cf, verdict)
         elif self.confirmation is None:
-            if seconds is None:  # no profile: the pure verdict stands
-                self.settle(cf, self.verdict)
+            if not isinstance(seconds, dict):  # no times: the pure verdict stands, and its line says why
+                self.settle(cf, self.verdict, unmixed=seconds or "no profile was taken")
                 return
             self.profiles[body] = seconds
             if len(self.profiles) == 2:
@@ -174,14 +183,17 @@ class StepTrialCall:
     def is_on_trial(self, concrete_function) -> bool:
         return tf_internals.call_override(concrete_function) is self
 
-    def settle(self, concrete_function, verdict) -> None:
-        """Keeps the body the verdict chose, with the floor watch after a half one; then ``on_verdict``."""
+    def settle(self, concrete_function, verdict, *, unmixed: str | None = None) -> None:
+        """Keeps the body the verdict chose, with the floor watch after a half one; then ``on_verdict``.
+
+        ``unmixed``: why the step's regions were not chosen among, when they were to be and could not.
+        """
         mixed = getattr(verdict, "is_mixed", False)
         body = MIXED if mixed else HALF if verdict.is_half else FLOAT32
         tf_internals.set_concrete_function_state(concrete_function, self.states[body])
         if verdict.is_half and self.then is not None:
             tf_internals.override_call(concrete_function, self.then)
-        self.on_verdict(concrete_function, verdict)
+        self.on_verdict(concrete_function, verdict, unmixed)
 
     def _use(self, concrete_function, body: str) -> None:
         tf_internals.set_concrete_function_state(concrete_function, {**self.states[body], "_call_flat": self})
@@ -196,7 +208,8 @@ class StepTrials:
         cache_dir: where the tuning cache lives (None: the user's cache directory).
         timer: runs one call of a body and times it (:data:`Timer`; tests give their own).
         profiler: runs one call of a body profiled (:data:`~amp_rewrite.runtime.tf2.step_mixing.Profiler`;
-            tests give their own); None: no step is profiled, and pure verdicts are final.
+            tests give their own; by default :meth:`profile_call`); None: no step is profiled, and pure
+            verdicts are final.
         decisions: each function decided in this process, oldest first: its name, verdict (a
             :class:`~amp_rewrite.tune.steps.MixedVerdict` for a step that tried a mixed body), and the
             function (held weakly).
@@ -205,13 +218,11 @@ class StepTrials:
 
     def __init__(self, swapped: SwapTable, *, config: Callable[[], Config], cache_dir: str | None = None,
                  timer: Timer | None = None):
-        from amp_rewrite.runtime.tf2.step_mixing import profile_body
-
         self.swapped = swapped
         self.config = config
         self.cache_dir = cache_dir
         self.timer = timer or self.time_call
-        self.profiler: Profiler | None = profile_body
+        self.profiler: Profiler | None = self.profile_call
         self.decisions: list[tuple[str, StepVerdict | MixedVerdict, weakref.ref]] = []
         self.trials: weakref.WeakSet[StepTrialCall] = weakref.WeakSet()
         self._cache: TuneCache | None = None
@@ -314,11 +325,11 @@ class StepTrials:
 
     def _trial(self, concrete_function, name: str, states: dict, key: str, then, *, on_float32,
                record: SwapRecord | None = None) -> StepTrialCall:
-        def on_verdict(cf, verdict: StepVerdict | MixedVerdict) -> None:
+        def on_verdict(cf, verdict: StepVerdict | MixedVerdict, unmixed: str | None) -> None:
             if not verdict.is_half:
                 on_float32(cf)
             self._remember(key, verdict.pure if isinstance(verdict, MixedVerdict) else verdict)
-            self._say(name, verdict, cf)
+            self._say(name, verdict, cf, unmixed=unmixed)
 
         mixing = None
         if self.profiler is not None:
@@ -352,6 +363,10 @@ class StepTrials:
         graph = tf_internals.graph_in_state(state)
         called = set(tf_internals.graph_functions(graph)) if graph is not None else set()
         return {called_name(cf): record for cf, record in list(self.swapped.items()) if called_name(cf) in called}
+
+    def profile_call(self, body: str, call: Callable[[], Any]):
+        """Runs ``call`` profiled: each executed node's seconds (its kernels' on a GPU), or why there are none."""
+        return profile_body(body, call, self.device_type)
 
     def time_call(self, body: str, call: Callable[[], Any]) -> tuple[Any, float]:
         """Runs ``call`` and returns its outputs and its seconds, the device's queue included on a GPU."""
@@ -390,9 +405,12 @@ class StepTrials:
         self.cache.put(key, verdict.timing())
         self.cache.save()
 
-    def _say(self, name: str, verdict: StepVerdict | MixedVerdict, concrete_function) -> None:
+    def _say(self, name: str, verdict: StepVerdict | MixedVerdict, concrete_function, *,
+             unmixed: str | None = None) -> None:
         self.decisions.append((name, verdict, weakref.ref(concrete_function)))
         reason = verdict.reason(self.target, self.device_type)
+        if unmixed:
+            reason += f"; no mixed body: {unmixed}"
         if isinstance(verdict, MixedVerdict) and verdict.is_mixed:
             logger.info("amp-rewrite: tf.function %s runs %d of %d half regions in %s: %s", name,
                         verdict.half_regions, verdict.regions, self.target, reason)
