@@ -19,8 +19,8 @@ that has failed.
   the check catches.
 
 The tests marked ``gpu`` run with the target chosen for the machine (``auto``:
-float16 where TensorFlow sees a GPU); their CPU variants force float16, on
-the same code.
+float16 where TensorFlow sees a GPU), against float32 runs with TF32 off; their
+CPU variants force float16, on the same code.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import tf1
+from helpers import float32_as_float32, tf1
 
 from amp_rewrite import runtime
 from amp_rewrite.runtime.loss_scale import tf1_optimizer
@@ -105,7 +105,8 @@ def session_training(seed: int) -> tuple[list[float], list[float]]:
 
 
 def check_session_overflow(amp_runtime, settings: RuntimeSettings) -> None:
-    float32 = [session_training(seed)[0] for seed in SEEDS]
+    with float32_as_float32():
+        float32 = [session_training(seed)[0] for seed in SEEDS]
     amp_runtime(settings)
     half, (scale, skipped) = session_training(SEEDS[0])
     skipped = int(skipped)
@@ -188,7 +189,8 @@ STYLES = {"keras3_fit": keras3_fit, "tf_keras_fit": tf_keras_fit, "tape_loop": t
 
 
 def check_tf2_style(amp_runtime, train, settings: RuntimeSettings) -> None:
-    float32 = [train(seed) for seed in SEEDS]
+    with float32_as_float32():
+        float32 = [train(seed) for seed in SEEDS]
     amp_runtime(settings)
     half = train(SEEDS[0])
     scaling = runtime.loss_scaling()

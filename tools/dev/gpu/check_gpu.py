@@ -7,7 +7,7 @@ its error and the others still run:
 
 - TensorFlow's version and build (CUDA and cuDNN versions), the GPUs it sees;
 - a float32 and a float16 MatMul on the GPU, against NumPy (float32 is TF32
-  on tensor cores by default: ``tf.config.experimental.is_tensor_float_32_execution_enabled``);
+  on tensor cores by default: ``tf.config.experimental.tensor_float_32_execution_enabled``);
 - a convolution (cuDNN), a ``jit_compile=True`` function (XLA: ptxas and
   libdevice from ``nvidia/cuda_nvcc``), and one profiled call with its GPU
   kernels (CUPTI).
@@ -49,7 +49,7 @@ def main() -> int:
         print("TensorFlow sees no GPU: stop here (its log above says which library it could not load)")
         return 1
     details = tf.config.experimental.get_device_details(gpus[0])
-    print(f"GPU 0: {details}; TF32 on: {tf.config.experimental.is_tensor_float_32_execution_enabled()}", flush=True)
+    print(f"GPU 0: {details}; TF32 on: {tf.config.experimental.tensor_float_32_execution_enabled()}", flush=True)
     rng = np.random.default_rng(0)
     a = rng.standard_normal((512, 512)).astype(np.float32)
 
