@@ -222,7 +222,7 @@ def profile_call(call: Callable, concrete_function, number: int):
             return call()
         try:
             outputs = call()
-            if tf.config.list_logical_devices("GPU"):
+            if tf.executing_eagerly() and tf.config.list_logical_devices("GPU"):
                 tf.test.experimental.sync_devices()  # a GPU's kernels still queued belong to this call
         finally:
             tf.profiler.experimental.stop()
@@ -243,7 +243,7 @@ def xplane_ops(paths: Iterable[Path], precisions: dict[str, str]) -> list[OpTime
     for node, op, picos in op_events(paths):
         found[(node, op)] = found.get((node, op), 0.0) + picos / 1e6
     kernels: dict[str, float] = {}
-    for launcher, picos in gpu_kernel_events(paths):
+    for launcher, _, picos in gpu_kernel_events(paths):
         if launcher:
             kernels[launcher] = kernels.get(launcher, 0.0) + picos / 1e6
     return [OpTime(node, op, kernels.get(node, micros), _precision_of(node, precisions))

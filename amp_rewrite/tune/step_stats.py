@@ -85,7 +85,7 @@ def traced_op_seconds(call: Callable[[], Any], *, device_type: str = "CPU") -> t
             return call(), f"no profile was taken: {first_line(exc)}"
         try:
             outputs = call()
-            if device_type == "GPU":
+            if device_type == "GPU" and tf.executing_eagerly():  # (a Session.run returns once its step is done)
                 tf.test.experimental.sync_devices()  # the kernels still queued belong to this step
         finally:
             tf.profiler.experimental.stop()
@@ -103,7 +103,7 @@ def node_seconds(paths: Iterable[Path], *, device_type: str = "CPU") -> dict[str
             seconds[node] = seconds.get(node, 0.0) + picos / 1e12
         return seconds or "the profile holds no op times"
     kernels = 0
-    for launcher, picos in gpu_kernel_events(paths):
+    for launcher, _, picos in gpu_kernel_events(paths):
         kernels += 1
         if launcher:
             seconds[launcher] = seconds.get(launcher, 0.0) + picos / 1e12
@@ -124,8 +124,8 @@ def op_events(paths: Iterable[Path]) -> Iterator[tuple[str, str, int]]:
                         yield meta.name[:-len(op) - 1], op, event.duration_ps
 
 
-def gpu_kernel_events(paths: Iterable[Path]) -> Iterator[tuple[str | None, int]]:
-    """(node that launched it, or None where no op is named; duration in picoseconds) of each GPU plane event.
+def gpu_kernel_events(paths: Iterable[Path]) -> Iterator[tuple[str | None, str | None, int]]:
+    """(node that launched it and its op type, None where no op is named; picoseconds) of each GPU plane event.
 
     Kernels, copies and memsets alike: CUPTI's collector puts each on its
     GPU's plane, one line per stream, with the ``tf_op`` stat naming the
@@ -138,19 +138,20 @@ def gpu_kernel_events(paths: Iterable[Path]) -> Iterator[tuple[str | None, int]]
             tf_op = next((key for key, meta in plane.stat_metadata.items() if meta.name == TF_OP_STAT), None)
             for line in plane.lines:
                 for event in line.events:
-                    yield _launched_by(plane, event, tf_op), event.duration_ps
+                    yield (*_launched_by(plane, event, tf_op), event.duration_ps)
 
 
-def _launched_by(plane, event, tf_op: int | None) -> str | None:
-    if tf_op is None:
-        return None
-    for stat in event.stats:
+def _launched_by(plane, event, tf_op: int | None) -> tuple[str | None, str | None]:
+    """The node and op type the event's ``tf_op`` stat names (``node:OpType``), or ``(None, None)``."""
+    text = ""
+    for stat in event.stats if tf_op is not None else ():
         if stat.metadata_id == tf_op:
             kind = stat.WhichOneof("value")
             text = stat.str_value if kind == "str_value" else \
                 plane.stat_metadata[stat.ref_value].name if kind == "ref_value" else ""
-            return text.split(":", 1)[0] or None
-    return None
+            break
+    node, _, op = text.partition(":")
+    return (node, op or None) if node else (None, None)
 
 
 def _spaces(paths: Iterable[Path]):

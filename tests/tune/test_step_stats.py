@@ -81,8 +81,8 @@ def test_kernels_sum_per_node_and_unnamed_ones_count_for_none(tmp_path):
     space = xplane_pb2.XSpace()
     launched_step(space)
     paths = trace(tmp_path, space)
-    assert list(gpu_kernel_events(paths)) == [("call/mm", 3_000_000_000), ("call/mm", 500_000_000),
-                                              ("call/cast", 200_000_000), (None, 100_000_000)]
+    assert list(gpu_kernel_events(paths)) == [("call/mm", "MatMul", 3_000_000_000), ("call/mm", "MatMul", 500_000_000),
+                                              ("call/cast", "Cast", 200_000_000), (None, None, 100_000_000)]
     assert node_seconds(paths, device_type="GPU") == pytest.approx({"call/mm": 3.5e-3, "call/cast": 2e-4})
     # elsewhere the host's events are the ops' times, as on a CPU
     assert node_seconds(paths, device_type="CPU") == pytest.approx({"call/mm": 9e-6, "call/cast": 4e-6})
