@@ -160,6 +160,18 @@ def rng(seed=0):
     return np.random.default_rng(seed)
 
 
+@contextlib.contextmanager
+def float32_as_float32():
+    """float32 products in float32 while active: on a GPU TensorFlow runs them as TF32 (10 mantissa bits, as
+    float16's) unless told not to, and a reference for half must not carry half's rounding itself."""
+    was = tf.config.experimental.tensor_float_32_execution_enabled()
+    tf.config.experimental.enable_tensor_float_32_execution(False)
+    try:
+        yield
+    finally:
+        tf.config.experimental.enable_tensor_float_32_execution(was)
+
+
 # A line amp-rewrite wrote: the CLI's "amp-rewrite: ..." or a log record of an
 # amp_rewrite logger. A file path containing the checkout's folder name never
 # matches, whatever that folder is called.

@@ -6,7 +6,7 @@ import re
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import F16, assert_one_line_error, rng
+from helpers import F16, assert_one_line_error, float32_as_float32, rng
 from runners import run_cli
 from tensorflow.core.protobuf import saved_model_pb2
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
@@ -84,6 +84,23 @@ def test_saved_model_round_trip_serves_float32_within_half_tolerance(mobilenet_s
     np.testing.assert_allclose(restored.numpy(), got.numpy(), rtol=1e-5, atol=1e-5)
     dtypes = tf.train.load_checkpoint(str(out / "variables" / "variables")).get_variable_to_dtype_map()
     assert {d for d in dtypes.values() if d.is_floating} == {tf.float32}
+
+
+@pytest.mark.gpu
+def test_gpu_serves_the_saved_model_the_command_line_rewrote_for_it(mobilenet_saved_model, tmp_path):
+    """Rewritten offline for the default device type (a GPU, with TensorFlow's CUDA build), loaded and served."""
+    out, report = tmp_path / "mobilenet_gpu_amp", tmp_path / "report.json"
+    proc = run_cli(mobilenet_saved_model, out, "--report", report, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(report.read_text())["device_type"] == "GPU"
+    assert any(n.op == "Conv2D" and n.attr["T"].type == F16 for f in library(out) for n in f.node_def)
+    images = tf.constant(rng(5).uniform(0, 1, (8, 96, 96, 3)).astype(np.float32))
+    with float32_as_float32():
+        want = tf.saved_model.load(str(mobilenet_saved_model)).signatures["serving_default"](images=images)["logits"]
+    got = tf.saved_model.load(str(out)).signatures["serving_default"](images=images)["logits"]
+    assert got.dtype == tf.float32 and "GPU" in got.device, got.device
+    assert not np.array_equal(got.numpy(), want.numpy())  # really computed in half
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=5e-2, atol=5e-2 * float(np.abs(want).max()))
 
 
 def test_existing_output_directory_is_refused_without_in_place(mobilenet_saved_model, tmp_path):

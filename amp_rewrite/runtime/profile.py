@@ -29,12 +29,12 @@ import logging
 import sys
 import tempfile
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from amp_rewrite import tf_internals
-from amp_rewrite.tune.step_stats import PRECISIONS, OpTime, step_stats_ops
+from amp_rewrite.tune.step_stats import PRECISIONS, OpTime, gpu_kernel_events, op_events, step_stats_ops
 
 logger = logging.getLogger(__name__)
 
@@ -222,6 +222,8 @@ def profile_call(call: Callable, concrete_function, number: int):
             return call()
         try:
             outputs = call()
+            if tf.executing_eagerly() and tf.config.list_logical_devices("GPU"):
+                tf.test.experimental.sync_devices()  # a GPU's kernels still queued belong to this call
         finally:
             tf.profiler.experimental.stop()
         try:
@@ -231,57 +233,21 @@ def profile_call(call: Callable, concrete_function, number: int):
     return outputs
 
 
-def traced_op_seconds(call: Callable) -> tuple[Any, dict[str, float] | None]:
-    """Runs ``call`` once under TensorFlow's profiler: what it returned, and each executed node's op seconds.
-
-    Nodes are named as the trace names them (behind the calls they were
-    inlined through). Where no profile could be taken (another one is
-    running, or its trace cannot be read), ``call`` still runs once and the
-    seconds are None, with the reason at DEBUG.
-    """
-    import tensorflow as tf
-
-    with tempfile.TemporaryDirectory(prefix="amp_rewrite_step_") as logdir:
-        try:
-            tf.profiler.experimental.start(logdir)
-        except Exception as exc:  # noqa: BLE001 - another profiler may be running
-            logger.debug("amp-rewrite: no profile of the step: %s", exc)
-            return call(), None
-        try:
-            outputs = call()
-        finally:
-            tf.profiler.experimental.stop()
-        seconds: dict[str, float] = {}
-        try:
-            for node, _, picos in op_events(Path(logdir).rglob("*.xplane.pb")):
-                seconds[node] = seconds.get(node, 0.0) + picos / 1e12
-        except Exception as exc:  # noqa: BLE001 - a trace this TensorFlow writes otherwise
-            logger.debug("amp-rewrite: the step's profile could not be read: %s", exc)
-            return outputs, None
-    return outputs, seconds or None
-
-
 def xplane_ops(paths: Iterable[Path], precisions: dict[str, str]) -> list[OpTime]:
-    """Per node: summed op time from the trace's ``name:Op`` events; precision from ``precisions``."""
+    """Per node: summed op time from the trace's ``name:Op`` events; precision from ``precisions``.
+
+    A node whose kernels ran on a GPU gets their time instead: its host event only launched them.
+    """
+    paths = list(paths)
     found: dict[tuple[str, str], float] = {}
     for node, op, picos in op_events(paths):
         found[(node, op)] = found.get((node, op), 0.0) + picos / 1e6
-    return [OpTime(node, op, micros, _precision_of(node, precisions)) for (node, op), micros in found.items()]
-
-
-def op_events(paths: Iterable[Path]) -> Iterator[tuple[str, str, int]]:
-    """(node, op type, duration in picoseconds) of every op event (named ``node:Op``) in the trace files."""
-    xplane_pb2 = tf_internals.profiler_trace_format()
-    for path in paths:
-        space = xplane_pb2.XSpace()
-        space.ParseFromString(path.read_bytes())
-        for plane in space.planes:
-            for line in plane.lines:
-                for event in line.events:
-                    meta = plane.event_metadata[event.metadata_id]
-                    op = meta.display_name
-                    if op and meta.name.endswith(":" + op):
-                        yield meta.name[:-len(op) - 1], op, event.duration_ps
+    kernels: dict[str, float] = {}
+    for launcher, _, picos in gpu_kernel_events(paths):
+        if launcher:
+            kernels[launcher] = kernels.get(launcher, 0.0) + picos / 1e6
+    return [OpTime(node, op, kernels.get(node, micros), _precision_of(node, precisions))
+            for (node, op), micros in found.items()]
 
 
 def _precision_of(node: str, precisions: dict[str, str]) -> str:

@@ -10,7 +10,8 @@ the best step of each counts, and half wins only by
 The graphs are reached through a small interface, :class:`StepRunner`: one
 step of a body (``"half"`` or ``"float32"``) and its seconds, and one
 optional profiled step giving each node's op seconds (from ``RunMetadata``
-step stats, :func:`amp_rewrite.tune.step_stats.step_stats_ops`), for a
+step stats, :func:`amp_rewrite.tune.step_stats.step_stats_ops`; on a GPU its
+kernels' seconds, :func:`amp_rewrite.tune.step_stats.traced_op_seconds`), for a
 choice finer than the whole graph. :class:`GraphSessions` is the real one;
 tests pass their own, or a fake clock.
 """
@@ -26,7 +27,7 @@ import numpy as np
 from amp_rewrite import tf_internals
 from amp_rewrite.errors import AmpRewriteError, first_line
 from amp_rewrite.graph.facts import tensor_name
-from amp_rewrite.tune.step_stats import step_stats_ops
+from amp_rewrite.tune.step_stats import step_stats_ops, traced_op_seconds
 from amp_rewrite.tune.trial import FLOAT32, HALF
 
 _LABELS = {FLOAT32: "float32", HALF: "rewritten"}
@@ -42,8 +43,8 @@ class StepRunner(Protocol):
     def step(self, body: str) -> float:
         """Runs one step of ``body`` (``"half"`` or ``"float32"``); its seconds."""
 
-    def profile(self, body: str) -> dict[str, float]:
-        """Runs one traced step of ``body``; each node's op seconds."""
+    def profile(self, body: str) -> dict[str, float] | str:
+        """Runs one traced step of ``body``; each node's op seconds, or why there are none."""
 
     def close(self) -> None:
         """Frees what the runner holds."""
@@ -85,10 +86,13 @@ class GraphSessions:
         session.run(session.fetches)
         return self.timer() - start
 
-    def profile(self, body: str) -> dict[str, float]:
+    def profile(self, body: str) -> dict[str, float] | str:
         import tensorflow as tf
 
         session = self._sessions[body]
+        if session.device == "GPU":  # the step stats' time of a GPU op is its launch: read its kernels
+            _, seconds = traced_op_seconds(lambda: session.run(session.fetches), device_type="GPU")
+            return seconds
         metadata = tf.compat.v1.RunMetadata()
         session.run(session.fetches, options=tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
                     run_metadata=metadata)

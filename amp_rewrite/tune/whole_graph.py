@@ -245,11 +245,17 @@ class _Trials:
         return verdict
 
     def profiles(self) -> tuple[dict[str, float], dict[str, float]] | None:
-        """Each node's op seconds in one profiled step of the rewritten and of the float32 graph; None: no profiler."""
+        """Each node's op seconds in one profiled step of the rewritten and of the float32 graph; None: no profiler,
+        or a profile without times (a line says why)."""
         profile = getattr(self.pure, "profile", None)
         if profile is None:
             return None
-        return profile(HALF), profile(FLOAT32)
+        half, float32 = profile(HALF), profile(FLOAT32)
+        for found in (half, float32):
+            if isinstance(found, str):
+                logger.info("tuning: no mixed graph: %s", found)
+                return None
+        return half, float32
 
     def mixed(self, mixed_graph, best_graph) -> Timing:
         """The best times of a mixed graph (``half``) and the better pure graph (``float32``) in their trial.

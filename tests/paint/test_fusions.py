@@ -5,9 +5,9 @@ import tensorflow as tf
 
 from amp_rewrite import tf_internals
 from amp_rewrite.config import Config
-from amp_rewrite.runtime.profile import op_events
 from amp_rewrite.runtime.settings import RuntimeSettings
 from amp_rewrite.runtime.tf2 import tracing
+from amp_rewrite.tune.step_stats import op_events
 
 
 def conv_step():

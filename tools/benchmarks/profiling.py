@@ -40,7 +40,7 @@ HALF_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "a
 
 def op_types(logdir: Path | str) -> dict[str, dict[str, float]]:
     """Per op type, ``{"ms": summed duration, "count": events}`` over every trace file under ``logdir``."""
-    from amp_rewrite.runtime.profile import op_events
+    from amp_rewrite.tune.step_stats import op_events
 
     totals: dict[str, dict[str, float]] = {}
     for _, op, picos in op_events(Path(logdir).rglob("*.xplane.pb")):

@@ -55,7 +55,15 @@ from amp_rewrite.config import Config
 from amp_rewrite.runtime.job import Job, first_collective
 from amp_rewrite.runtime.tf2.calls import CallStep, called_name, function_name
 from amp_rewrite.runtime.tf2.job_rounds import JobRounds
-from amp_rewrite.runtime.tf2.step_mixing import MIXED, Mixing, Profiler, StepRegions, part_of, state_calling
+from amp_rewrite.runtime.tf2.step_mixing import (
+    MIXED,
+    Mixing,
+    Profiler,
+    StepRegions,
+    part_of,
+    profile_body,
+    state_calling,
+)
 from amp_rewrite.runtime.tf2.swap_records import LOGGER_NAME, SwapRecord, SwapTable
 from amp_rewrite.tune import keys
 from amp_rewrite.tune.cache import TuneCache
@@ -96,7 +104,8 @@ class FunctionTrial:
         name: its name, for the INFO line.
         states: ``half``, ``float32`` (and once built, ``mixed``) → the function's state running that body.
         trial: the schedule, times and verdict (:class:`~amp_rewrite.tune.trial.TrialSchedule`).
-        on_verdict: called once with the function and the verdict, after the state is kept.
+        on_verdict: called once with the function, the verdict and why no mixed body was tried (or None),
+            after the state is kept.
         then: the floor watch that takes the trial's place when half wins; None: nothing.
         timer: runs one call of a body and says how long it took (:data:`~amp_rewrite.tune.trial.Timer`).
         mixing: what profiles the pure bodies and makes the mixed one; None: the pure verdict is final.
@@ -108,7 +117,7 @@ class FunctionTrial:
     """
 
     def __init__(self, concrete_function, name: str, states: dict[str, dict], *,
-                 on_verdict: Callable[[Any, Any], None], then: CallStep | None, timer: Timer,
+                 on_verdict: Callable[[Any, Any, str | None], None], then: CallStep | None, timer: Timer,
                  mixing: Mixing | None = None, rounds: JobRounds | None = None):
         self.function_ref = weakref.ref(concrete_function)
         self.name = name
@@ -195,9 +204,11 @@ class FunctionTrial:
             if not profiles_next:
                 self.settle(cf, self.verdict)
         elif self.confirmation is None:
-            if seconds is None and self.rounds is None:  # no profile: the pure verdict stands
-                self.settle(cf, self.verdict)
-                return
+            if not isinstance(seconds, dict):  # no times: why there are none, or None
+                if self.rounds is None:  # the pure verdict stands, and its line says why
+                    self.settle(cf, self.verdict, unmixed=seconds or "no profile was taken")
+                    return
+                seconds = None  # in a job, the other workers' times may still choose
             self.profiles[body] = seconds
             if len(self.profiles) == 2:
                 self._propose(cf)
@@ -258,8 +269,11 @@ class FunctionTrial:
         return (not self.is_over
                 and tf_internals.inference_function(concrete_function) is self.states[HALF]["_inference_function"])
 
-    def settle(self, concrete_function, verdict) -> None:
-        """Keeps the body the verdict chose, with the floor watch after a half one; then ``on_verdict``."""
+    def settle(self, concrete_function, verdict, *, unmixed: str | None = None) -> None:
+        """Keeps the body the verdict chose, with the floor watch after a half one; then ``on_verdict``.
+
+        ``unmixed``: why the step's regions were not chosen among, when they were to be and could not.
+        """
         mixed = getattr(verdict, "is_mixed", False)
         body = MIXED if mixed else HALF if verdict.is_half else FLOAT32
         state = dict(self.states[body])
@@ -268,7 +282,7 @@ class FunctionTrial:
         self.is_over, self.kept = True, verdict
         tf_internals.set_concrete_function_state(concrete_function, state)  # one change: no call sees half of it
         self._copies.clear()
-        self.on_verdict(concrete_function, verdict)
+        self.on_verdict(concrete_function, verdict, unmixed)
 
     def _hand_on(self, concrete_function) -> None:
         """Leaves the function's calls to what follows the trial: the floor watch after a half verdict, or none."""
@@ -294,7 +308,8 @@ class FunctionTrials:
         cache_dir: where the tuning cache lives (None: the user's cache directory).
         timer: runs one call of a body and times it (:data:`~amp_rewrite.tune.trial.Timer`; tests give their own).
         profiler: runs one call of a body profiled (:data:`~amp_rewrite.runtime.tf2.step_mixing.Profiler`;
-            tests give their own); None: no step is profiled, and pure verdicts are final.
+            tests give their own; by default :meth:`profile_call`); None: no step is profiled, and pure
+            verdicts are final.
         decisions: each function decided in this process, oldest first: its name, verdict (a
             :class:`~amp_rewrite.tune.trial.MixedVerdict` for a step that tried a mixed body), and the
             function (held weakly).
@@ -307,15 +322,13 @@ class FunctionTrials:
 
     def __init__(self, swapped: SwapTable, *, config: Callable[[], Config], cache_dir: str | None = None,
                  timer: Timer | None = None, job: Callable[[], Job | None] = lambda: None):
-        from amp_rewrite.runtime.tf2.step_mixing import profile_body
-
         self.swapped = swapped
         self.config = config
         self.job = job
         self.job_trials = 0
         self.cache_dir = cache_dir
         self.timer = timer or self.time_call
-        self.profiler: Profiler | None = profile_body
+        self.profiler: Profiler | None = self.profile_call
         self.decisions: list[tuple[str, StepVerdict | MixedVerdict, weakref.ref]] = []
         self.trials: weakref.WeakSet[FunctionTrial] = weakref.WeakSet()
         self._cache: TuneCache | None = None
@@ -430,12 +443,12 @@ class FunctionTrials:
             rounds = JobRounds(job, self.job_trials, name)
             self.job_trials += 1
 
-        def on_verdict(cf, verdict: StepVerdict | MixedVerdict) -> None:
+        def on_verdict(cf, verdict: StepVerdict | MixedVerdict, unmixed: str | None) -> None:
             if not verdict.is_half:
                 on_float32(cf)
             if rounds is None:  # a job's verdict is not this host's alone
                 self._remember(key, verdict.pure if isinstance(verdict, MixedVerdict) else verdict)
-            self._say(name, verdict, cf)
+            self._say(name, verdict, cf, unmixed=unmixed)
 
         mixing = None
         if self.profiler is not None:
@@ -484,6 +497,10 @@ class FunctionTrials:
         called = set(tf_internals.graph_functions(graph)) if graph is not None else set()
         return {called_name(cf): record for cf, record in list(self.swapped.items()) if called_name(cf) in called}
 
+    def profile_call(self, body: str, call: Callable[[], Any]):
+        """Runs ``call`` profiled: each executed node's seconds (its kernels' on a GPU), or why there are none."""
+        return profile_body(body, call, self.device_type)
+
     def time_call(self, body: str, call: Callable[[], Any]) -> tuple[Any, float]:
         """Runs ``call`` and returns its outputs and its seconds, the device's queue included on a GPU."""
         began = time.perf_counter()
@@ -521,9 +538,12 @@ class FunctionTrials:
         self.cache.put(key, verdict.timing())
         self.cache.save()
 
-    def _say(self, name: str, verdict: StepVerdict | MixedVerdict, concrete_function) -> None:
+    def _say(self, name: str, verdict: StepVerdict | MixedVerdict, concrete_function, *,
+             unmixed: str | None = None) -> None:
         self.decisions.append((name, verdict, weakref.ref(concrete_function)))
         reason = verdict.reason(self.target, self.device_type)
+        if unmixed:
+            reason += f"; no mixed body: {unmixed}"
         if isinstance(verdict, MixedVerdict) and verdict.is_mixed:
             logger.info("amp-rewrite: tf.function %s runs %d of %d half regions in %s: %s", name,
                         verdict.half_regions, verdict.regions, self.target, reason)

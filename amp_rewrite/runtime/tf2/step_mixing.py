@@ -6,7 +6,11 @@ TensorFlow's profiler. :class:`StepRegions` holds the half regions of every
 rewritten body the step runs (the function's own rewrite, or for a function
 calling rewritten bodies, theirs: Keras 3's train function calls its
 one-step function) and reads their op times off the two profiles
-(:mod:`amp_rewrite.tune.step_regions`). Where those times propose a mixed
+(:mod:`amp_rewrite.tune.step_regions`): on a CPU each node's op time, on
+a GPU its kernels' time, since there a node's op event only launches its
+kernels (:func:`~amp_rewrite.tune.step_stats.traced_op_seconds`). A profile
+that gives no times (on a GPU: a trace whose kernels name no op) leaves the
+pure verdict, and its INFO line says why. Where those times propose a mixed
 step, it rewrites the bodies again with the losing regions kept float32
 (``Config.keep_float32``), and builds the function's mixed state: for the
 function itself, its traced state running the mixed body; for a caller,
@@ -39,8 +43,9 @@ from amp_rewrite.tune.trial import MixedVerdict, StepVerdict, mixed_verdict_of
 logger = logging.getLogger(LOGGER_NAME)
 
 MIXED = "mixed"
-#: ``(body, call)`` → ``(outputs, op seconds per executed node, or None when no profile was taken)``.
-Profiler = Callable[[str, Callable[[], Any]], tuple[Any, "dict[str, float] | None"]]
+#: ``(body, call)`` → ``(outputs, op seconds per executed node)``; in place of the seconds, why there are none
+#: (or None: no profile was taken).
+Profiler = Callable[[str, Callable[[], Any]], tuple[Any, "dict[str, float] | str | None"]]
 
 
 @dataclass(frozen=True)
@@ -273,11 +278,12 @@ def _runnable(rewritten) -> dict:
     return tf_internals.runnable_state(state, inference_only=rewritten.has_custom_gradients)
 
 
-def profile_body(body: str, call: Callable[[], Any]) -> tuple[Any, dict[str, float] | None]:
-    """Runs one call under TensorFlow's profiler (:func:`amp_rewrite.runtime.profile.traced_op_seconds`)."""
-    from amp_rewrite.runtime.profile import traced_op_seconds
+def profile_body(body: str, call: Callable[[], Any], device_type: str = "CPU") -> tuple[Any, dict[str, float] | str]:
+    """Runs one call under TensorFlow's profiler: its kernels' times on a GPU, its ops' elsewhere, or why none
+    (:func:`amp_rewrite.tune.step_stats.traced_op_seconds`)."""
+    from amp_rewrite.tune.step_stats import traced_op_seconds
 
-    return traced_op_seconds(call)
+    return traced_op_seconds(call, device_type=device_type)
 
 
 _CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})

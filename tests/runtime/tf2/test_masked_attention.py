@@ -18,6 +18,7 @@ import logging
 
 import numpy as np
 import pytest
+from helpers import float32_as_float32
 
 from amp_rewrite.runtime.settings import RuntimeSettings
 
@@ -75,10 +76,10 @@ def half_and_float32_ops(op_types):
     return found
 
 
-@pytest.mark.parametrize("flavour", ["tf_keras", "keras3"])
-def test_masked_attention_trains_in_float16_with_float32_losses(amp_runtime, caplog, flavour):
-    float32 = fit(flavour)
-    amp_runtime(RuntimeSettings(target="float16"))
+def check_masked_attention(amp_runtime, caplog, flavour: str, settings: RuntimeSettings) -> None:
+    with float32_as_float32():
+        float32 = fit(flavour)
+    amp_runtime(settings)
     with caplog.at_level(logging.WARNING, logger="amp_rewrite"):
         half = fit(flavour)
         ops = half_and_float32_ops({"Einsum", "Softmax"})
@@ -90,3 +91,19 @@ def test_masked_attention_trains_in_float16_with_float32_losses(amp_runtime, cap
     assert not [r.getMessage() for r in caplog.records
                 if r.levelno >= logging.WARNING and r.name.startswith("amp_rewrite")]
     assert ops == {"Einsum": {"float16"}, "Softmax": {"float32"}}, ops
+
+
+@pytest.mark.parametrize("flavour", ["tf_keras", "keras3"])
+def test_masked_attention_trains_in_float16_with_float32_losses(amp_runtime, caplog, flavour):
+    check_masked_attention(amp_runtime, caplog, flavour, RuntimeSettings(target="float16"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("flavour", ["tf_keras", "keras3"])
+def test_gpu_masked_attention_trains_in_float16_with_float32_losses(amp_runtime, caplog, flavour):
+    """On a GPU the target is the machine's choice (float16), the float32 reference without TF32."""
+    from amp_rewrite import runtime
+
+    check_masked_attention(amp_runtime, caplog, flavour, RuntimeSettings(target="auto"))
+    choice = runtime.target_choice()
+    assert choice is not None and choice.target == "float16" and "GPU" in choice.reason, choice

@@ -257,3 +257,70 @@ def test_a_step_far_slower_in_half_is_not_profiled(amp_runtime, tmp_path):
         step()
     assert clock.profiled == [] and MIXED not in clock.timed
     assert running_dtypes(step.get_concrete_function())["fast"] == tf.float32
+
+
+NO_KERNELS = "TensorFlow's profiler recorded no GPU kernel (it reads them through CUPTI)"
+
+
+def test_on_a_gpu_a_profile_without_kernel_times_keeps_the_pure_verdict_and_says_why(amp_runtime, tmp_path, caplog,
+                                                                                    monkeypatch):
+    """A GPU op's event on the host is its launch, not its time: without the kernels no region is chosen.
+
+    The device is said to be a GPU, and the profiler is the real one: on this
+    CPU its trace holds no GPU kernel, as on a GPU where CUPTI is missing.
+    """
+    clock = Clock({HALF: 0.005, FLOAT32: 0.010})
+    start(amp_runtime, tmp_path, clock)
+    trials = runtime.current_runtime().tracing.trials
+    monkeypatch.setattr(type(trials), "device_type", property(lambda self: "GPU"))
+    trials.profiler = trials.profile_call
+    step = training_loop()
+    with caplog.at_level(logging.INFO, TRACING_LOGGER):
+        for _ in range(CALLS + 3):
+            step()
+    assert MIXED not in clock.timed
+    assert running_dtypes(step.get_concrete_function())["slow"] == tf.bfloat16  # the pure verdict: half
+    assert ("amp-rewrite: tf.function step runs in bfloat16: the step ran 5.0 ms in bfloat16 and 10.0 ms in "
+            f"float32 on this GPU (2.00x); no mixed body: {NO_KERNELS}") in lines(caplog)
+    [(_, is_half, why)] = tracing.step_decisions()
+    assert is_half and "no mixed body" not in why  # what scripts read is the verdict's reason alone
+
+
+@pytest.mark.gpu
+def test_gpu_profile_finds_every_region_of_the_step_in_kernel_time(amp_runtime, tmp_path):
+    amp_runtime(RuntimeSettings(target="auto", tune_cache_dir=str(tmp_path)))
+    step = training_loop()
+    step()
+    cf = step.get_concrete_function()
+    record = tracing.record_of(cf)
+    regions = step_mixing.StepRegions.of([step_mixing.part_of(record)], cf.graph, "float16")
+    assert regions.can_mix
+    _, half_ops = step_mixing.profile_body(HALF, lambda: step(), "GPU")
+    tf_internals.set_concrete_function_state(cf, record.traced_state)
+    _, float32_ops = step_mixing.profile_body(FLOAT32, lambda: step(), "GPU")
+    assert isinstance(half_ops, dict) and isinstance(float32_ops, dict), (half_ops, float32_ops)
+    times, _ = regions.propose(half_ops, float32_ops, is_half_step=False)
+    heavy = [t for t in times if dict(t.region.ops).get("MatMul")]
+    assert heavy and all(t.half > 0 and t.float32 > 0 for t in heavy), [(t.region.nodes, t.half, t.float32)
+                                                                       for t in times]
+
+
+@pytest.mark.gpu
+def test_gpu_trial_profiles_both_bodies_and_caches_each_regions_kernel_times(amp_runtime, tmp_path, caplog):
+    """The real profiler on the GPU: the step's regions get kernel times, and no line says they could not.
+
+    The test's timer makes the step worth profiling, whatever so small a step costs in float16 here.
+    """
+    import json
+
+    amp_runtime(RuntimeSettings(target="auto", is_timing_steps=True, tune_cache_dir=str(tmp_path)))
+    runtime.current_runtime().tracing.trials.timer = Clock({HALF: 0.012, FLOAT32: 0.010, MIXED: 0.011}).timer
+    step = training_loop()
+    with caplog.at_level(logging.INFO, TRACING_LOGGER):
+        for _ in range(CALLS + 2):
+            step()
+    decided = [line for line in lines(caplog) if line.startswith("amp-rewrite: tf.function step ")]
+    assert len(decided) == 1 and "on this GPU" in decided[0] and "no mixed body" not in decided[0], lines(caplog)
+    [cache] = tmp_path.glob("tune-*.json")
+    regions = {key: value for key, value in json.loads(cache.read_text())["entries"].items() if " region " in key}
+    assert len(regions) >= 2 and sum(1 for float32, half in regions.values() if float32 > 0 and half > 0) >= 2, regions

@@ -98,3 +98,32 @@ def test_an_xla_function_called_from_a_plain_one_keeps_its_float32_body(amp_runt
     reasons = [e["reason"] for e in record.rewritten.result.node_outcomes.values()]
     assert any("call not rewritten: XLA-compiled (jit_compile=True) on a CPU" in r for r in reasons)
     np.testing.assert_allclose(traced(X).numpy(), (tf.nn.relu(X @ W) @ W).numpy(), rtol=3e-2, atol=3e-2)
+
+
+@pytest.mark.gpu
+def test_gpu_auto_runs_an_xla_function_in_float16_close_to_float32(amp_runtime):
+    """On a GPU, ``auto`` picks float16 and rewrites an XLA function (XLA has fast half kernels there)."""
+    from helpers import float32_as_float32
+
+    from amp_rewrite import runtime
+
+    weights = tf.constant(rng(6).standard_normal((512, 512)).astype(np.float32) * 0.05)
+    x = tf.constant(rng(7).standard_normal((256, 512)).astype(np.float32))
+
+    def layers(x, w):
+        return tf.nn.softmax(tf.matmul(tf.nn.gelu(tf.matmul(x, w)), w))
+
+    want = layers(tf.cast(x, tf.float64), tf.cast(weights, tf.float64)).numpy()  # the reference of both
+    with float32_as_float32():
+        float32 = tf.function(layers, jit_compile=True)(x, weights).numpy()
+    amp_runtime(RuntimeSettings(target="auto"))
+    assert runtime.current_target() == "float16"
+    compiled = tf.function(layers, jit_compile=True)
+    traced = compiled.get_concrete_function(x, weights)
+    assert matmul_types(traced.graph) == {tf.float16}
+    assert tracing.record_of(traced) is not None
+    got = compiled(x, weights)
+    assert got.dtype == tf.float32 and "GPU" in got.device, got.device
+    assert not np.array_equal(got.numpy(), float32)  # the half math ran
+    np.testing.assert_allclose(float32, want, rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(got.numpy(), want, rtol=2e-2, atol=2e-4)
