@@ -10,7 +10,9 @@ what that adds to steps that are not skipped: two identical Keras 3 CNNs
 loss updated after the optimizer) train in one process under the runtime,
 one traced with the restore and one without it, each with a ``tf.function``
 step. Their steps are timed in interleaved blocks whose order rotates; the
-best and the median block of each are printed, with the profiler's op time
+best and the median block of each are printed, in wall time and in the
+process's CPU time (steadier than wall time on a busy machine, with
+``TF_NUM_INTEROP_THREADS=1 TF_NUM_INTRAOP_THREADS=1``), with the profiler's op time
 per step of each (the profiler records the expensive kernels: a variable's
 read is not among them), and the ops the restore adds to the step's graph.
 The CPU's model and half-precision flags head the output.
@@ -88,11 +90,12 @@ def graph_ops(step) -> Counter:
     return Counter(op.type for op in step.get_concrete_function().graph.get_operations())
 
 
-def timed(step, steps: int) -> float:
-    start = time.perf_counter()
+def timed(step, steps: int) -> tuple[float, float]:
+    """Seconds per step: wall time, and the process's CPU time (all threads)."""
+    start, cpu = time.perf_counter(), time.process_time()
     for _ in range(steps):
         step()
-    return (time.perf_counter() - start) / steps
+    return (time.perf_counter() - start) / steps, (time.process_time() - cpu) / steps
 
 
 def main() -> None:
@@ -110,7 +113,7 @@ def main() -> None:
         for step in steps.values():
             timed(step, 10)  # traced, and the loss scale settled
         skipped_before = int(runtime.loss_scaling().state().skipped_steps.numpy())
-        times: dict[str, list[float]] = {name: [] for name in steps}
+        times: dict[str, list[tuple[float, float]]] = {name: [] for name in steps}
         names = list(steps)
         for block in range(args.r):  # the order rotates, so neither always follows the other
             for name in names[block % 2:] + names[:block % 2]:
@@ -123,14 +126,17 @@ def main() -> None:
     print(f"{args.target}, batch {args.batch}, {args.r} blocks of {args.n} steps each; "
           f"{skipped} steps skipped while timed")
     for name, values in times.items():
+        wall, cpu = [v[0] for v in values], [v[1] for v in values]
         op_ms = sum(row["ms"] for row in ops[name].values())
-        print(f"{name:8s} best {min(values) * 1e3:7.2f} ms/step, median {statistics.median(values) * 1e3:7.2f}; "
+        print(f"{name:8s} wall best {min(wall) * 1e3:7.2f} ms/step, median {statistics.median(wall) * 1e3:7.2f}; "
+              f"CPU best {min(cpu) * 1e3:7.2f}, median {statistics.median(cpu) * 1e3:7.2f}; "
               f"profiler op time {op_ms:7.2f} ms/step")
     print("the restore adds to the step's graph: " + ", ".join(f"{count} {op}" for op, count in sorted(added.items())))
-    best = {name: min(values) for name, values in times.items()}
-    print(f"restore - without: {(best['restore'] - best['without']) * 1e6:+.0f} us/step (best), "
-          f"{(statistics.median(times['restore']) - statistics.median(times['without'])) * 1e6:+.0f} us/step "
-          f"(median), {best['restore'] / best['without']:.3f}x")
+    for k, what in enumerate(("wall", "CPU")):
+        best = {name: min(v[k] for v in values) for name, values in times.items()}
+        median = {name: statistics.median(v[k] for v in values) for name, values in times.items()}
+        print(f"restore - without, {what}: {(best['restore'] - best['without']) * 1e6:+.0f} us/step (best), "
+              f"{(median['restore'] - median['without']) * 1e6:+.0f} us/step (median)")
 
 
 if __name__ == "__main__":
