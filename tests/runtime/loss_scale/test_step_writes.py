@@ -132,6 +132,27 @@ def test_keras3_fit_under_mirrored_strategy_keeps_only_what_the_applied_steps_wr
     assert amp.result["iterations"] == STEPS - skipped
 
 
+def test_tf_keras_fit_puts_back_its_assign_add_and_assign_sub_writes(amp_runtime):
+    # tf_keras' batch norm updates with assign_sub and its metrics with assign_add, in place unless a read holds
+    # the buffer: the snapshot must survive them.
+    import tf_keras
+
+    amp_runtime(float16_from(4.0))
+    tf_keras.utils.set_random_seed(0)
+    model = tf_keras.Sequential([tf_keras.layers.Dense(16, input_shape=(WIDTH,)), tf_keras.layers.BatchNormalization(),
+                                 tf_keras.layers.Dense(1, activation="sigmoid")])
+    model.compile(optimizer=tf_keras.optimizers.SGD(0.0), loss="binary_crossentropy",
+                  metrics=[tf_keras.metrics.AUC(num_thresholds=THRESHOLDS)])
+    x, y = batch(OVERFLOWING_INPUT)
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    assert skipped_so_far() == 1
+    bn = model.layers[1]
+    np.testing.assert_array_equal(bn.moving_mean.numpy(), 0.0)
+    np.testing.assert_array_equal(bn.moving_variance.numpy(), 1.0)
+    for variable in (v for metric in model.metrics for v in metric.variables):
+        np.testing.assert_array_equal(variable.numpy(), 0.0, err_msg=variable.name)
+
+
 # --- a custom GradientTape loop ----------------------------------------------------------------------
 
 
