@@ -33,8 +33,8 @@ Two adapters, as for the guard:
   :data:`~amp_rewrite.runtime.loss_scale.core.DECISION`), for the writes at
   the body's top level; the restore runs after every op touching them (the
   metrics Keras updates after the optimizer too), as a control output. A
-  write in a function the body calls, or in a body without the guard's
-  cond, is not seen.
+  write in a function the body calls (a cond's branch, a loop's body), or in
+  a body without the guard's cond, is not seen.
 - TF1, :func:`snapshot_writes_before`: at graph construction, the writes
   the gradients depend on (a batch norm's ``UPDATE_OPS`` under
   ``control_dependencies`` around ``minimize``); the restore runs in the
