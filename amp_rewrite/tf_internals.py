@@ -67,6 +67,7 @@ SESSIONS = Capability("TF1 sessions", (
 TF1_LOSS_SCALING = Capability("TF1 loss scaling", (
     "tensorflow.python.training.optimizer:Optimizer._create_slots",
     f"{_OPS}:Graph._unsafe_unfinalize",
+    f"{_OPS}:Operation._add_control_input",
 ))
 TRACING = Capability("tf.function tracing", (
     f"{_TRACING}.transform:CONCRETE_FUNCTION_CALLBACKS",
@@ -79,6 +80,7 @@ TRACING = Capability("tf.function tracing", (
     "tensorflow.python.framework.function_def_to_graph:function_def_to_graph",
     "tensorflow.python.ops.handle_data_util:copy_handle_data",
     f"{_OPS}:Graph._add_function_recursive",
+    f"{_OPS}:Operation._add_control_input",
 ))
 TF2_LOSS_SCALING = Capability("TF2 loss scaling", (
     "tensorflow.python.trackable.base:Trackable._track_trackable",
@@ -251,6 +253,16 @@ def set_gradient_function(op, gradient) -> None:
 def unfinalize_graph(graph) -> None:
     """Lets ops be added to a finalized graph again (the caller finalizes it afterwards)."""
     graph._unsafe_unfinalize()  # noqa: SLF001
+
+
+def add_control_input(op, before) -> None:
+    """Makes the existing ``op`` run after the op ``before`` (a control edge added to a built op)."""
+    op._add_control_input(before)  # noqa: SLF001
+
+
+def control_flow_context(op):
+    """The v1 while loop or cond an op of a TF1 graph was built in, or None."""
+    return getattr(op, "_control_flow_context", None)
 
 
 def is_in_xla_context(graph) -> bool:

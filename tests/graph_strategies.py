@@ -1336,10 +1336,19 @@ _ALLOW_OPS = frozenset({"MatMul", "Conv2D", "BatchMatMulV2", "Einsum", "Depthwis
 _DENY_OPS = {"float16": frozenset({"Exp", "Sum", "Mean"}), "bfloat16": frozenset({"Exp"})}
 
 
-def _readers_of_consts_beyond_float16(graph_def) -> set[str]:
-    """Nodes reading a float32 Const with a finite value beyond float16's 65504: they stay float32 for float16."""
+def _readers_of_consts_beyond_half(graph_def, target: str) -> set[str]:
+    """Nodes reading a float32 Const with a finite value beyond the target's range: they stay float32.
+
+    For float16 beyond 65504; for bfloat16 a value its Cast makes infinite (``tf.float32.min``).
+    """
+    def is_beyond(values):
+        finite = np.nan_to_num(values, posinf=0, neginf=0)
+        if target == "float16":
+            return np.any(np.abs(finite) > 65504)
+        return bool(np.any(np.isinf(tf.cast(finite, tf.bfloat16).numpy().astype(np.float32))))
+
     big = {n.name for n in graph_def.node if n.op == "Const" and n.attr["dtype"].type == tf.float32.as_datatype_enum
-           and np.any(np.abs(np.nan_to_num(tf.make_ndarray(n.attr["value"].tensor), posinf=0, neginf=0)) > 65504)}
+           and is_beyond(tf.make_ndarray(n.attr["value"].tensor))}
     return {n.name for n in graph_def.node if any(ref.split(":")[0] in big for ref in n.input)}
 
 
@@ -1351,8 +1360,7 @@ def _left_alone(built: Built) -> set[str]:
 
 def _allow_ops_convert(built: Built, result):
     converted, kept = set(result.converted), _left_alone(built)
-    if built.config.target == "float16":
-        kept |= _readers_of_consts_beyond_float16(built.graph_def)
+    kept |= _readers_of_consts_beyond_half(built.graph_def, built.config.target)
     missed = sorted(n.name for n in built.graph_def.node
                     if n.op in _ALLOW_OPS and n.name not in kept and n.name not in converted)
     return "allow ops convert", (f"allow-list ops left float32: {missed[:5]}" if missed else None)

@@ -11,7 +11,7 @@ face); modules may move between releases.
 - :mod:`~amp_rewrite.paint.read_outs`, :mod:`~amp_rewrite.paint.normalization` and
   :mod:`~amp_rewrite.paint.half_range`: what three of those rules keep float32,
   the reductions a user reads and the arithmetic after them, a norm's mean and
-  variance, and the ops reading a value beyond float16's range;
+  variance, and the ops reading a value beyond the half range;
 - :mod:`~amp_rewrite.paint.fusions`: the bias gradients painted half beside their filter
   gradients, so that oneDNN fuses the two in bfloat16;
 - :mod:`~amp_rewrite.paint.casts`: retyped attrs, folded Consts and inserted Casts;

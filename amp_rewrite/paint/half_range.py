@@ -1,4 +1,4 @@
-"""Values beyond float16's range that the graph shows: large constants, and products with them.
+"""Values beyond the half range that the graph shows: large constants, and products with them.
 
 A mask adder is the common case. tf_keras's ``Softmax`` (and so its
 ``MultiHeadAttention``), Keras 3's ``Softmax`` and many hand-written
@@ -30,22 +30,34 @@ position is masked. Products of products are not followed: ``x * -1e9 *
 1e-9`` is in range, and a chain of products could taint a whole network.
 Infinities and NaN convert to half exactly and do not count.
 
-Only float16 has such a limit (:data:`LIMITS`): bfloat16 has float32's
-exponent, and a rewrite to it is unchanged by this module.
+bfloat16 has float32's exponent but 8 bits of precision, so its largest
+finite value (3.38953e38) lies below float32's (3.40282e38), and a Cast
+rounds float32's largest magnitudes to infinity: ``tf.float32.min``, a
+common mask value, becomes -inf, and the fully masked row NaN as in
+float16. Its limit (:data:`LIMITS`) is the largest float32 that a Cast to
+bfloat16 leaves finite, so only those magnitudes count; a mask of -1e9
+goes bfloat16 with the scores.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from amp_rewrite.graph.facts import DT_FLOAT, DT_HALF, DTYPE_NAMES, FLOAT16_MAX
+from amp_rewrite.graph.facts import DT_BFLOAT16, DT_FLOAT, DT_HALF, DTYPE_NAMES, FLOAT16_MAX, HALF_MAX
 from amp_rewrite.graph.typed_graph import TypedGraph
 
 #: The reason the painting gives each op it keeps float32 here (the rest of the sentence names the constant).
-REASON = "reads a value beyond float16's range"
-#: The largest finite value of each target this module guards: float16's alone.
-LIMITS = {DT_HALF: FLOAT16_MAX}
+REASON = "reads a value beyond the half range"
+#: The largest float32 that a Cast to bfloat16 leaves finite (3.3961773e38). bfloat16's largest finite value
+#: is 0x7F7F; float32 values from 0x7F7F8000 up lie at or past the midpoint between it and infinity, and
+#: round-to-nearest-even takes them to infinity (the midpoint too: 0x7F7F is odd).
+BFLOAT16_CAST_LIMIT = struct.unpack("<f", struct.pack("<I", 0x7F7F7FFF))[0]
+#: Per target, the largest magnitude a value may have and still meet a Cast to it. float16's is its
+#: largest finite value: a value just beyond rounds to it, but a mask adder there overflows in the sum
+#: after it (see above).
+LIMITS = {DT_HALF: FLOAT16_MAX, DT_BFLOAT16: BFLOAT16_CAST_LIMIT}
 #: Ops whose output holds the magnitude of a float input (shapes, sign, selection, concatenation).
 CARRY_OPS = frozenset({
     "BroadcastTo", "ConcatV2", "EnsureShape", "ExpandDims", "Fill", "Identity", "IdentityN", "Neg", "Pack",
@@ -72,11 +84,13 @@ class BeyondRange:
     const: int
     peak: float
 
-    def reason(self, graph: TypedGraph, limit: float) -> str:
-        """The sentence the painting records: the rule, the constant, and why a Cast would not do."""
+    def reason(self, graph: TypedGraph, target: int) -> str:
+        """The sentence the painting records for ``target`` (a half dtype): the rule, the constant, and why a
+        Cast would not do."""
+        name = DTYPE_NAMES[target]
         return (f"{REASON} (Const {graph.names[self.const]} holds |value| up to {self.peak:g}, "
-                f"{DTYPE_NAMES[DT_HALF]} reaches {limit:g}): kept float32, as a deny-list op, "
-                "since a Cast to half would make it infinite")
+                f"{name} reaches {HALF_MAX[target]:g}): kept float32, as a deny-list op, "
+                f"since a Cast to {name} would make it infinite")
 
 
 def beyond_range(graph: TypedGraph, dtypes: list[int], *, limit: float, is_boundary: Callable[[int], bool],
@@ -86,7 +100,7 @@ def beyond_range(graph: TypedGraph, dtypes: list[int], *, limit: float, is_bound
     Args:
         graph: the typed view (every body's nodes: constants inside functions count).
         dtypes: each vertex's dtype.
-        limit: the half type's largest finite value.
+        limit: the largest magnitude that a Cast to the half type leaves finite (:data:`LIMITS`).
         is_boundary: whether a node is a call or a function's argument or result (it passes values on).
         is_readable: whether a reader's vertex could turn half; a Const none of whose readers could
             is not decoded.

@@ -288,8 +288,9 @@ def keep_out_of_range_values_float32(ctx: PaintContext, painting: Painting) -> N
     float16 (where it would be -inf, and a fully masked row's softmax NaN).
     An allow op reading such a value (a MatMul with a weight of 1e5) stays
     float32 too. What counts is
-    :func:`~amp_rewrite.paint.half_range.beyond_range`'s; only float16 has a
-    limit, so bfloat16 rewrites are unchanged.
+    :func:`~amp_rewrite.paint.half_range.beyond_range`'s, against the
+    target's limit: 65504 for float16, and for bfloat16 the largest float32
+    its Cast leaves finite (``tf.float32.min`` is beyond it, -1e9 is not).
     """
     limit = HALF_RANGE_LIMITS.get(ctx.target_dtype)
     if limit is None or ctx.force_all:
@@ -301,7 +302,7 @@ def keep_out_of_range_values_float32(ctx: PaintContext, painting: Painting) -> N
     for vid in sorted(found):
         if listed[vid] != _DENY and ctx.can_convert(vid):
             painting.deny_roots.add(vid)
-            painting.mark_deny(vid, found[vid].reason(graph, limit), found[vid].source)
+            painting.mark_deny(vid, found[vid].reason(graph, ctx.target_dtype), found[vid].source)
 
 
 def paint_deny_forward(ctx: PaintContext, painting: Painting) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 
+from amp_rewrite import tf_internals
 from amp_rewrite.environment import DENYLIST_ADD_ENV, KEEP_FLOAT32_ENV
 
 HALF_TYPES = ("float16", "bfloat16")
@@ -123,7 +124,7 @@ def _first_non_finite(tensors, where: str):
 
 def _in_v1_frame(op) -> bool:
     """Whether ``op`` runs inside a v1 while loop or cond, whose tensors cannot be read from outside."""
-    return getattr(op, "_control_flow_context", None) is not None
+    return tf_internals.control_flow_context(op) is not None
 
 
 def _stderr():

@@ -1,12 +1,13 @@
-"""Values beyond float16's range: the ops reading a mask's -1e9 (or a weight of 1e5) stay float32.
+"""Values beyond the half range: the ops reading a mask's -1e9 (or a weight of 1e5) stay float32.
 
 The graphs are masked attentions as Keras and hand-written TF1 code build
 them: ``softmax(q @ k^T + adder) @ v`` with ``adder = (1 - mask) * -1e9``,
 or ``where(mask, scores, -1e9)``. One example's last query row is fully
 masked: cast to float16, -1e9 is -inf, that row is all -inf and its softmax
-NaN. Nodes are named by the colour they must end with where that does not
+NaN. bfloat16 holds -1e9, but not ``tf.float32.min``, which a Cast rounds to
+-inf. Nodes are named by the colour they must end with where that does not
 depend on the test: the adder, the logits and the softmax are float32 for
-an adder beyond float16's range and half for one within it.
+an adder beyond the target's range and half for one within it.
 """
 
 import numpy as np
@@ -16,7 +17,7 @@ from helpers import BF16, F16, F32, amp, assert_same_outputs_within_half, casts,
 
 from amp_rewrite.paint import rules as painting
 from amp_rewrite.paint.explain import disagreements
-from amp_rewrite.paint.half_range import REASON
+from amp_rewrite.paint.half_range import BFLOAT16_CAST_LIMIT, REASON
 
 BATCH, QUERIES, WIDTH = 2, 4, 8
 MASK = np.tril(np.ones((QUERIES, QUERIES), np.float32))[None].repeat(BATCH, axis=0)
@@ -58,10 +59,10 @@ def attention(adder="product", *, large=-1e9, training=False):
     return g.as_graph_def(), fetches
 
 
-def assert_attention_painted(graph_def, *, masking=F32):
+def assert_attention_painted(graph_def, *, masking=F32, half=F16):
     types = node_types(graph_def)
-    want = {"allow_k": F16, "allow_v": F16, "allow_scores": F16, "logits": masking, "probs": masking,
-            "allow_out": F16}
+    want = {"allow_k": half, "allow_v": half, "allow_scores": half, "logits": masking, "probs": masking,
+            "allow_out": half}
     assert {name: types[name] for name in want} == want
 
 
@@ -189,8 +190,8 @@ def test_the_constant_is_followed_into_and_inside_functions(adder_inside):
     assert np.isfinite(got[0])
 
 
-@pytest.mark.parametrize("adder", ["product", "select", "minimum"])
-def test_bfloat16_rewrites_are_unchanged_by_the_rule(monkeypatch, adder):
+@pytest.mark.parametrize("adder", ["product", "select"])
+def test_a_minus_1e9_adder_goes_bfloat16_unchanged_by_the_rule(monkeypatch, adder):
     graph_def, fetches = attention(adder)
     with_rule = amp(graph_def, fetches, target="bfloat16").graph_def
     monkeypatch.setattr(painting, "ROOT_RULES", tuple(r for r in painting.ROOT_RULES
@@ -198,6 +199,37 @@ def test_bfloat16_rewrites_are_unchanged_by_the_rule(monkeypatch, adder):
     without = amp(graph_def, fetches, target="bfloat16").graph_def
     assert with_rule.SerializeToString(deterministic=True) == without.SerializeToString(deterministic=True)
     assert node_types(with_rule)["logits"] == BF16
+
+
+def test_a_float32_min_adder_stays_float32_in_bfloat16_and_the_masked_row_stays_finite():
+    # tf.float32.min rounds to -inf in bfloat16: (1 - mask) * -inf is NaN even where nothing is masked.
+    graph_def, fetches = attention("minimum")
+    result = amp(graph_def, [*fetches, "probs"], target="bfloat16")
+    assert_attention_painted(result.graph_def, half=BF16)
+    want, got = assert_same_outputs_within_half(graph_def, result.graph_def, [*fetches, "probs"], FEEDS)
+    assert np.all(np.isfinite(got[1]))
+    np.testing.assert_allclose(got[1][1, -1], np.full(QUERIES, 1.0 / QUERIES), rtol=1e-6)  # the masked row
+    assert disagreements(result) == []
+    assert result.node_outcomes["adder"]["reason"].startswith(
+        f"adder (Mul) stays float32: {REASON} (Const adder/y holds |value| up to 3.40282e+38, bfloat16 reaches "
+        "3.38953e+38): kept float32, as a deny-list op, since a Cast to bfloat16 would make it infinite")
+
+
+def test_the_bfloat16_limit_is_the_largest_float32_whose_cast_is_finite():
+    limit = np.float32(BFLOAT16_CAST_LIMIT)
+    assert float(limit) == BFLOAT16_CAST_LIMIT  # a float32 value
+    beyond = np.nextafter(limit, np.float32(np.inf))
+    cast = tf.cast(tf.constant([limit, -limit, beyond, -beyond]), tf.bfloat16).numpy().astype(np.float32)
+    assert np.all(np.isfinite(cast[:2])) and np.all(np.isinf(cast[2:]))
+
+
+@pytest.mark.parametrize("large, kept", [(-BFLOAT16_CAST_LIMIT, False),
+                                         (-float(np.nextafter(np.float32(BFLOAT16_CAST_LIMIT), np.float32(np.inf))),
+                                          True)])
+def test_bfloat16_keeps_float32_exactly_the_adders_its_cast_makes_infinite(large, kept):
+    graph_def, fetches = attention("product", large=large)
+    result = amp(graph_def, fetches, target="bfloat16")
+    assert_attention_painted(result.graph_def, masking=F32 if kept else BF16, half=BF16)
 
 
 def test_the_rule_fires_for_float16_only_where_it_changes_the_result():

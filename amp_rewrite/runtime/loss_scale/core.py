@@ -20,9 +20,11 @@ process, tracked by every guarded optimizer. Both do what is here:
   either way.
 - **Guard** (:class:`GuardedStep`): the non-finite gradients are counted
   (:func:`nonfinite_flags`), summed over the replicas so that all of them
-  take one decision; ``cond(finite, apply, skip)``; then the schedule moves.
-  What a skip says is the adapter's: a TF1 session reads a report tensor
-  after the step, a TF2 step prints a line from the graph.
+  take one decision; ``cond(finite, apply, skip)`` (named :data:`DECISION`);
+  then the schedule moves. What a skip says is the adapter's: a TF1 session
+  reads a report tensor after the step, a TF2 step prints a line from the
+  graph. What the step wrote outside the optimizer is put back on a skip
+  by :mod:`amp_rewrite.runtime.loss_scale.step_writes`.
 - **When no scale helps** (:func:`hopeless_reason`): steps whose loss
   itself was not finite (:func:`is_finite_loss`; the loss is computed before
   any scale, so no scale changes it) :data:`LOSS_REPEATS` times in a row, or
@@ -44,6 +46,10 @@ from amp_rewrite.runtime.settings import LossScaleSettings
 SCOPE = "amp_loss_scale"
 # The guard's ops (the cond and the state update).
 APPLY_SCOPE = SCOPE + "_apply"
+# The guard's cond, under APPLY_SCOPE: its predicate is the step's decision (True: applied).
+DECISION = "maybe_apply"
+# A skipped step's writes put back (:mod:`amp_rewrite.runtime.loss_scale.step_writes`).
+RESTORE_SCOPE = SCOPE + "_restore"
 MAX_SCALE = 2.0 ** 24
 
 
@@ -273,11 +279,13 @@ class GuardedStep:
         return distribution.experimental_local_results(value)[0]
 
     @staticmethod
-    def apply_or_skip(distribution, is_finite, apply, args, *, skip=None, name=None):
+    def apply_or_skip(distribution, is_finite, apply, args, *, skip=None):
         """``cond(is_finite, apply(*args) on every replica, skip())``: True where applied.
 
-        Eager and without a strategy, a Python choice. A result ``apply``
-        returns (a TF1 update op) is a control dependency of the taken branch.
+        The cond is named :data:`DECISION` (under the caller's
+        :data:`APPLY_SCOPE`), so a rebuilt body finds the step's decision.
+        Eager and without a strategy, a Python choice. A result ``apply`` or
+        ``skip`` returns (a TF1 update op) is a control dependency of its branch.
         """
         import tensorflow as tf
 
@@ -298,11 +306,11 @@ class GuardedStep:
                 return tf.constant(True)
 
         def skip_branch():
-            if skip is not None:
-                skip()
-            return tf.constant(False)
+            result = skip() if skip is not None else None
+            with tf.control_dependencies([] if result is None else [result]):
+                return tf.constant(False)
 
-        return tf.cond(is_finite, apply_branch, skip_branch, name=name)
+        return tf.cond(is_finite, apply_branch, skip_branch, name=DECISION)
 
     def update(self, is_finite) -> tuple:
         """Moves the state one step along the schedule (:func:`assign_next_state`)."""

@@ -10,7 +10,10 @@ With the runtime enabled, :func:`scaled_compute_gradients` and
   logs between compute and apply are the true gradients.
 - ``apply_gradients`` applies the update only when every gradient is finite.
   A skipped step changes no variable, slot or ``global_step``; it halves the
-  scale (never below 1) and counts the skip. After ``growth_interval``
+  scale (never below 1) and counts the skip. The floating variables written
+  by ops the gradients depend on (a batch norm's ``UPDATE_OPS`` under
+  ``control_dependencies``) get their values from before the step back
+  (:func:`~amp_rewrite.runtime.loss_scale.step_writes.snapshot_writes_before`). After ``growth_interval``
   consecutive finite steps the scale doubles. The state update is plain
   arithmetic on three variables, no control flow.
 - Under a ``tf.distribute`` strategy the count of non-finite gradients is
@@ -54,6 +57,7 @@ from amp_rewrite.runtime.loss_scale.core import (
     seed_gradient,
     unscale,
 )
+from amp_rewrite.runtime.loss_scale.step_writes import snapshot_writes_before
 from amp_rewrite.runtime.records import ObjectRecords
 from amp_rewrite.runtime.settings import LossScaleSettings
 
@@ -178,16 +182,32 @@ class _GuardedTrainOp(GuardedStep):
             tf_internals.create_slots(self.optimizer, var_list)  # outside the branch: same names as float32
         train_ops = tf.compat.v1.get_collection_ref(tf.compat.v1.GraphKeys.TRAIN_OP)
         already = len(train_ops)
+        restore = snapshot_writes_before(_gradient_tensors(distribution, grads_and_vars))
         with tf.compat.v1.name_scope(APPLY_SCOPE):
             is_finite = tf.equal(nonfinite, 0.0, name="is_finite")
             args = (self.optimizer, grads_and_vars, self.global_step, self.name)
-            applied = self.apply_or_skip(distribution, is_finite, self.original, args, name="maybe_apply")
+            applied = self.apply_or_skip(distribution, is_finite, self.original, args, skip=restore)
             update = update_state(self.state, is_finite, self.settings)
         step = tf.group(applied, update, name=self.name or self.optimizer.get_name())
         del train_ops[already:]
         train_ops.append(step)
         _add_report(self.records, self.state, step)
         return step
+
+
+def _gradient_tensors(distribution, grads_and_vars) -> list:
+    """Every replica's gradient tensors (an ``IndexedSlices``' values and indices)."""
+    import tensorflow as tf
+
+    tensors = []
+    for grad, _ in grads_and_vars:
+        for local in ([grad] if distribution is None or grad is None else
+                      distribution.experimental_local_results(grad)):
+            if isinstance(local, tf.IndexedSlices):
+                tensors.extend([local.values, local.indices])
+            elif local is not None:
+                tensors.append(local)
+    return tensors
 
 
 def update_state(state: LossScaleState, is_finite, settings: LossScaleSettings):

@@ -14,7 +14,10 @@ two places change, so every loop built from them is scaled without code changes:
   ``train_step`` all end there, so ``Model.compile`` is not changed and the
   model keeps the optimizer it was given) and ``apply_gradients`` of tf_keras
   optimizers apply the update only when every gradient is finite. A skipped step changes
-  no variable, slot or iteration count; it halves the scale (never below 1)
+  no variable, slot or iteration count (a rewritten body puts back the
+  moving statistics and metrics it wrote besides:
+  :func:`~amp_rewrite.runtime.loss_scale.step_writes.restore_in_body`);
+  it halves the scale (never below 1)
   and prints a line naming the first variables whose gradients were not
   finite. A skip for the same cause as the one before (the same scale and
   the same variables: a loss that stays NaN at the floor of 1, or the scale

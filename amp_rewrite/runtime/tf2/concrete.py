@@ -16,6 +16,9 @@ function library, which keeps every TensorFlow mechanism working on it:
 - call ops in a rebuilt body get their callee's gradient function, as
   TensorFlow's control-flow code does for bodies it rebuilds, so gradients
   taken from outside the function reach through nested calls;
+- a rebuilt body that holds a loss-scale guard puts back, when its step is
+  skipped, the variables the step wrote besides the optimizer's update
+  (:func:`~amp_rewrite.runtime.loss_scale.step_writes.restore_in_body`);
 - the entry's graph is bound like the traced one: the same captured tensors
   and variables (by position), structured outputs, input signature and
   attributes, so ``ConcreteFunction.from_func_graph`` with the traced function's
@@ -44,6 +47,7 @@ from amp_rewrite.config import Config
 from amp_rewrite.graph.facts import called_functions, function_input_source
 from amp_rewrite.graph.functions import ENTRY_PREFIX, entry_call
 from amp_rewrite.pipeline import RewriteResult, rewrite
+from amp_rewrite.runtime.loss_scale.step_writes import restore_in_body
 from amp_rewrite.runtime.overflow_probe import add_probes
 
 logger = logging.getLogger(__name__)
@@ -323,6 +327,7 @@ class _Loader:
                 tf_internals.set_gradient_function(op, self.callees.gradient_function(callee))
         if self.is_probing_overflow:
             add_probes(graph, _GENERATED_NAME.match(name).group(1))  # type: ignore[union-attr]
+        restore_in_body(graph)
         return graph
 
 

@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 from amp_rewrite import tf_internals
 from amp_rewrite.errors import NO_MESSAGE, RuntimeRewriteError, first_line
 from amp_rewrite.runtime.ledger import LOCK
-from amp_rewrite.runtime.loss_scale.core import LOSS_NOT_FINITE, SCOPE, hopeless_reason
+from amp_rewrite.runtime.loss_scale.core import LOSS_NOT_FINITE, hopeless_reason
 from amp_rewrite.runtime.tf2.calls import called_name, function_name
 from amp_rewrite.runtime.tf2.concrete import reload_calling
 
@@ -86,13 +86,9 @@ class FloorWatch:
     No scale helps (:func:`~amp_rewrite.runtime.loss_scale.core.hopeless_reason`)
     after skipped steps whose loss was not finite twice in a row, or a skip at the scale's floor of 1.
 
-    A call that skipped a step whose loss was not finite also leaves the
-    function's running metrics (Keras's loss and metric means: its scalar
-    float variables that are not trained, besides the loss scale's own) as
-    they were before the call, as the optimizer left the weights: what a user
-    reads after the step (an epoch's mean loss) is the mean of the steps that
-    counted, not inf or NaN. A call of ``steps_per_execution`` steps is left
-    out whole.
+    What a skipped step wrote besides the weights (Keras's running metrics, a
+    batch norm's moving statistics) the rewritten body puts back itself
+    (:mod:`amp_rewrite.runtime.loss_scale.step_writes`).
 
     ``on_hopeless`` runs after the call returned its outputs (which are still
     returned), so the step that skipped is not run again. The first-call
@@ -104,7 +100,6 @@ class FloorWatch:
         self.function_ref = weakref.ref(concrete_function)
         self.scaling = scaling
         self.on_hopeless = on_hopeless
-        self._metrics: list | None = None
 
     def __call__(self, tensor_inputs, captured_inputs):
         import tensorflow as tf
@@ -117,27 +112,19 @@ class FloorWatch:
         self.after_call(cf, start)
         return outputs
 
-    def before_call(self, concrete_function) -> tuple[int | None, list]:
-        """The skipped-step count now (None before any step was scaled), and the running metrics' values."""
-        import tensorflow as tf
-
-        # The raw read (about 15 microseconds a variable) is a copy: an update after it copies on write.
-        return self.count(), [(v, tf.raw_ops.ReadVariableOp(resource=v.handle, dtype=v.dtype))
-                              for v in self._running_metrics(concrete_function)]
+    def before_call(self, concrete_function) -> int | None:
+        """The skipped-step count now (None before any step was scaled)."""
+        return self.count()
 
     def after_call(self, concrete_function, start: Any) -> None:
-        """After a call that began at ``start``: puts back the running metrics if it skipped a step whose loss was
-        not finite, and calls ``on_hopeless`` if a skipped step shows that no scale helps."""
-        before, metrics = start
+        """After a call that began with ``start`` skipped steps: calls ``on_hopeless`` if a skipped step shows
+        that no scale helps."""
         after = self.count()
-        if after is None or after == (before or 0):
+        if after is None or after == (start or 0):
             return
         last = self.scaling.state().last_skip
-        non_finite_losses = int(last.non_finite_losses.numpy())
-        if non_finite_losses:
-            for variable, value in metrics:
-                variable.assign(value)
-        reason = hopeless_reason(skipped=True, scale=float(last.scale.numpy()), non_finite_losses=non_finite_losses)
+        reason = hopeless_reason(skipped=True, scale=float(last.scale.numpy()),
+                                 non_finite_losses=int(last.non_finite_losses.numpy()))
         if reason is not None:
             self.on_hopeless(concrete_function, reason)
 
@@ -146,15 +133,6 @@ class FloorWatch:
         if not self.scaling.has_state():
             return None
         return int(self.scaling.state().skipped_steps.numpy())
-
-    def _running_metrics(self, concrete_function) -> list:
-        """The function's scalar float variables that are not trained, besides the loss scale's (found once)."""
-        if self._metrics is None:
-            # by name: under a distribution strategy the graph holds each replica's own variable
-            self._metrics = [v for v in concrete_function.graph.variables
-                             if not v.trainable and v.dtype.is_floating and v.shape.rank == 0
-                             and not v.name.startswith(SCOPE + "/")]
-        return self._metrics
 
 
 class Callers:

@@ -12,6 +12,10 @@ still run in half.
 A small language model: token embeddings with ``mask_zero``, one causal
 self-attention layer, a layer norm and a Dense over the vocabulary, trained
 for a few epochs on padded random sequences with a validation set.
+
+In bfloat16, -1e9 is finite, but ``tf.float32.min`` (a mask value many
+hand-written attentions use) rounds to -inf: a hand-written attention with
+that adder trains in bfloat16 with its sum and softmax kept float32.
 """
 
 import logging
@@ -107,3 +111,45 @@ def test_gpu_masked_attention_trains_in_float16_with_float32_losses(amp_runtime,
     check_masked_attention(amp_runtime, caplog, flavour, RuntimeSettings(target="auto"))
     choice = runtime.target_choice()
     assert choice is not None and choice.target == "float16" and "GPU" in choice.reason, choice
+# --- bfloat16: a mask adder of tf.float32.min, which a Cast to bfloat16 rounds to -inf -----------------
+
+
+def float32_min_attention(steps: int):
+    """``steps`` SGD steps of a hand-written attention in a tf.function, its adder ``(1 - mask) * float32.min``.
+
+    One example's last query row is fully masked. Returns each step's loss,
+    from the last step the softmax of that row, and the step (its traces live as long as it does).
+    """
+    import tensorflow as tf
+
+    rng = np.random.default_rng(1)
+    q = tf.constant(rng.standard_normal((2, LENGTH, WIDTH)).astype(np.float32))
+    mask = np.tril(np.ones((LENGTH, LENGTH), np.float32))[None].repeat(2, axis=0)
+    mask[1, -1] = 0.0
+    mask = tf.constant(mask)
+    wk, wv = (tf.Variable(rng.standard_normal((WIDTH, WIDTH)).astype(np.float32) * 0.3) for _ in range(2))
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            scores = tf.matmul(q, tf.matmul(q, wk), transpose_b=True)
+            probs = tf.nn.softmax(scores + (1.0 - mask) * tf.float32.min)
+            loss = tf.reduce_mean(tf.square(tf.matmul(probs, tf.matmul(q, wv)) - 1.0))
+        for w, g in zip((wk, wv), tape.gradient(loss, [wk, wv])):
+            w.assign_sub(0.1 * g)
+        return loss, probs[1, -1]
+
+    results = [step() for _ in range(steps)]
+    return [float(loss) for loss, _ in results], results[-1][1].numpy(), step
+
+
+def test_a_float32_min_mask_trains_in_bfloat16_with_float32_losses(amp_runtime):
+    float32_losses, float32_row, _ = float32_min_attention(4)
+    amp_runtime(RuntimeSettings(target="bfloat16"))
+    losses, row, _step = float32_min_attention(4)
+    ops = half_and_float32_ops({"BatchMatMulV2", "Softmax"})
+    assert np.all(np.isfinite(losses)) and np.all(np.isfinite(row)), (losses, row)
+    np.testing.assert_allclose(row, float32_row, rtol=1e-6)  # the fully masked row: uniform, as in float32
+    np.testing.assert_allclose(losses, float32_losses, rtol=2e-2)
+    assert losses != float32_losses  # the half math really ran
+    assert ops == {"BatchMatMulV2": {"bfloat16"}, "Softmax": {"float32"}}, ops
