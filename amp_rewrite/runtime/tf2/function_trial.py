@@ -309,6 +309,7 @@ class FunctionTrials:
         self.rechecks: weakref.WeakSet[Recheck] = weakref.WeakSet()
         self._cache: TuneCache | None = None
         self._settings: str | None = None
+        self._said_lists: set[str] = set()
         # traced body (an AtomicFunction) → its step key: a large step's key costs a tenth of a second
         self._keys: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -360,7 +361,11 @@ class FunctionTrials:
         return verdict
 
     def say_lists_decide(self, name: str) -> None:
-        """The line of a function that would be tried, under op determinism: the op lists decide."""
+        """The line of a function that would be tried, under op determinism: the op lists decide (once per name:
+        Keras traces its one-step function more than once)."""
+        if name in self._said_lists:
+            return
+        self._said_lists.add(name)
         logger.info("amp-rewrite: tf.function %s runs in %s as the op lists say: op determinism is on, so no timing "
                     "decides, and the tuning cache holds no verdict of this step", name, self.target)
 
