@@ -37,8 +37,6 @@ The modules behind the face (internal: they may move between releases):
 - :mod:`amp_rewrite.cli`: the ``amp-rewrite`` command, which ``python -m amp_rewrite`` runs too.
 """
 
-import functools
-
 from amp_rewrite.config import Config
 from amp_rewrite.errors import AmpRewriteError, GraphError, InputFileError, ListError, RuntimeRewriteError, UsageError
 from amp_rewrite.paint.op_lists import OpLists, load_lists
@@ -76,20 +74,12 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'amp_rewrite' has no attribute {name!r}")
 
 
-@functools.cache
 def _installed_version() -> str:
-    """The installed distribution's version, which pyproject.toml's ``version`` sets.
+    """The installed distribution's version (:func:`amp_rewrite.tune.cache.package_version`, which the tuning
+    cache's files are made for)."""
+    from amp_rewrite.tune.cache import package_version
 
-    Read on first use: importing importlib.metadata costs about a third of this
-    package's own import. A checkout imported without being installed has no
-    metadata and reports ``0+unknown``.
-    """
-    from importlib import metadata
-
-    try:
-        return metadata.version("amp-rewrite")
-    except metadata.PackageNotFoundError:
-        return "0+unknown"
+    return package_version()
 
 
 def enable(**kwargs) -> None:

@@ -106,6 +106,10 @@ MULTI_WORKER = Capability("the multi-worker agreement", (
     f"{_CONTEXT}:Context.get_config_key_value",
     f"{_CONTEXT}:Context.report_error_to_cluster",
 ))
+STEP_TRIALS = Capability("the step trials", (
+    "tensorflow.python.framework.config:is_op_determinism_enabled",
+    "tensorflow.python.ops.handle_data_util:get_resource_handle_data",
+))
 # The modules whose import makes the runtime patch Keras optimizers.
 KERAS3_LOSS_SCALE_MODULE = f"{_KERAS3}.optimizers.loss_scale_optimizer"
 TF_KERAS_LOSS_SCALE_MODULE = f"{_TF_KERAS}.mixed_precision.loss_scale_optimizer"
@@ -139,8 +143,8 @@ def lacking(capability: Capability, absent: list[str]) -> str:
     return f"TensorFlow {tf.__version__} lacks {absent[0]}{more}, which {capability.name} under amp-rewrite needs"
 
 
-def usable(capabilities: list[Capability], what: str, *, is_strict: bool) -> bool:
-    """Whether this TensorFlow has every capability; if not, one warning says ``what`` runs float32.
+def usable(capabilities: list[Capability], what: str, *, is_strict: bool, outcome: str = "run in float32") -> bool:
+    """Whether this TensorFlow has every capability; if not, one warning says ``what`` runs float32 (``outcome``).
 
     Raises:
         RuntimeRewriteError: a capability is missing and ``is_strict``.
@@ -148,7 +152,7 @@ def usable(capabilities: list[Capability], what: str, *, is_strict: bool) -> boo
     for capability in capabilities:
         absent = missing(capability)
         if absent:
-            message = f"{what} run in float32: {lacking(capability, absent)}"
+            message = f"{what} {outcome}: {lacking(capability, absent)}"
             if is_strict:
                 raise RuntimeRewriteError(message)
             logger.warning("amp-rewrite: %s", message)
@@ -284,6 +288,37 @@ def copy_handle_data(source, target) -> None:
     from tensorflow.python.ops import handle_data_util
 
     handle_data_util.copy_handle_data(source, target)
+
+
+def resource_handle_types(tensor) -> list[tuple[str, tuple | None]]:
+    """What a ``resource`` tensor's handle holds, from its handle data: per value, its dtype name and shape (None
+    for an unknown rank, None in a dimension for an unknown size); empty when nothing is known.
+
+    A ``tf.function`` that captures a variable takes its handle as a scalar
+    ``resource`` input, whose handle data carries the variable's dtype and shape.
+    """
+    import tensorflow as tf
+    from tensorflow.python.ops import handle_data_util
+
+    data = handle_data_util.get_resource_handle_data(tensor)
+    if not data.is_set:
+        return []
+    found = []
+    for held in data.shape_and_type:
+        shape = tf.TensorShape(held.shape)
+        found.append((tf.as_dtype(held.dtype).name, tuple(shape.as_list()) if shape.rank is not None else None))
+    return found
+
+
+# --- op determinism -------------------------------------------------------------------------
+
+
+def is_op_determinism_enabled() -> bool:
+    """Whether TensorFlow runs ops deterministically (``tf.config.experimental.enable_op_determinism()``, or
+    ``TF_DETERMINISTIC_OPS=1``, which TensorFlow reads itself)."""
+    from tensorflow.python.framework import config
+
+    return bool(config.is_op_determinism_enabled())
 
 
 # --- tf.function tracing --------------------------------------------------------------------

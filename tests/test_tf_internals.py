@@ -160,3 +160,27 @@ def test_a_newer_tensorflow_runs_with_one_info_line(amp_runtime, monkeypatch, ca
     assert [(r.levelname, r.getMessage()) for r in untested] == [
         ("INFO", "amp-rewrite: TensorFlow 2.22.0 is newer than the versions tested (2.16 to 2.21); "
                  "its internals were checked and are there")]
+
+
+def test_op_determinism_is_read_from_tensorflow():
+    from tensorflow.python.framework import config
+
+    assert not tf_internals.is_op_determinism_enabled()
+    tf.config.experimental.enable_op_determinism()
+    try:
+        assert tf_internals.is_op_determinism_enabled()
+    finally:
+        config.disable_op_determinism()
+    assert not tf_internals.is_op_determinism_enabled()
+
+
+def test_a_captured_variable_handle_says_what_the_variable_holds():
+    w = tf.Variable(tf.zeros([16, 2048], tf.bfloat16))
+
+    @tf.function
+    def f(x):
+        return tf.matmul(x, w)
+
+    graph = f.get_concrete_function(tf.TensorSpec([None, 16], tf.bfloat16)).graph
+    found = [tf_internals.resource_handle_types(t) for t in graph.inputs]
+    assert found == [[], [("bfloat16", (16, 2048))]]

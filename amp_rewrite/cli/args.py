@@ -27,7 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Rewrite a float32 TensorFlow graph to mixed precision (float16 or bfloat16). "
                     "`amp-rewrite explain IN NODE` says why a node got its precision; "
                     "`amp-rewrite doctor IN` says why the result may not run faster; "
-                    "`amp-rewrite strip IN OUT` turns a mixed graph back into float32.",
+                    "`amp-rewrite strip IN OUT` turns a mixed graph back into float32; "
+                    "`amp-rewrite cache` lists (and --clear removes) the measured step times.",
     )
     _add_version_flag(parser)
     parser.add_argument("input", help="input graph: .pb (binary GraphDef), .pbtxt (text), or a SavedModel directory")
@@ -164,6 +165,25 @@ def _add_benchmark_options(parser: argparse.ArgumentParser) -> None:
     bench.add_argument("--init-op", metavar="NAME", default=None,
                        help="a node to run once before timing, such as a training graph's variable "
                             "initializer (default: a node named 'init', if there is one)")
+
+
+def build_cache_parser() -> argparse.ArgumentParser:
+    """``amp-rewrite cache [--clear] [--all]``."""
+    parser = argparse.ArgumentParser(
+        prog="amp-rewrite cache",
+        description="List the tuning cache of this machine: each file's device, TensorFlow and amp-rewrite "
+                    "versions, and every verdict measured (what was timed, what it decided, the two best "
+                    "times). --clear removes the files, so that every step and --tune is measured again. The "
+                    "cache is $AMP_REWRITE_TUNE_CACHE, else $XDG_CACHE_HOME/amp-rewrite, else "
+                    "~/.cache/amp-rewrite.",
+    )
+    parser.add_argument("--clear", action="store_true",
+                        help="remove this machine's files (and any file no run reads) instead of listing them")
+    parser.add_argument("--all", action="store_true",
+                        help="every file in the directory, other devices' too (a directory shared by machines)")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="TensorFlow's start-up messages too")
+    parser.set_defaults(input="the tuning cache")
+    return parser
 
 
 def build_strip_parser() -> argparse.ArgumentParser:

@@ -1,11 +1,11 @@
-"""What each subcommand does with its parsed flags: :func:`run` (the rewrite), explain, doctor and strip.
+"""What each subcommand does with its parsed flags: :func:`run` (the rewrite), explain, doctor, strip and cache.
 
 Each returns the exit code on success and raises on failure; ``cli.main``
 turns the exception into its one stderr line and exit code. The rewrite
 checks its paths first, renders the report, and stages OUT and the report
 beside their targets, renaming both into place only when both are complete.
 ``explain`` and ``doctor`` rewrite in memory and write nothing; ``strip``
-undoes mixed precision.
+undoes mixed precision; ``cache`` lists or clears the tuning cache.
 """
 
 from __future__ import annotations
@@ -171,3 +171,43 @@ def _strip_graph_def(args):
     graph_io.save_graph_def(result.graph_def, args.output,
                             output_format=graph_io.format_of(args.output, args.output_format))
     return result
+
+
+def run_cache(args) -> int:
+    """Lists this machine's tuning cache files (every file with ``--all``), or removes them (``--clear``)."""
+    from amp_rewrite.config import Config
+    from amp_rewrite.tune import cache_files
+    from amp_rewrite.tune.cache import default_cache_dir
+
+    directory = Config.from_env().tune_cache_dir or default_cache_dir()
+    here = _cache_here()
+    listed = cache_files.list_files(directory)
+    chosen = [item for item in listed if args.all or item.is_here(here)]
+    if args.clear:
+        removed = cache_files.remove(chosen)
+        print(f"removed {len(removed)} tuning cache file{'s' if len(removed) != 1 else ''} from {directory}")
+        return EXIT_OK
+    if not chosen:
+        print(f"no tuning cache of this machine in {directory}")
+    for index, item in enumerate(chosen):
+        if index:
+            print()
+        for line in cache_files.describe(item, here):
+            print(line)
+    others = len(listed) - len(chosen)
+    if others:
+        print(f"{'' if not chosen else chr(10)}{others} more file{'s' if others != 1 else ''} of other devices in "
+              f"{directory} (--all lists them)")
+    return EXIT_OK
+
+
+def _cache_here():
+    """This machine's devices, TensorFlow and amp-rewrite, as the cache files name them."""
+    import tensorflow as tf
+
+    from amp_rewrite.tune.cache import device_description, first_gpu_name, package_version
+    from amp_rewrite.tune.cache_files import Here
+
+    gpu = first_gpu_name()
+    devices = {device_description("CPU")} | ({device_description("GPU", gpu_name=gpu)} if gpu else set())
+    return Here(frozenset(devices), tf.__version__, package_version())

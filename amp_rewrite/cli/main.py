@@ -19,8 +19,14 @@ from __future__ import annotations
 import logging
 import sys
 
-from amp_rewrite.cli.args import build_doctor_parser, build_explain_parser, build_parser, build_strip_parser
-from amp_rewrite.cli.commands import run, run_doctor, run_explain, run_strip
+from amp_rewrite.cli.args import (
+    build_cache_parser,
+    build_doctor_parser,
+    build_explain_parser,
+    build_parser,
+    build_strip_parser,
+)
+from amp_rewrite.cli.commands import run, run_cache, run_doctor, run_explain, run_strip
 from amp_rewrite.cli.process import (
     EXIT_BAD_INPUT,
     EXIT_INTERRUPTED,
@@ -36,11 +42,12 @@ _SUBCOMMANDS = {
     "explain": (build_explain_parser, run_explain),
     "doctor": (build_doctor_parser, run_doctor),
     "strip": (build_strip_parser, run_strip),
+    "cache": (build_cache_parser, run_cache),
 }
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``amp-rewrite [explain|doctor|strip] ARGS``: the exit code (a bad flag exits 2 from argparse)."""
+    """``amp-rewrite [explain|doctor|strip|cache] ARGS``: the exit code (a bad flag exits 2 from argparse)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     command = argv[0] if argv and argv[0] in _SUBCOMMANDS else ""
     build, run_command = _SUBCOMMANDS.get(command, (build_parser, run))

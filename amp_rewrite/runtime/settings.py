@@ -39,6 +39,8 @@ from amp_rewrite.errors import UsageError
 from amp_rewrite.paint.keep_patterns import compile_patterns, split_env
 
 TARGETS = ("auto", "float16", "bfloat16")
+#: ``AMP_REWRITE_TUNE=again``: every step is measured again, and its verdict replaces the cached one.
+TUNE_AGAIN = "again"
 DEFAULT_PEER_WAIT = 10.0
 MAX_PEER_WAIT = 86400.0  # a day: a longer wait is no different, and its milliseconds must fit an int64
 
@@ -109,6 +111,8 @@ class RuntimeSettings:
             turns it on unless ``AMP_REWRITE_TUNE=0`` (``AMP_REWRITE_TUNE=1`` is
             the same as unset). Off by default here, so settings made in code
             rewrite by the lists alone.
+        is_measuring_again: with step timing on, every step is tried again, whatever the tuning cache holds,
+            and its new verdict replaces the cached one (``AMP_REWRITE_TUNE=again``).
         tune_cache_dir: where step times are kept (None: the user cache directory).
         is_loss_scaled: None: loss scaling as the target and loss-scale
             settings ask (:func:`amp_rewrite.runtime.settings.scales_loss`); True or
@@ -125,6 +129,7 @@ class RuntimeSettings:
     profile_after: int | None = None
     keep_float32: tuple[str, ...] = ()
     is_timing_steps: bool = False
+    is_measuring_again: bool = False
     tune_cache_dir: str | None = None
     is_loss_scaled: bool | None = None
     peer_wait_seconds: float = DEFAULT_PEER_WAIT
@@ -144,7 +149,8 @@ class RuntimeSettings:
                    is_finding_overflow=is_true(environ.get(FIND_OVERFLOW_ENV)),
                    profile_after=_profile_from_env(environ),
                    keep_float32=split_env(environ.get(KEEP_FLOAT32_ENV, "")),
-                   is_timing_steps=not is_false(environ.get(TUNE_ENV)),
+                   is_timing_steps=_tune_from_env(environ) != "off",
+                   is_measuring_again=_tune_from_env(environ) == TUNE_AGAIN,
                    tune_cache_dir=environ.get(TUNE_CACHE_ENV) or None,
                    peer_wait_seconds=min(_number(environ, PEER_WAIT_ENV, float, DEFAULT_PEER_WAIT, minimum=0.1),
                                          MAX_PEER_WAIT))
@@ -152,6 +158,18 @@ class RuntimeSettings:
     def rewrite_fields(self) -> dict:
         """The :class:`amp_rewrite.Config` fields these settings decide: name patterns and the timing cache."""
         return {"keep_float32_patterns": self.keep_float32, "tune_cache_dir": self.tune_cache_dir}
+
+
+def _tune_from_env(environ: Mapping[str, str]) -> str:
+    """``on`` (unset, or a true value), ``off`` (a false value) or ``again`` (:data:`TUNE_AGAIN`)."""
+    text = environ.get(TUNE_ENV, "")
+    if not text.strip() or is_true(text):
+        return "on"
+    if is_false(text):
+        return "off"
+    if text.strip().lower() == TUNE_AGAIN:
+        return TUNE_AGAIN
+    raise UsageError(f"{TUNE_ENV}={text!r}: use 1 (the default), 0, or {TUNE_AGAIN} (measure every step again)")
 
 
 def _target_from_env(environ: Mapping[str, str]) -> str:

@@ -13,5 +13,6 @@ face); modules may move between releases.
 - :mod:`~amp_rewrite.tune.step_regions`: the half regions of a rewritten step, their op times in a
   profiled step of each body, and the mixed step those times propose;
 - :mod:`~amp_rewrite.tune.step_stats`: each node's op time in one traced TF1 step;
-- :mod:`~amp_rewrite.tune.cache`: the timings, cached per device and TensorFlow version.
+- :mod:`~amp_rewrite.tune.cache`: the timings, cached per device, TensorFlow version and amp-rewrite version;
+- :mod:`~amp_rewrite.tune.cache_files`: the cache's files in words, and their removal (``amp-rewrite cache``).
 """

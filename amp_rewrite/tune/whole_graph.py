@@ -13,8 +13,11 @@ holds the float32 graph unchanged, and says why.
 
 The two best times are cached in the tuning cache (:mod:`amp_rewrite.tune.cache`)
 under :func:`~amp_rewrite.tune.keys.graph_key`, a digest of both graphs,
-the feeds' shapes and the fetches: a second run measures nothing and writes
-the same bytes. A graph that cannot be timed (no feeds can be made, a step
+the feeds' shapes, the fetches and the rewrite's settings: a second run
+measures nothing and writes the same bytes. Only a verdict clear of the
+noise is cached (:attr:`~amp_rewrite.tune.trial.StepVerdict.is_clear`, and
+the mixed graph's trial where one ran); another is used once and measured
+again by the next run. A graph that cannot be timed (no feeds can be made, a step
 fails, no GPU for a GPU rewrite) keeps the lists' rewrite, with the reason.
 
 Then a choice finer than the whole graph: one profiled step of each pure
@@ -144,25 +147,26 @@ def decide(original, result, *, feeds: Mapping[str, Any] | None = None, fetches:
         cache = cache if cache is not None else cache_for(config)
     except _NotTimed as exc:
         return _with(result, GraphDecision(NOT_TIMED, str(exc)), original)
-    key = graph_key(original, result.graph_def, feeds=feeds, fetches=fetches)
+    key = graph_key(original, result.graph_def, feeds=feeds, fetches=fetches, settings=keys.rewrite_settings(config))
     trials = _Trials(runner or GraphSessions, original, result.graph_def, feeds=feeds, fetches=fetches,
                      init_op=init_op, timer=timer or CLOCK)
     try:
         cached = cache.get(key)
         if cached is not None:
-            verdict = verdict_of(cached, is_cached=True)
+            verdict = verdict_of(cached, is_cached=True, source=str(cache.path))
         else:
             try:
                 verdict = trials.whole()
             except Exception as exc:  # noqa: BLE001 - a graph that does not run keeps the lists' rewrite
                 why = first_line(exc, with_type=not isinstance(exc, AmpRewriteError))
                 return _with(result, GraphDecision(NOT_TIMED, f"it could not be run: {why}"), original)
-            cache.put(key, verdict.timing())
         try:
             mixed, mixed_result = _mixed(original, result, verdict, key=key, cache=cache, trials=trials)
         except Exception as exc:  # noqa: BLE001 - the whole graph's verdict stands
             logger.warning("amp-rewrite: tuning: no mixed graph tried: %s", first_line(exc, with_type=True))
             mixed, mixed_result = None, None
+        if cached is None and verdict.is_clear and (mixed is None or mixed.is_clear):
+            cache.put(key, dataclasses.replace(verdict.timing(), what=f"graph, {target}"))
     finally:
         trials.close()
         cache.save()
@@ -257,18 +261,19 @@ class _Trials:
                 return None
         return half, float32
 
-    def mixed(self, mixed_graph, best_graph) -> Timing:
-        """The best times of a mixed graph (``half``) and the better pure graph (``float32``) in their trial.
+    def mixed(self, mixed_graph, best_graph) -> StepVerdict:
+        """The verdict of a mixed graph (``half``) against the better pure graph (``float32``) in their trial.
 
         The trial is the runtime's confirmation (:func:`~amp_rewrite.tune.trial.confirmation`):
         the mixed graph runs once untimed, then two mirrored pairs.
         """
         runner = self.make({HALF: mixed_graph, FLOAT32: best_graph}, **self.options)
         try:
-            trial = run_calls(runner.step, confirmation())
+            verdict = run_calls(runner.step, confirmation()).verdict()
         finally:
             runner.close()
-        return Timing(float32=min(trial.times[FLOAT32]), half=min(trial.times[HALF]))
+        assert verdict is not None, "a confirmation times each graph twice"
+        return verdict
 
     def close(self) -> None:
         if self._pure is not None:
@@ -316,10 +321,13 @@ def _mixed(original, result, verdict: StepVerdict, *, key: str, cache: TuneCache
     mixed = rewrite(original, config=dataclasses.replace(
         config, keep_float32=tuple(config.keep_float32) + tuple(sorted(kept.items()))))
     timing = cache.get(key + keys.MIXED_KEY)
+    confirmed = None
     if timing is None:
-        timing = trials.mixed(mixed.graph_def, result.graph_def if verdict.is_half else original)
-        cache.put(key + keys.MIXED_KEY, timing)
-    mixed_verdict = mixed_verdict_of(timing, verdict, len(choice.half), len(regions))
+        confirmed = trials.mixed(mixed.graph_def, result.graph_def if verdict.is_half else original)
+        timing = confirmed.timing()
+        if confirmed.is_clear:
+            cache.put(key + keys.MIXED_KEY, timing)
+    mixed_verdict = mixed_verdict_of(timing, verdict, len(choice.half), len(regions), confirmed=confirmed)
     logger.info("tuning: a mixed graph (%d of %d half regions half) ran %.1f ms against %.1f ms", len(choice.half),
                 len(regions), timing.half * 1e3, timing.float32 * 1e3)
     return mixed_verdict, mixed

@@ -66,3 +66,69 @@ def test_a_session_step_key_ignores_names_and_follows_fetches_feeds_and_target()
     assert keys.session_step_key(session_nodes("a/"), fetches[:1], inputs, target="bfloat16") != key
     assert keys.session_step_key(session_nodes("a/"), fetches, [("float32", (8, 16))], target="bfloat16") != key
     assert keys.session_step_key(session_nodes("a/")[1:], fetches, inputs, target="bfloat16") != key
+
+
+def test_the_key_changes_with_what_a_captured_variable_holds():
+    """A variable's handle is a scalar ``resource`` input: its dtype and shape go into the key."""
+    narrow = [("float32", (None, 8)), (keys.resource_input([("float32", (8, 16))]), ())]
+    wide = [("float32", (None, 8)), (keys.resource_input([("float32", (8, 2048))]), ())]
+    half = [("float32", (None, 8)), (keys.resource_input([("bfloat16", (8, 16))]), ())]
+    fdef = [function("f", "g", NODES)]
+    assert len({keys.step_key(fdef, narrow), keys.step_key(fdef, wide), keys.step_key(fdef, half)}) == 3
+    assert keys.resource_input([]) == "resource"
+    assert keys.resource_input([("float32", None)]) == "resource float32?"
+
+
+def test_the_key_changes_with_the_rewrite_settings_and_only_with_those():
+    from dataclasses import replace
+
+    from amp_rewrite.config import Config
+    from amp_rewrite.paint.op_lists import ListEdit
+
+    base = Config(target="bfloat16", device_type="CPU")
+    settings = keys.rewrite_settings(base)
+    changed = [
+        replace(base, target="float16"),
+        replace(base, level="TREAT_INFER_AS_DENY"),
+        replace(base, list_edits=(ListEdit("deny", "Cumprod", True, "TF_..._DENYLIST_ADD"),)),
+        replace(base, keep_float32_patterns=("^loss/",)),
+        replace(base, device_type="GPU"),
+        replace(base, opaque_functions=(("__inference_f_3", "XLA-compiled"),)),
+    ]
+    texts = {keys.rewrite_settings(config) for config in changed}
+    assert settings not in texts and len(texts) == len(changed)
+    same = [replace(base, dump_dir="/tmp/d", tune_cache_dir="/tmp/c", is_checking=True, tune_batch=8),
+            replace(base, list_edits=(ListEdit("allow", "MatMul", True, "--allow-add"),)),  # MatMul is listed
+            replace(base, opaque_functions=(("__inference_g_9", "XLA-compiled"),))]
+    assert keys.rewrite_settings(same[0]) == keys.rewrite_settings(same[1]) == settings
+    assert keys.rewrite_settings(same[2]) == keys.rewrite_settings(changed[-1])  # the reason, not the name
+    fdef = [function("f", "g", NODES)]
+    assert keys.step_key(fdef, INPUTS, settings=settings) != keys.step_key(
+        fdef, INPUTS, settings=keys.rewrite_settings(changed[2]))
+    patterns = keys.rewrite_settings(changed[3])
+    assert keys.session_step_key(session_nodes("a/"), [], [], target="bfloat16", settings=settings) != \
+        keys.session_step_key(session_nodes("a/"), [], [], target="bfloat16", settings=patterns)
+
+
+def test_a_replaced_list_file_changes_the_settings(tmp_path):
+    from dataclasses import replace
+
+    from amp_rewrite.config import Config
+    from amp_rewrite.paint.op_lists import default_lists_root
+
+    base = Config(target="bfloat16", device_type="CPU")
+    for colour in ("allow", "infer", "deny", "clear"):
+        text = (default_lists_root() / "bfloat16" / f"{colour}.txt").read_text()
+        (tmp_path / f"{colour}.txt").write_text(text)
+    assert keys.rewrite_settings(replace(base, lists_dir=str(tmp_path))) == keys.rewrite_settings(base)
+    (tmp_path / "clear.txt").write_text("\n".join(
+        op for op in (tmp_path / "clear.txt").read_text().splitlines() if op.split("#")[0].strip() != "Relu"))
+    (tmp_path / "deny.txt").write_text((tmp_path / "deny.txt").read_text() + "\nRelu\n")
+    assert keys.rewrite_settings(replace(base, lists_dir=str(tmp_path))) != keys.rewrite_settings(base)
+
+
+def test_an_xla_compiled_callee_changes_the_key():
+    plain = function("f", "g", NODES)
+    compiled = function("f", "g", NODES)
+    compiled.attr["_XlaMustCompile"].b = True
+    assert keys.step_key([plain], INPUTS) != keys.step_key([compiled], INPUTS)

@@ -10,8 +10,12 @@ from amp_rewrite.tune.trial import (
     MARGIN,
     MIXING_LIMIT,
     TrialSchedule,
+    confirmation,
     is_worth_mixing,
+    recheck,
+    rechecked,
     schedule,
+    switch_line,
     verdict_of,
 )
 
@@ -75,6 +79,10 @@ def test_the_reason_gives_both_times_on_this_device(half, float32, is_cached, ex
         assert not verdict.is_half
         assert reason == "the step ran 449 ms in bfloat16 and 373 ms in float32 on this CPU"
     assert reason.endswith("; measured before, read from the cache") == is_cached
+    if is_cached:
+        found = verdict_of(Timing(float32=float32, half=half), is_cached=True, source="/c/tune-1.json").reason(
+            "bfloat16", "CPU")
+        assert found.endswith("; measured before, read from the cache /c/tune-1.json")
 
 
 def test_a_step_far_slower_in_half_is_not_worth_a_profile():
@@ -82,3 +90,72 @@ def test_a_step_far_slower_in_half_is_not_worth_a_profile():
     assert is_worth_mixing(verdict_of(Timing(float32=1.0, half=1.2)))
     assert is_worth_mixing(verdict_of(Timing(float32=1.0, half=0.5)))
     assert not is_worth_mixing(verdict_of(Timing(float32=1.0, half=MIXING_LIMIT + 0.01)))
+
+
+def test_a_verdict_whose_halves_agree_is_clear():
+    trial = TrialSchedule()
+    # order: half, float32, float32, half (first half), half, float32, float32, half (second half)
+    run(trial, {HALF: [9.0, 0.50, 0.55, 0.52, 0.60], FLOAT32: [9.0, 1.0, 0.9, 1.1, 0.95]})
+    verdict = trial.verdict()
+    assert verdict.is_half and verdict.is_clear
+    assert verdict.halves == (Timing(float32=0.9, half=0.50), Timing(float32=0.95, half=0.52))
+    assert "not clear" not in verdict.reason("bfloat16", "CPU")
+
+
+def test_a_verdict_whose_halves_disagree_is_not_clear_and_says_so():
+    """A neighbour's job starting mid-trial slows the second half: the first half says half, the second float32."""
+    trial = TrialSchedule()
+    run(trial, {HALF: [9.0, 0.50, 0.52, 1.30, 1.25], FLOAT32: [9.0, 1.0, 0.98, 0.70, 0.72]})
+    verdict = trial.verdict()
+    assert verdict.is_half  # the best of each body still decides this run
+    assert not verdict.is_clear
+    assert verdict.reason("bfloat16", "CPU") == (
+        "the step ran 500 ms in bfloat16 and 700 ms in float32 on this CPU (1.40x); not clear enough to keep "
+        "(1.96x in the trial's first half, 0.56x in its second): a later run measures again")
+
+
+def test_a_near_tie_that_the_halves_split_is_not_clear():
+    trial = TrialSchedule()
+    run(trial, {HALF: [9.0, 0.94, 0.99, 0.97, 0.98], FLOAT32: [9.0, 1.0, 1.0, 1.0, 1.0]})
+    verdict = trial.verdict()
+    assert verdict.is_half and not verdict.is_clear  # 1.06x, then 1.03x: within the margin
+
+
+def test_a_body_with_one_timed_call_gives_no_clear_verdict():
+    trial = TrialSchedule()
+    while not trial.is_done:
+        body = trial.next_body()
+        trial.record(body, None if body == FLOAT32 and trial.times[FLOAT32] else 1.0)
+    verdict = trial.verdict()
+    assert verdict is not None and verdict.halves == () and not verdict.is_clear
+    assert "a body had too few timed calls" in verdict.reason("bfloat16", "CPU")
+
+
+def test_a_confirmation_is_clear_where_its_two_pairs_agree():
+    agree, split = confirmation(), confirmation()
+    run(agree, {HALF: [9.0, 0.5, 0.6], FLOAT32: [1.0, 0.9]})
+    run(split, {HALF: [9.0, 0.5, 1.2], FLOAT32: [1.0, 0.9]})
+    assert agree.verdict().is_clear and not split.verdict().is_clear
+
+
+@pytest.mark.parametrize("is_half", [True, False])
+def test_a_recheck_runs_the_other_body_cold_first_then_two_mirrored_pairs(is_half):
+    cached = verdict_of(Timing(float32=1.0, half=0.5 if is_half else 1.5), is_cached=True)
+    other, chosen = (FLOAT32, HALF) if is_half else (HALF, FLOAT32)
+    trial = recheck(cached)
+    assert trial.order == [other, other, chosen, chosen, other] and trial.untimed == 1
+
+
+def test_a_recheck_switches_only_on_a_clear_disagreement():
+    cached = verdict_of(Timing(float32=1.0, half=1.2), is_cached=True, source="/c/tune-1.json")  # stays float32
+    clear, split, agrees = recheck(cached), recheck(cached), recheck(cached)
+    run(clear, {HALF: [9.0, 0.5, 0.52], FLOAT32: [1.0, 1.01]})
+    run(split, {HALF: [9.0, 0.5, 1.3], FLOAT32: [1.0, 1.01]})
+    run(agrees, {HALF: [9.0, 1.2, 1.1], FLOAT32: [1.0, 1.01]})
+    found = rechecked(cached, clear)
+    assert found is not None and found.is_half and (found.half_seconds, found.float32_seconds) == (0.5, 1.0)
+    assert rechecked(cached, split) is None and rechecked(cached, agrees) is None
+    assert switch_line(cached, found, "bfloat16", "CPU", calls=1000) == (
+        "now runs in bfloat16: checked again after 1000 calls, the step ran 500 ms in bfloat16 and 1000 ms in "
+        "float32 on this CPU (2.00x); the cache /c/tune-1.json had it stay float32 (1200 ms in bfloat16, 1000 ms in "
+        "float32) and holds the new times")

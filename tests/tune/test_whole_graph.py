@@ -91,7 +91,8 @@ def test_where_half_loses_the_input_graph_is_written_unchanged_with_the_reason(g
     again = tune(graph_file, tmp_path / "again.pb", cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert (tmp_path / "again.pb").read_bytes() == graph_file.read_bytes()
-    assert our_lines(again.stderr) == [f"{line}; measured before, read from the cache"]
+    [cache_file] = (tmp_path / "cache").glob("tune-*.json")
+    assert our_lines(again.stderr) == [f"{line}; measured before, read from the cache {cache_file}"]
 
 
 def test_a_near_tie_stays_float32(graph_file, tmp_path, monkeypatch):
@@ -301,11 +302,12 @@ def test_a_mixed_step_that_beats_both_keeps_the_slower_region_float32_and_is_cac
         2.0, 3.0, 1, 2)
 
     never = FakeRunner({})
+    cache = TuneCache(tmp_path, device="CPU test", tensorflow="test")
     again = tuned_rewrite(gd, fetches=["out_a", "out_b"], target="bfloat16", config=amp_config(), runner=never,
-                          cache=TuneCache(tmp_path, device="CPU test", tensorflow="test"))
+                          cache=cache)
     assert never.made == 0 and again.graph_def == result.graph_def
     assert again.tuning.line("bfloat16").endswith("in bfloat16 alone it ran 4000 ms; measured before, read from the "
-                                                  "cache")
+                                                  f"cache {cache.path}")
 
 
 def test_a_mixed_step_no_faster_than_the_better_pure_graph_is_dropped(tmp_path):
@@ -318,3 +320,42 @@ def test_a_mixed_step_no_faster_than_the_better_pure_graph_is_dropped(tmp_path):
     assert result.tuning.line("bfloat16") == (
         "stays float32: the graph ran 4000 ms in bfloat16 and 3000 ms in float32 on this CPU; with 1 of 2 half "
         "regions in bfloat16 it ran 2900 ms")
+
+
+class NoisyRunner(FakeRunner):
+    """Steps whose seconds per body are given in the order each body runs (the last repeated)."""
+
+    def step(self, body):
+        self.bodies.append(body)
+        runs = self.seconds[body]
+        return runs[min(self.bodies.count(body), len(runs)) - 1]
+
+
+def test_a_verdict_whose_halves_disagree_is_written_but_not_cached(tmp_path):
+    """The rewrite won the trial's first half by 2x and lost its second: this run keeps it, the next measures again."""
+    gd = mlp()
+    noisy = NoisyRunner({HALF: [9.0, 0.5, 0.5, 1.3, 1.3], FLOAT32: [9.0, 1.0]})
+    result = tuned_rewrite(gd, fetches=["out"], target="bfloat16", config=amp_config(), runner=noisy,
+                           cache=TuneCache(tmp_path, device="CPU test", tensorflow="test"))
+    assert result.tuning.outcome == RUNS_IN_HALF and not result.tuning.verdict.is_clear
+    assert result.tuning.line("bfloat16") == (
+        "runs in bfloat16: the graph ran 500 ms in bfloat16 and 1000 ms in float32 on this CPU (2.00x); not clear "
+        "enough to keep (2.00x in the trial's first half, 0.77x in its second): a later run measures again")
+    clear = FakeRunner({HALF: 1.2, FLOAT32: 1.0})
+    again = tuned_rewrite(gd, fetches=["out"], target="bfloat16", config=amp_config(), runner=clear,
+                          cache=TuneCache(tmp_path, device="CPU test", tensorflow="test"))
+    assert clear.made == 1 and again.tuning.outcome == STAYS_FLOAT32 and not again.tuning.verdict.is_cached
+
+
+def test_the_key_follows_the_op_lists(tmp_path):
+    from dataclasses import replace
+
+    from amp_rewrite.paint.op_lists import ListEdit
+
+    gd, runner = mlp(), FakeRunner({HALF: 0.5, FLOAT32: 1.0})
+    tuned_rewrite(gd, fetches=["out"], target="bfloat16", config=amp_config(), runner=runner,
+                  cache=TuneCache(tmp_path, device="CPU test", tensorflow="test"))
+    edited = replace(amp_config(), list_edits=(ListEdit("deny", "Cumprod", True, "--deny-add"),))
+    again = tuned_rewrite(gd, fetches=["out"], target="bfloat16", config=edited, runner=runner,
+                          cache=TuneCache(tmp_path, device="CPU test", tensorflow="test"))
+    assert runner.made == 2 and not again.tuning.verdict.is_cached

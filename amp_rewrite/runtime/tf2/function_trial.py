@@ -19,9 +19,16 @@ one_step_on_data stays float32: the step ran 449 ms in bfloat16 and 373 ms
 in float32 on this CPU``).
 
 The two best times go into the tuning cache under the step's key
-(:func:`~amp_rewrite.tune.trial.step_key`: the traced graph's ops and the
-input signature), so the same function traced in a later run is decided
-before its first call, with nothing measured.
+(:func:`~amp_rewrite.tune.keys.step_key`: the traced graph's ops, the
+input signature with the captured variables' shapes, and the rewrite's
+settings), so the same function traced in a later run is decided before
+its first call, with nothing measured; a verdict whose trial's halves
+disagreed is not cached (:attr:`~amp_rewrite.tune.trial.StepVerdict.is_clear`).
+A function decided from the cache gets a :class:`Recheck` as its
+``_call_flat``: every :data:`~amp_rewrite.tune.trial.RECHECK_EVERY` calls it
+times the two bodies again in a short trial, and a clear disagreement
+switches the function and updates the cache. Under op determinism nothing
+is timed: the cache or the lists decide.
 
 In a multi-worker job, a step that runs collective ops takes each decision
 with the job's other workers (:mod:`~amp_rewrite.runtime.tf2.job_rounds`),
@@ -48,6 +55,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from amp_rewrite import tf_internals
@@ -71,6 +79,7 @@ from amp_rewrite.tune.trial import (
     FLOAT32,
     HALF,
     MARGIN,
+    RECHECK_EVERY,
     MixedVerdict,
     StepVerdict,
     Timer,
@@ -78,6 +87,9 @@ from amp_rewrite.tune.trial import (
     confirmation,
     is_worth_mixing,
     mixed_verdict_of,
+    recheck,
+    rechecked,
+    switch_line,
     verdict_of,
 )
 
@@ -111,6 +123,9 @@ class FunctionTrial:
         mixing: what profiles the pure bodies and makes the mixed one; None: the pure verdict is final.
         rounds: in a multi-worker job, where the workers take each decision together
             (:mod:`~amp_rewrite.runtime.tf2.job_rounds`); None: this process decides alone.
+        cached: the cached verdict this trial checks again (:func:`~amp_rewrite.tune.trial.recheck`'s five
+            calls; ``then`` is the function's :class:`Recheck`, which takes over whichever body stays); None:
+            a trial of its own.
         lock: held by each call on trial.
         is_over: the verdict is kept (or the hook went).
         kept: the verdict kept; None before.
@@ -118,11 +133,12 @@ class FunctionTrial:
 
     def __init__(self, concrete_function, name: str, states: dict[str, dict], *,
                  on_verdict: Callable[[Any, Any, str | None], None], then: CallStep | None, timer: Timer,
-                 mixing: Mixing | None = None, rounds: JobRounds | None = None):
+                 mixing: Mixing | None = None, rounds: JobRounds | None = None, cached: StepVerdict | None = None):
         self.function_ref = weakref.ref(concrete_function)
         self.name = name
         self.states = states
-        self.trial = TrialSchedule()
+        self.cached = cached
+        self.trial = TrialSchedule() if cached is None else recheck(cached)
         self.on_verdict = on_verdict
         self.then = then
         self.timer = timer
@@ -131,6 +147,8 @@ class FunctionTrial:
         self.verdict: StepVerdict | None = None
         self.profiles: dict[str, dict[str, float] | None] = {}
         self.confirmation: TrialSchedule | None = None
+        self.cached = cached
+        self.held = tf_internals.inference_function(concrete_function)
         self.lock = threading.RLock()
         self.is_over = False
         self.kept: StepVerdict | MixedVerdict | None = None
@@ -200,6 +218,9 @@ class FunctionTrial:
             verdict = self.trial.verdict()
             if verdict is None:
                 return
+            if self.cached is not None:  # a re-check: the cached verdict stands unless it clearly lost
+                self.settle(cf, rechecked(self.cached, self.trial) or self.cached)
+                return
             self.verdict, profiles_next = self._pure(verdict)
             if not profiles_next:
                 self.settle(cf, self.verdict)
@@ -214,13 +235,13 @@ class FunctionTrial:
                 self._propose(cf)
         else:
             self.confirmation.record(HALF if body == MIXED else FLOAT32, seconds)
-            timing = self.confirmation.verdict()
-            if timing is not None:
+            confirmed = self.confirmation.verdict()
+            if confirmed is not None:
                 assert self.mixing is not None and self.mixing.choice is not None
                 if self.rounds is None:
-                    self.settle(cf, self.mixing.verdict(self.verdict, timing.timing()))
+                    self.settle(cf, self.mixing.verdict(self.verdict, confirmed))
                 else:
-                    self.settle(cf, self.rounds.mixed(timing.timing(), self.verdict, self.mixing.choice))
+                    self.settle(cf, self.rounds.mixed(confirmed.timing(), self.verdict, self.mixing.choice))
 
     def _pure(self, verdict: StepVerdict) -> tuple[StepVerdict, bool]:
         """The verdict on the pure bodies (the job's, in a job), and whether the regions are profiled next."""
@@ -264,29 +285,35 @@ class FunctionTrial:
     def is_on_trial(self, concrete_function) -> bool:
         """Whether the trial still decides the calls: no verdict yet, and nothing else (a fallback) changed the body.
 
-        The function holds its half state all through the trial, so any other state means it is over.
+        The function holds one state all through the trial (the one it held when the trial began: the half
+        body, or for a re-check the body its cached verdict runs), so any other state means it is over.
         """
-        return (not self.is_over
-                and tf_internals.inference_function(concrete_function) is self.states[HALF]["_inference_function"])
+        return not self.is_over and tf_internals.inference_function(concrete_function) is self.held
 
     def settle(self, concrete_function, verdict, *, unmixed: str | None = None) -> None:
-        """Keeps the body the verdict chose, with the floor watch after a half one; then ``on_verdict``.
+        """Keeps the body the verdict chose, with the floor watch after a half one (a re-check's :class:`Recheck`
+        after either); then ``on_verdict``.
 
         ``unmixed``: why the step's regions were not chosen among, when they were to be and could not.
         """
         mixed = getattr(verdict, "is_mixed", False)
         body = MIXED if mixed else HALF if verdict.is_half else FLOAT32
         state = dict(self.states[body])
-        if verdict.is_half and self.then is not None:
+        if self._hands_on_to_then(verdict):
             state["_call_flat"] = self.then
         self.is_over, self.kept = True, verdict
         tf_internals.set_concrete_function_state(concrete_function, state)  # one change: no call sees half of it
         self._copies.clear()
         self.on_verdict(concrete_function, verdict, unmixed)
 
+    def _hands_on_to_then(self, verdict) -> bool:
+        """Whether ``then`` runs the calls after the verdict: the floor watch after half, a re-check's check after
+        either."""
+        return self.then is not None and (verdict.is_half or self.cached is not None)
+
     def _hand_on(self, concrete_function) -> None:
         """Leaves the function's calls to what follows the trial: the floor watch after a half verdict, or none."""
-        if self.then is not None and self.kept is not None and self.kept.is_half:
+        if self.kept is not None and self._hands_on_to_then(self.kept):
             tf_internals.override_call(concrete_function, self.then)
         else:
             tf_internals.drop_call_override(concrete_function)
@@ -297,6 +324,65 @@ class FunctionTrial:
         if copy is None:
             copy = self._copies[body] = tf_internals.function_with_state(concrete_function, self.states[body])
         return copy
+
+
+class Recheck:
+    """The ``_call_flat`` of a function decided from the cache: every :data:`~amp_rewrite.tune.trial.RECHECK_EVERY`
+    eager calls, it starts a re-check (a :class:`FunctionTrial` checking the verdict, which hands back here).
+
+    Attributes:
+        function_ref: the function, held weakly.
+        name, key: its name, for the lines, and its step key, for the cache.
+        verdict: the verdict it runs by: the cache's, or a re-check's that switched it.
+        start: sets the re-check's trial as the function's ``_call_flat``; False where none can be made.
+        watch: the loss-scale floor watch, which runs the function's calls while it runs half; None: none.
+        calls: eager calls since the verdict or the last re-check.
+        states: the two bodies' states, once made (a later re-check uses them again).
+        record: the swap record a float32 verdict took out of the hook's table (a half one puts it back).
+        prepare: for a function the cache kept float32 without a rewrite, what rewrites it and sets the first
+            re-check going as a trial would start (the hook's); None: the states are made from the function.
+    """
+
+    def __init__(self, concrete_function, name: str, key: str, verdict: StepVerdict,
+                 start: Callable[[Any, Recheck], bool], states: dict[str, dict] | None = None):
+        self.function_ref = weakref.ref(concrete_function)
+        self.name = name
+        self.key = key
+        self.verdict = verdict
+        self.start = start
+        self.watch: CallStep | None = None
+        self.calls = 0
+        self.states = states
+        self.record: SwapRecord | None = None
+        self.prepare: Callable[[Any, Recheck], bool] | None = None
+
+    def __call__(self, tensor_inputs, captured_inputs):
+        import tensorflow as tf
+
+        cf: Any = self.function_ref()
+        if tf.executing_eagerly():
+            self.calls += 1
+            if self.calls >= RECHECK_EVERY:
+                self.calls = 0
+                if self.start(cf, self):
+                    return tf_internals.call_override(cf)(tensor_inputs, captured_inputs)
+            if self.is_watching():
+                return self.watch(tensor_inputs, captured_inputs)  # type: ignore[misc]
+        return tf_internals.call_concrete_function(cf, tensor_inputs, captured_inputs)
+
+    # The first-call guard and a re-check's trial run their calls themselves and hand the watch its bookkeeping,
+    # whichever body runs, as around a trial's calls.
+
+    def before_call(self, concrete_function):
+        return self.watch.before_call(concrete_function) if self.watch is not None else None
+
+    def after_call(self, concrete_function, start) -> None:
+        if self.watch is not None:
+            self.watch.after_call(concrete_function, start)
+
+    def is_watching(self) -> bool:
+        """Whether the floor watch runs the calls (a half body's)."""
+        return self.watch is not None and self.verdict.is_half
 
 
 class FunctionTrials:
@@ -312,16 +398,20 @@ class FunctionTrials:
             verdicts are final.
         decisions: each function decided in this process, oldest first: its name, verdict (a
             :class:`~amp_rewrite.tune.trial.MixedVerdict` for a step that tried a mixed body), and the
-            function (held weakly).
+            function (held weakly); a re-check that switched a function adds its new verdict.
         trials: the trials made, held weakly (a settled one goes with its function's reference to it).
         job: returns the multi-worker job this process is a worker of, or None
             (:class:`~amp_rewrite.runtime.job.Job`): a step running collective ops is decided with the
             job's other workers, and never from this host's cache.
         job_trials: how many trials of steps decided with the job were made (each one's number).
+        rechecks: the :class:`Recheck` of each function decided from the cache, held weakly.
+        is_measuring_again: the cache is not read: every step is tried, and its verdict replaces the cached one
+            (``AMP_REWRITE_TUNE=again``).
     """
 
     def __init__(self, swapped: SwapTable, *, config: Callable[[], Config], cache_dir: str | None = None,
-                 timer: Timer | None = None, job: Callable[[], Job | None] = lambda: None):
+                 timer: Timer | None = None, job: Callable[[], Job | None] = lambda: None,
+                 is_measuring_again: bool = False):
         self.swapped = swapped
         self.config = config
         self.job = job
@@ -329,9 +419,13 @@ class FunctionTrials:
         self.cache_dir = cache_dir
         self.timer = timer or self.time_call
         self.profiler: Profiler | None = self.profile_call
+        self.is_measuring_again = is_measuring_again
         self.decisions: list[tuple[str, StepVerdict | MixedVerdict, weakref.ref]] = []
         self.trials: weakref.WeakSet[FunctionTrial] = weakref.WeakSet()
+        self.rechecks: weakref.WeakSet[Recheck] = weakref.WeakSet()
         self._cache: TuneCache | None = None
+        self._settings: str | None = None
+        self._said_lists: set[str] = set()
         # traced body (an AtomicFunction) → its step key: a large step's key costs a tenth of a second
         self._keys: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -352,20 +446,47 @@ class FunctionTrials:
             self._cache = cache_here(self.cache_dir, self.device_type)
         return self._cache
 
+    @property
+    def settings(self) -> str:
+        """How the runtime rewrites, for the step keys (:func:`~amp_rewrite.tune.keys.rewrite_settings`)."""
+        if self._settings is None:
+            self._settings = keys.rewrite_settings(self.config())
+        return self._settings
+
+    def is_deterministic(self) -> bool:
+        """Whether op determinism is on: then no timing decides (the cache or the lists do)."""
+        return tf_internals.is_op_determinism_enabled()
+
     def cached_verdict(self, concrete_function) -> StepVerdict | None:
-        """The verdict an earlier trial of this just-traced function's step left, or None.
+        """The verdict an earlier trial of this just-traced function's step left, or None (always, when measuring
+        again).
 
         Said in one line, unless that trial kept a mixed body
         (:meth:`was_mixed`): :meth:`keep_mixed` says that one.
         """
-        state = tf_internals.concrete_function_state(concrete_function)
-        if self._job_of(state) is not None:
-            return None  # this host's times are not the job's: its workers decide together, in the trial
-        key = self._key(state)
+        if self.is_measuring_again:
+            return None
+        try:
+            state = tf_internals.concrete_function_state(concrete_function)
+            if self._job_of(state) is not None:
+                return None  # this host's times are not the job's: its workers decide together, in the trial
+            key = self._key(state)
+        except Exception as exc:  # noqa: BLE001 - its trial makes the key again, where a failure falls back
+            logger.debug("amp-rewrite: tf.function %s: no step key: %s", function_name(concrete_function), exc)
+            return None
         verdict = self._cached(key)
         if verdict is not None and not self._was_mixed(key):
             self._say(function_name(concrete_function), verdict, concrete_function)
         return verdict
+
+    def say_lists_decide(self, name: str) -> None:
+        """The line of a function that would be tried, under op determinism: the op lists decide (once per name:
+        Keras traces its one-step function more than once)."""
+        if name in self._said_lists:
+            return
+        self._said_lists.add(name)
+        logger.info("amp-rewrite: tf.function %s runs in %s as the op lists say: op determinism is on, so no timing "
+                    "decides, and the tuning cache holds no verdict of this step", name, self.target)
 
     def was_mixed(self, concrete_function) -> bool:
         """Whether an earlier trial of this just-traced function's step kept a mixed body."""
@@ -399,38 +520,83 @@ class FunctionTrials:
         mixed = mixed_verdict_of(timing, verdict, len(choice.half), len(choice.times))
         self._say(name, mixed, concrete_function)
 
-    def keep_float32(self, concrete_function) -> None:
+    def keep_float32(self, concrete_function, verdict: StepVerdict | None = None,
+                     prepare: Callable[[Any, Recheck], bool] | None = None) -> None:
         """Runs a just-traced function in float32 without a rewrite: as traced, its calls of swapped bodies
-        sent to their traced ones."""
+        sent to their traced ones.
+
+        With the cached ``verdict`` that says so, a :class:`Recheck` follows
+        (not under op determinism); its first re-check needs the half body,
+        which ``prepare`` makes as a trial would, and sets that re-check going.
+        """
         state = tf_internals.concrete_function_state(concrete_function)
+        name = function_name(concrete_function)
         tf_internals.set_concrete_function_state(concrete_function, self._float32_state(concrete_function, state))
+        if verdict is not None and prepare is not None and not self.is_deterministic():
+            check = self.recheck_of(concrete_function, verdict, key_state=state, name=name)
+            check.prepare = prepare
+            tf_internals.override_call(concrete_function, check)
+
+    def recheck_of(self, concrete_function, verdict: StepVerdict, *, key_state: dict | None = None,
+                   name: str | None = None) -> Recheck:
+        """The :class:`Recheck` of a just-traced function decided from the cache (``key_state`` and ``name``: its
+        traced state and name, when it runs another state already)."""
+        state = key_state if key_state is not None else tf_internals.concrete_function_state(concrete_function)
+        check = Recheck(concrete_function, name or function_name(concrete_function), self._key(state), verdict,
+                        self._start_recheck)
+        self.rechecks.add(check)
+        return check
+
+    def is_rechecking(self) -> bool:
+        """Whether a function decided from the cache gets a :class:`Recheck` (not under op determinism)."""
+        return not self.is_deterministic()
 
     def forget(self) -> None:
-        """Ends the trials still running (the hook is going): each function keeps the body it has."""
+        """Ends the trials still running (the hook is going): each function keeps the body it has, and no
+        function is checked again."""
         for trial in list(self.trials):
             cf = trial.function_ref()
             with trial.lock:
                 if cf is not None and trial.is_on_trial(cf):
                     trial.is_over = True
-                    tf_internals.set_concrete_function_state(cf, trial.states[HALF])
+                    tf_internals.drop_call_override(cf)  # it held one body all through the trial
         self.trials.clear()
+        for check in list(self.rechecks):
+            cf = check.function_ref()
+            if cf is not None and tf_internals.call_override(cf) is check:
+                tf_internals.drop_call_override(cf)
+        self.rechecks.clear()
 
-    def for_swapped(self, concrete_function, record: SwapRecord, then: CallStep | None) -> FunctionTrial:
-        """The trial of a function just swapped, which follows its first-call guard; ``then`` after it."""
+    def for_swapped(self, concrete_function, record: SwapRecord, then: CallStep | None,
+                    check: Recheck | None = None) -> FunctionTrial:
+        """The trial of a function just swapped, which follows its first-call guard; ``then`` after it.
+
+        With ``check`` (a function the cache kept float32, swapped for its
+        first re-check), the re-check's trial, ``then`` being that check.
+        """
         traced = record.traced_state
         states = {HALF: tf_internals.concrete_function_state(concrete_function),
                   FLOAT32: self._float32_state(concrete_function, traced)}
+        if check is not None:
+            return self._recheck_trial(concrete_function, check, states)
         return self._trial(concrete_function, record.report.name, states, self._key(traced), then,
                            on_float32=self.swapped.restore, record=record)
 
-    def for_caller(self, concrete_function, then: CallStep | None = None):
-        """What runs a function whose graph calls swapped bodies after its first call: a trial, or ``then``."""
+    def for_caller(self, concrete_function, then: CallStep | None = None, check: Recheck | None = None):
+        """What runs a function whose graph calls swapped bodies after its first call: a trial (``check``'s
+        re-check, where given), or ``then``."""
         state = tf_internals.concrete_function_state(concrete_function)
         if not self._swapped_callees(state):
             return then
         states = {HALF: state, FLOAT32: self._float32_state(concrete_function, state)}
+        if check is not None:
+            return self._recheck_trial(concrete_function, check, states)
         return self._trial(concrete_function, function_name(concrete_function), states, self._key(state), then,
                            on_float32=lambda cf: None)
+
+    def is_caller(self, concrete_function) -> bool:
+        """Whether the function's graph calls swapped bodies."""
+        return bool(self._swapped_callees(tf_internals.concrete_function_state(concrete_function)))
 
     # --- the trial --------------------------------------------------------
 
@@ -446,8 +612,13 @@ class FunctionTrials:
         def on_verdict(cf, verdict: StepVerdict | MixedVerdict, unmixed: str | None) -> None:
             if not verdict.is_half:
                 on_float32(cf)
-            if rounds is None:  # a job's verdict is not this host's alone
-                self._remember(key, verdict.pure if isinstance(verdict, MixedVerdict) else verdict)
+            if rounds is not None:
+                pass  # a job's verdict is not this host's alone: neither read from nor written to its cache
+            elif verdict.is_settled if isinstance(verdict, MixedVerdict) else verdict.is_clear:
+                self._remember(key, verdict.pure if isinstance(verdict, MixedVerdict) else verdict, name)
+            elif self.is_measuring_again:
+                self.cache.discard(key)  # the verdict measured again is not clear: the old one is not kept either
+                self.cache.save()
             self._say(name, verdict, cf, unmixed=unmixed)
 
         mixing = None
@@ -474,6 +645,57 @@ class FunctionTrials:
         op_types += [node.op for function in tf_internals.graph_functions(graph).values()
                      for node in function.definition.node_def]
         return job if first_collective(op_types) is not None else None
+
+    # --- re-checks ----------------------------------------------------------
+
+    def _start_recheck(self, concrete_function, check: Recheck) -> bool:
+        """Sets a re-check's trial as the function's ``_call_flat``; False where none starts (op determinism)."""
+        if concrete_function is None or self.is_deterministic():
+            return False
+        if check.states is None and check.prepare is not None:
+            return check.prepare(concrete_function, check)  # a float32 verdict: the half body is made first
+        try:
+            states = check.states or self._states_now(concrete_function)
+        except Exception as exc:  # noqa: BLE001 - the cached verdict stands
+            logger.debug("amp-rewrite: tf.function %s is not checked again: %s", check.name, exc)
+            return False
+        tf_internals.override_call(concrete_function, self._recheck_trial(concrete_function, check, states))
+        return True
+
+    def _states_now(self, concrete_function) -> dict[str, dict]:
+        """The bodies of a function running half: as it runs now (rewritten, or calling rewritten bodies), and
+        float32."""
+        state = tf_internals.concrete_function_state(concrete_function)
+        state.pop("_call_flat", None)
+        record = self.swapped.record_of(concrete_function)
+        return {HALF: state, FLOAT32: self._float32_state(concrete_function,
+                                                          record.traced_state if record is not None else state)}
+
+    def _recheck_trial(self, concrete_function, check: Recheck, states: dict[str, dict]) -> FunctionTrial:
+        check.states = states
+        trial = FunctionTrial(concrete_function, check.name, states,
+                              on_verdict=lambda cf, verdict, _: self._rechecked(cf, check, verdict), then=check,
+                              timer=lambda body, call: self.timer(body, call), cached=check.verdict)
+        self.trials.add(trial)
+        return trial
+
+    def _rechecked(self, concrete_function, check: Recheck, verdict: StepVerdict) -> None:
+        """After a re-check: the hook's table follows the body kept; a switch goes into the cache and one line."""
+        record = self.swapped.record_of(concrete_function) or check.record
+        if record is not None and verdict.is_half:
+            self.swapped[concrete_function], check.record = record, None
+        elif record is not None:
+            self.swapped.pop(concrete_function, None)
+            check.record = record
+        if verdict is check.verdict:
+            logger.debug("amp-rewrite: tf.function %s checked again after %d calls: the cached verdict stands",
+                         check.name, RECHECK_EVERY)
+            return
+        self._remember(check.key, verdict, check.name)
+        self.decisions.append((check.name, verdict, weakref.ref(concrete_function)))
+        logger.info("amp-rewrite: tf.function %s %s", check.name,
+                    switch_line(check.verdict, verdict, self.target, self.device_type, calls=RECHECK_EVERY))
+        check.verdict = replace(verdict, is_cached=True, source=str(self.cache.path))
 
     def _regions(self, record: SwapRecord | None, traced: dict) -> StepRegions:
         """The half regions of the step: its own rewrite's (``record``), or those of the swapped bodies it calls."""
@@ -520,22 +742,21 @@ class FunctionTrials:
         if key is None:
             graph = tf_internals.graph_in_state(state)
             functions = [f.definition for f in tf_internals.graph_functions(graph).values()]
-            inputs = [(t.dtype.name, tuple(t.shape.as_list()) if t.shape.rank is not None else ())
-                      for t in graph.inputs]
-            key = self._keys[body] = keys.step_key([*functions, body.definition], inputs)
+            inputs = [_input_text(tensor) for tensor in graph.inputs]
+            key = self._keys[body] = keys.step_key([*functions, body.definition], inputs, settings=self.settings)
         return key
 
     def _cached(self, key: str) -> StepVerdict | None:
         """The verdict of the times the cache holds for ``key`` (this process's trials put theirs there too)."""
         timing = self.cache.get(key)
-        return verdict_of(timing, is_cached=True) if timing is not None else None
+        return verdict_of(timing, is_cached=True, source=str(self.cache.path)) if timing is not None else None
 
     def _was_mixed(self, key: str) -> bool:
         timing = self.cache.get(key + keys.MIXED_KEY)
         return timing is not None and timing.half <= (1.0 - MARGIN) * timing.float32
 
-    def _remember(self, key: str, verdict: StepVerdict) -> None:
-        self.cache.put(key, verdict.timing())
+    def _remember(self, key: str, verdict: StepVerdict, name: str) -> None:
+        self.cache.put(key, replace(verdict.timing(), what=f"tf.function {name}, {self.target}"))
         self.cache.save()
 
     def _say(self, name: str, verdict: StepVerdict | MixedVerdict, concrete_function, *,
@@ -544,6 +765,9 @@ class FunctionTrials:
         reason = verdict.reason(self.target, self.device_type)
         if unmixed:
             reason += f"; no mixed body: {unmixed}"
+        if getattr(verdict, "is_cached", False) or getattr(getattr(verdict, "pure", None), "is_cached", False):
+            if self.is_deterministic():
+                reason += "; op determinism is on, so it is not checked again"
         if isinstance(verdict, MixedVerdict) and verdict.is_mixed:
             logger.info("amp-rewrite: tf.function %s runs %d of %d half regions in %s: %s", name,
                         verdict.half_regions, verdict.regions, self.target, reason)
@@ -551,3 +775,13 @@ class FunctionTrials:
             logger.info("amp-rewrite: tf.function %s runs in %s: %s", name, self.target, reason)
         else:
             logger.info("amp-rewrite: tf.function %s stays float32: %s", name, reason)
+
+
+def _input_text(tensor) -> tuple[str, tuple]:
+    """An input of a step's graph as its key takes it: dtype and shape; a captured variable's handle with the
+    variable's dtype and shape (:func:`~amp_rewrite.tune.keys.resource_input`)."""
+    shape = tuple(tensor.shape.as_list()) if tensor.shape.rank is not None else ()
+    dtype = tensor.dtype.name
+    if dtype == "resource":
+        dtype = keys.resource_input(tf_internals.resource_handle_types(tensor))
+    return dtype, shape

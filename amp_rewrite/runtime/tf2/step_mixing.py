@@ -228,13 +228,16 @@ class Mixing:
         self.choice = choice
         return state
 
-    def verdict(self, pure: StepVerdict, timing: Timing) -> MixedVerdict:
-        """The confirming trial's verdict (cached): the mixed body against the better pure one."""
+    def verdict(self, pure: StepVerdict, confirmed: StepVerdict) -> MixedVerdict:
+        """The confirming trial's verdict (``confirmed``: the mixed body as ``half``, the better pure one as
+        ``float32``); cached where its halves agree."""
         assert self.choice is not None
-        verdict = mixed_verdict_of(timing, pure, len(self.choice.half), len(self.choice.times))
-        cache = self.cache()
-        cache.put(self.key + keys.MIXED_KEY, timing)
-        cache.save()
+        verdict = mixed_verdict_of(confirmed.timing(), pure, len(self.choice.half), len(self.choice.times),
+                                   confirmed=confirmed)
+        if confirmed.is_clear:
+            cache = self.cache()
+            cache.put(self.key + keys.MIXED_KEY, confirmed.timing())
+            cache.save()
         return verdict
 
 

@@ -80,6 +80,8 @@ class Swap:
         is_explicit: traced by :func:`amp_rewrite.function`, not by the runtime.
         calls_guarded: its graph calls the rewritten body of a function holding a guarded apply.
         is_timed: its first eager calls alternate the rewritten and the traced body, and the faster stays.
+        check: decided from the cache, its :class:`~amp_rewrite.runtime.tf2.function_trial.Recheck`, which runs
+            its calls after the first (and with ``is_timed``, its first re-check is the trial); None: none.
         start: when the swap began (``time.perf_counter``).
         is_guarded: whether the loss-scale floor is watched after its first call.
         rewritten: the rewritten function (``rewrite_body``).
@@ -94,6 +96,7 @@ class Swap:
     is_explicit: bool
     calls_guarded: bool
     is_timed: bool = False
+    check: Any = None
     start: float = field(default_factory=time.perf_counter)
     is_guarded: bool = False
     rewritten: RewrittenFunction = field(init=False, repr=False)
@@ -176,12 +179,15 @@ def guard_first_call(tools: SwapTools, swap: Swap) -> None:
     The guard (:mod:`~amp_rewrite.runtime.tf2.first_call_guard`) then steps
     aside; a guarded function gets the loss-scale floor watch in its place. A
     timed function gets its step trial first (:mod:`~amp_rewrite.runtime.tf2.function_trial`),
-    which hands over to the watch when half wins.
+    which hands over to the watch when half wins. A function decided from the
+    cache gets its re-check's counter, which runs the watch inside it.
     """
     cf = swap.concrete_function
     then = tools.fallback.floor_watch(cf) if swap.is_guarded else None
+    if swap.check is not None:
+        swap.check.watch, then = then, swap.check
     if swap.is_timed and tools.trials is not None:
-        then = tools.trials.for_swapped(cf, swap.record, then)
+        then = tools.trials.for_swapped(cf, swap.record, then, check=swap.check)
     tf_internals.override_call(cf, tools.first_calls.for_swapped(cf, swap.record, then))
 
 

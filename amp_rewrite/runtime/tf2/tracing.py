@@ -156,9 +156,12 @@ class TracingHook:
             self.profiles = FunctionProfiles(runtime.requested.profile_after)
         self.fallback = tf2_fallback.FloorFallback(self.loss_scaling, self.swapped, is_strict=self.is_strict)
         self.trials: FunctionTrials | None = None
-        if runtime is not None and runtime.requested.is_timing_steps:
+        if runtime is not None and runtime.requested.is_timing_steps and tf_internals.usable(
+                [tf_internals.STEP_TRIALS], "tf.function steps", is_strict=runtime.requested.is_strict,
+                outcome="are not timed (the op lists decide)"):
             self.trials = FunctionTrials(self.swapped, config=self.default_config,
-                                     cache_dir=runtime.requested.tune_cache_dir, job=runtime.job)
+                                         cache_dir=runtime.requested.tune_cache_dir, job=runtime.job,
+                                         is_measuring_again=runtime.requested.is_measuring_again)
         self.tools = SwapTools(self.loss_scaling, self.fallback, self.profiles, self.first_calls, self.trials)
         self.marked: ObjectTable[Config] = ObjectTable()
 
@@ -238,33 +241,42 @@ class TracingHook:
             verdict = trials.cached_verdict(concrete_function) if trials is not None else None
             was_mixed = trials is not None and verdict is not None and trials.was_mixed(concrete_function)
             if trials is not None and verdict is not None and not verdict.is_half and not was_mixed:
-                trials.keep_float32(concrete_function)  # decided before: no rewrite, no trial
+                prepare = self._prepare_recheck(concrete_function, config, calls_guarded=calls_guarded)
+                trials.keep_float32(concrete_function, verdict, prepare)  # decided before: no rewrite, no trial
                 return
-            is_timed = trials is not None and verdict is None
+            is_timed = trials is not None and verdict is None and not trials.is_deterministic()
+            check = (trials.recheck_of(concrete_function, verdict)
+                     if trials is not None and verdict is not None and not was_mixed and trials.is_rechecking()
+                     else None)
             try:
                 self._swap_in(concrete_function, config, is_explicit=is_explicit, calls_guarded=calls_guarded,
-                              is_timed=is_timed)
+                              is_timed=is_timed, check=check)
             except Exception as exc:
                 reason = first_line(exc, with_type=True, if_empty=NO_MESSAGE)
                 if self.is_strict:
                     raise RuntimeRewriteError(f"tf.function {name}: rewrite failed: {reason}") from exc
                 logger.warning("amp-rewrite: tf.function %s runs in float32: rewrite failed: %s", name, reason)
             if concrete_function not in self.swapped:
-                self._watch_as_traced(concrete_function, calls_guarded=calls_guarded, is_timed=is_timed)
+                self._watch_as_traced(concrete_function, calls_guarded=calls_guarded, is_timed=is_timed, check=check)
+            elif trials is not None and verdict is None and not is_timed:
+                trials.say_lists_decide(name)
             if was_mixed:
                 assert trials is not None and verdict is not None
                 trials.keep_mixed(concrete_function, verdict)  # decided before: the mixed body, no trial
             if self.profiles is not None and concrete_function not in self.swapped:
                 self.profiles.watch_if_caller(concrete_function)
 
-    def _watch_as_traced(self, concrete_function, *, calls_guarded: bool, is_timed: bool) -> None:
+    def _watch_as_traced(self, concrete_function, *, calls_guarded: bool, is_timed: bool, check=None) -> None:
         """A function left as traced that calls rewritten bodies: the floor watch, or else a first-call guard.
 
-        A timed one runs its step trial after its first call (before the watch).
+        A timed one runs its step trial after its first call (before the watch);
+        one decided from the cache its re-check's counter (``check``), around the watch.
         """
         then = self.fallback.floor_watch(concrete_function) if calls_guarded else None
+        if check is not None and self.trials is not None and self.trials.is_caller(concrete_function):
+            check.watch, then = then, check
         if is_timed and self.trials is not None:
-            then = self.trials.for_caller(concrete_function, then)
+            then = self.trials.for_caller(concrete_function, then, check=check)
         if calls_guarded:
             if then is not None:
                 tf_internals.override_call(concrete_function, then)
@@ -272,6 +284,35 @@ class TracingHook:
         guard = self.first_calls.for_caller(concrete_function, then)
         if guard is not None:
             tf_internals.override_call(concrete_function, guard)
+
+    def _prepare_recheck(self, concrete_function, config: Config, *, calls_guarded: bool):
+        """What a function the cache kept float32 (not rewritten) does at its first re-check: it is rewritten and
+        watched as at its trace, from its traced state, its trial being the re-check's (``check``).
+
+        Returns ``prepare(function, check)``: True when the re-check's trial is
+        set going; False when there is no half body to try (it stays float32).
+        """
+        traced = tf_internals.concrete_function_state(concrete_function)
+
+        def prepare(cf, check) -> bool:
+            with LOCK:
+                kept = tf_internals.concrete_function_state(cf)
+                kept.pop("_call_flat", None)
+                tf_internals.set_concrete_function_state(cf, traced)
+                try:
+                    self._swap_in(cf, config, is_explicit=False, calls_guarded=calls_guarded, is_timed=True,
+                                  check=check)
+                except Exception as exc:  # noqa: BLE001 - the cached verdict stands
+                    logger.debug("amp-rewrite: tf.function %s is not checked again: rewrite failed: %s", check.name,
+                                 first_line(exc, with_type=True, if_empty=NO_MESSAGE))
+                if cf not in self.swapped:
+                    self._watch_as_traced(cf, calls_guarded=calls_guarded, is_timed=True, check=check)
+                if check.states is None:
+                    tf_internals.set_concrete_function_state(cf, kept)
+                    return False
+                return True
+
+        return prepare
 
     def _setting(self) -> str | None:
         """The target the runtime was asked for (``auto``, ``float16``, ``bfloat16``); None for marked functions."""
@@ -297,10 +338,10 @@ class TracingHook:
     # --- swapping ---------------------------------------------------------
 
     def _swap_in(self, concrete_function, config: Config, *, is_explicit: bool, calls_guarded: bool = False,
-                 is_timed: bool = False) -> None:
+                 is_timed: bool = False, check=None) -> None:
         """Runs the swap steps (:func:`~amp_rewrite.runtime.tf2.swap_steps.swap_in`) and keeps their record."""
         swap = Swap(concrete_function, function_name(concrete_function), config,
-                    is_explicit=is_explicit, calls_guarded=calls_guarded, is_timed=is_timed)
+                    is_explicit=is_explicit, calls_guarded=calls_guarded, is_timed=is_timed, check=check)
         record = swap_in(self.tools, swap)
         if record is None:
             return

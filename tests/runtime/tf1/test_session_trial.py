@@ -16,6 +16,7 @@ from amp_rewrite.runtime.settings import RuntimeSettings
 from amp_rewrite.runtime.tf1.session import RuntimeRewriteError
 from amp_rewrite.runtime.tf1.session import session_trial as session_trials
 from amp_rewrite.runtime.tf1.session.plans import PlanKey, RunPlan, ancestors
+from amp_rewrite.tune.cache import read_file
 from amp_rewrite.tune.trial import CALLS, FLOAT32, HALF, schedule
 
 SESSION_LOGGER = "amp_rewrite.runtime.tf1.session"
@@ -174,7 +175,8 @@ def test_a_second_run_decides_from_the_cache_before_its_first_step(amp_runtime, 
         assert [call.plan for call in runner_of(sess).keeper.calls.values()] == [plan]
         assert runner_of(sess).fallback_reason is None
     assert set(matmul_types(plan).values()) == {tf.float32}
-    assert lines(caplog)[-1].endswith("; measured before, read from the cache")
+    [cache_file] = tmp_path.glob("tune-*.json")
+    assert lines(caplog)[-1].endswith(f"; measured before, read from the cache {cache_file}")
     assert "stays float32" in lines(caplog)[-1]
     [(name, is_half, reason)] = runtime.session_step_decisions()
     assert (name, is_half) == ("(fetches train_op, loss)", False)
@@ -403,3 +405,163 @@ def test_runs_from_several_threads_follow_the_schedule_one_at_a_time(amp_runtime
     assert len(losses) == 24 and np.all(np.isfinite(losses))
     assert set(matmul_types(plan).values()) == {tf.bfloat16}
     assert len([line for line in lines(caplog) if "runs in bfloat16" in line]) == 1
+# --- what a cached verdict applies to, and how sure it must be ----------------------
+
+
+def run_steps(graph, steps: int, *, call_objects: bool = False) -> list[float]:
+    """Runs ``init`` then ``steps`` training steps (by name, or as a script's objects); the losses."""
+    with tf1.Session(graph=graph) as sess:
+        sess.run("init")
+        fetches, feeds = step_call(graph) if call_objects else (STEP, FEEDS)
+        return [float(sess.run(fetches, feeds)[1]) for _ in range(steps)]
+
+
+def cached_steps(tmp_path) -> dict:
+    """The verdicts in the tuning cache in ``tmp_path``, by key."""
+    [path] = tmp_path.glob("tune-*.json")
+    return {key: timing for key, timing in read_file(path).entries.items() if key.startswith("step ")}
+
+
+def test_an_edited_op_list_is_tried_again(amp_runtime, tmp_path, caplog, monkeypatch):
+    start(amp_runtime, tmp_path, HALF_LOSES)
+    run_steps(training_graph("adam"), CALLS)
+    runtime.disable()
+    monkeypatch.setenv("TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_DENYLIST_ADD", "Cumprod")
+    calls = start(amp_runtime, tmp_path, HALF_WINS)
+    with caplog.at_level(logging.INFO, SESSION_LOGGER):
+        run_steps(training_graph("adam"), CALLS)
+    assert calls == schedule()
+    assert "measured before" not in lines(caplog)[-1] and "runs in bfloat16" in lines(caplog)[-1]
+
+
+def resource_graph(width: int):
+    """x → MatMul → MatMul → loss, trained by SGD, its variables resource variables (VarHandleOp) of ``width``."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [None, 16], name="x")
+        t = tf1.placeholder(tf.float32, [None, 1], name="t")
+        init = tf1.initializers.random_normal(seed=1, stddev=0.3)
+        w1 = tf1.get_variable("w1", [16, width], initializer=init, use_resource=True)
+        w2 = tf1.get_variable("w2", [width, 1], initializer=init, use_resource=True)
+        loss = tf.reduce_mean(tf.square(tf.matmul(tf.matmul(x, w1), w2) - t), name="loss")
+        tf1.train.GradientDescentOptimizer(0.05).minimize(loss, name="train_op")
+        tf1.global_variables_initializer()
+    return graph
+
+
+def test_a_step_whose_resource_variables_have_another_shape_is_tried_again(amp_runtime, tmp_path, caplog):
+    start(amp_runtime, tmp_path, HALF_LOSES)
+    run_steps(resource_graph(16), CALLS)
+    runtime.disable()
+    calls = start(amp_runtime, tmp_path, HALF_WINS)
+    with caplog.at_level(logging.INFO, SESSION_LOGGER):
+        run_steps(resource_graph(512), CALLS)
+    assert calls == schedule()
+    assert "measured before" not in lines(caplog)[-1] and "runs in bfloat16" in lines(caplog)[-1]
+
+
+def start_timed(amp_runtime, tmp_path, seconds: dict[str, list[float]], **fields) -> list[str]:
+    """The runtime with step trials, its timer giving each variant's runs the test's seconds in turn."""
+    calls = start(amp_runtime, tmp_path, None, **fields)
+    left = {body: list(values) for body, values in seconds.items()}
+
+    def timer(body, run):
+        calls.append(body)
+        values = left[body]
+        return run(), values.pop(0) if len(values) > 1 else values[0]
+
+    session_trials.trials_of(runtime.current_runtime()).timer = timer
+    return calls
+
+
+def test_a_verdict_whose_halves_disagree_is_used_but_not_cached(amp_runtime, tmp_path, caplog):
+    # first half: half 5 ms, float32 8 ms; second half: half 13 ms (a neighbour's job), float32 8 ms
+    start_timed(amp_runtime, tmp_path, {HALF: [9.0, 0.005, 0.005, 0.013, 0.013], FLOAT32: [9.0, 0.008]})
+    with caplog.at_level(logging.INFO, SESSION_LOGGER):
+        run_steps(training_graph("adam"), CALLS)
+    assert lines(caplog)[-1] == (
+        "amp-rewrite: session step (fetches train_op, loss) runs in bfloat16: the step ran 5.0 ms in bfloat16 and "
+        "8.0 ms in float32 on this CPU (1.60x); not clear enough to keep (1.60x in the trial's first half, 0.62x in "
+        "its second): a later run measures again")
+    assert not list(tmp_path.glob("tune-*.json"))
+    runtime.disable()
+    calls = start(amp_runtime, tmp_path, HALF_WINS)
+    run_steps(training_graph("adam"), CALLS)
+    assert calls == schedule()  # measured again
+    assert [(t.half, t.float32) for t in cached_steps(tmp_path).values()] == [(0.005, 0.008)]
+
+
+# --- a cached verdict checked again ------------------------------------------------
+
+EVERY = 5
+
+
+def test_a_cached_verdict_that_a_recheck_clearly_contradicts_switches_the_step(amp_runtime, tmp_path, caplog,
+                                                                             monkeypatch):
+    from amp_rewrite.runtime.tf1.session import keeper
+
+    monkeypatch.setattr(keeper, "RECHECK_EVERY", EVERY)
+    monkeypatch.setattr(session_trials, "RECHECK_EVERY", EVERY)
+    start(amp_runtime, tmp_path, HALF_LOSES)
+    run_steps(training_graph(), CALLS)
+    runtime.disable()
+    calls = start(amp_runtime, tmp_path, HALF_WINS)
+    graph = training_graph()
+    with caplog.at_level(logging.INFO, SESSION_LOGGER), tf1.Session(graph=graph) as sess:
+        sess.run("init")
+        fetches, feeds = step_call(graph)  # the fast path, after two runs: it counts its runs too
+        losses = [float(sess.run(fetches, feeds)[1]) for _ in range(EVERY + 5 + 2)]
+        plan = step_plan(sess)
+    assert calls == [HALF, HALF, FLOAT32, FLOAT32, HALF]  # the float32 step's cold half, then two mirrored pairs
+    [cache_file] = tmp_path.glob("tune-*.json")
+    assert lines(caplog)[-1] == (
+        f"amp-rewrite: session step (fetches train_op, loss) now runs in bfloat16: checked again after {EVERY} calls, "
+        "the step ran 5.0 ms in bfloat16 and 8.0 ms in float32 on this CPU (1.60x); the cache "
+        f"{cache_file} had it stay float32 (20.0 ms in bfloat16, 10.0 ms in float32) and holds the new times")
+    assert set(matmul_types(plan).values()) == {tf.bfloat16}
+    assert [(t.half, t.float32) for t in cached_steps(tmp_path).values()] == [(0.005, 0.008)]
+    assert np.all(np.isfinite(losses)) and losses[-1] < losses[0]
+
+
+@pytest.fixture
+def op_determinism():
+    """``tf.config.experimental.enable_op_determinism()`` for one test."""
+    from tensorflow.python.framework import config
+
+    tf.config.experimental.enable_op_determinism()
+    yield
+    config.disable_op_determinism()
+
+
+def test_under_op_determinism_the_lists_or_the_cache_decide_and_nothing_is_timed(
+        amp_runtime, tmp_path, caplog, monkeypatch, op_determinism):
+    from amp_rewrite.runtime.tf1.session import keeper
+
+    monkeypatch.setattr(keeper, "RECHECK_EVERY", EVERY)
+    start(amp_runtime, tmp_path)  # its timer fails the test
+    with caplog.at_level(logging.INFO, SESSION_LOGGER):
+        run_steps(training_graph(), CALLS)
+    assert lines(caplog)[-1] == (
+        "amp-rewrite: session step (fetches train_op, loss) runs in bfloat16 as the op lists say: op determinism is "
+        "on, so no timing decides, and the tuning cache holds no verdict of this step")
+    assert not list(tmp_path.iterdir())
+    runtime.disable()
+    from tensorflow.python.framework import config
+
+    config.disable_op_determinism()
+    start(amp_runtime, tmp_path, HALF_LOSES)
+    run_steps(training_graph(), CALLS)
+    runtime.disable()
+    tf.config.experimental.enable_op_determinism()
+    start(amp_runtime, tmp_path)  # its timer fails the test
+    caplog.clear()
+    graph = training_graph()
+    with caplog.at_level(logging.INFO, SESSION_LOGGER), tf1.Session(graph=graph) as sess:
+        sess.run("init")
+        for _ in range(3 * EVERY):
+            sess.run(STEP, FEEDS)
+        plan = step_plan(sess)
+    assert set(matmul_types(plan).values()) == {tf.float32}
+    assert lines(caplog)[-1].endswith("measured before, read from the cache "
+                                      f"{next(tmp_path.glob('tune-*.json'))}; op determinism is on, so it is not "
+                                      "checked again")

@@ -12,8 +12,11 @@ import pytest
 import tensorflow as tf
 
 from amp_rewrite import runtime, tf_internals
+from amp_rewrite.errors import UsageError
 from amp_rewrite.runtime.settings import RuntimeSettings
 from amp_rewrite.runtime.tf2 import tracing
+from amp_rewrite.runtime.tf2.function_trial import Recheck
+from amp_rewrite.tune.cache import Timing, read_file
 from amp_rewrite.tune.trial import CALLS, FLOAT32, HALF, schedule
 
 TRACING_LOGGER = "amp_rewrite.runtime.tf2.tracing"
@@ -103,10 +106,11 @@ def test_a_second_run_decides_from_the_cache_before_the_first_call(amp_runtime, 
     with caplog.at_level(logging.INFO, TRACING_LOGGER):
         again()
     cf = again.get_concrete_function()
-    assert half_ops(cf) == [] and tf_internals.call_override(cf) is None
+    assert half_ops(cf) == [] and isinstance(tf_internals.call_override(cf), Recheck)  # counts calls to check again
     assert not runtime.current_runtime().tracing.swapped  # not even rewritten
+    [cache_file] = tmp_path.glob("tune-*.json")
     assert lines(caplog) == ["amp-rewrite: tf.function step stays float32: the step ran 12.0 ms in bfloat16 and "
-                             "10.0 ms in float32 on this CPU; measured before, read from the cache"]
+                             f"10.0 ms in float32 on this CPU; measured before, read from the cache {cache_file}"]
 
 
 def test_settings_made_in_code_and_tune_0_time_nothing(amp_runtime, tmp_path):
@@ -161,7 +165,9 @@ def test_keras3_fit_in_a_second_run_gets_its_float32_bodies_from_the_cache(amp_r
     with caplog.at_level(logging.INFO, TRACING_LOGGER):
         losses = keras3_fit(2)
     decided = [line for line in lines(caplog) if "stays float32" in line]
-    assert decided and all(line.endswith("measured before, read from the cache") for line in decided), lines(caplog)
+    [cache_file] = tmp_path.glob("tune-*.json")
+    assert decided and all(line.endswith(f"measured before, read from the cache {cache_file}") for line in decided), \
+        lines(caplog)
     assert not [line for line in lines(caplog) if "runs in bfloat16" in line]
     [caller] = [function() for name, _, function in runtime.current_runtime().tracing.trials.decisions
                 if "step_on_iterator" in name][:1]
@@ -275,3 +281,260 @@ def test_calls_from_several_threads_during_the_trial_each_run_one_whole_body(amp
     assert len(seen) == 32 and set(seen) <= {HALF, FLOAT32}
     assert tf_internals.call_override(cf) is None  # decided: later calls take no lock
     assert which_body(product()) == HALF and tracing.step_decisions()[0][:2] == ("product", True)
+# --- what a cached verdict applies to ---------------------------------------------
+
+
+def mlp_loop(width: int):
+    """A tf.function training step of an MLP 64 → ``width`` → 1 (SGD): the same graph, whatever the width."""
+    rng = np.random.default_rng(0)
+    w1 = tf.Variable(rng.normal(0, 0.1, (64, width)).astype(np.float32))
+    w2 = tf.Variable(rng.normal(0, 0.1, (width, 1)).astype(np.float32))
+    x = tf.constant(rng.random((16, 64), np.float32))
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(tf.matmul(tf.nn.relu(tf.matmul(x, w1)), w2)))
+        g1, g2 = tape.gradient(loss, [w1, w2])
+        w1.assign_sub(0.01 * g1)
+        w2.assign_sub(0.01 * g2)
+        return loss
+
+    return step
+
+
+def decide(amp_runtime, tmp_path, step, seconds, calls=CALLS, **fields):
+    """Starts the runtime with the test's timer, runs ``step`` ``calls`` times; the runtime after."""
+    amp_runtime(RuntimeSettings(target="bfloat16", is_timing_steps=True, tune_cache_dir=str(tmp_path), **fields))
+    trials = runtime.current_runtime().tracing.trials
+    trials.timer = timer_of(seconds)
+    trials.profiler = None  # the pure verdict is final
+    for _ in range(calls):
+        step()
+    return runtime.current_runtime()
+
+
+def test_the_same_model_of_another_width_is_not_given_the_cached_verdict(amp_runtime, tmp_path, caplog):
+    """A variable's handle is a scalar input: the key holds what it holds, so the wide model is tried."""
+    decide(amp_runtime, tmp_path, mlp_loop(16), {HALF: 0.012, FLOAT32: 0.010})
+    runtime.disable()
+    wide = mlp_loop(2048)
+    with caplog.at_level(logging.INFO, TRACING_LOGGER):
+        decide(amp_runtime, tmp_path, wide, {HALF: 0.005, FLOAT32: 0.010})
+    assert [line for line in lines(caplog) if "tf.function step " in line] == [
+        "amp-rewrite: tf.function step runs in bfloat16: the step ran 5.0 ms in bfloat16 and 10.0 ms in float32 on "
+        "this CPU (2.00x)"]
+    assert "MatMul" in half_ops(wide.get_concrete_function())
+
+
+def test_an_edited_op_list_is_tried_again(amp_runtime, tmp_path, caplog, monkeypatch):
+    decide(amp_runtime, tmp_path, mlp_loop(16), {HALF: 0.012, FLOAT32: 0.010})
+    runtime.disable()
+    monkeypatch.setenv("TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_DENYLIST_ADD", "Cumprod")
+    with caplog.at_level(logging.INFO, TRACING_LOGGER):
+        decide(amp_runtime, tmp_path, mlp_loop(16), {HALF: 0.005, FLOAT32: 0.010})
+    assert "amp-rewrite: tf.function step runs in bfloat16: the step ran 5.0 ms in bfloat16 and 10.0 ms in float32 " \
+           "on this CPU (2.00x)" in lines(caplog)
+
+
+def cached_steps(tmp_path) -> dict[str, Timing]:
+    """The verdicts in the tuning cache in ``tmp_path``, by key."""
+    [path] = tmp_path.glob("tune-*.json")
+    return {key: timing for key, timing in read_file(path).entries.items() if key.startswith("step ")}
+
+
+def test_tune_again_measures_a_cached_step_again_and_replaces_its_verdict(amp_runtime, tmp_path, caplog):
+    assert RuntimeSettings.from_env({"AMP_REWRITE_TUNE": "again"}).is_measuring_again
+    assert RuntimeSettings.from_env({"AMP_REWRITE_TUNE": " Again "}).is_timing_steps
+    assert not RuntimeSettings.from_env({"AMP_REWRITE_TUNE": "1"}).is_measuring_again
+    with pytest.raises(UsageError, match="AMP_REWRITE_TUNE='sometimes': use 1 .*, 0, or again"):
+        RuntimeSettings.from_env({"AMP_REWRITE_TUNE": "sometimes"})
+    decide(amp_runtime, tmp_path, mlp_loop(16), {HALF: 0.012, FLOAT32: 0.010})
+    runtime.disable()
+    step = mlp_loop(16)
+    with caplog.at_level(logging.INFO, TRACING_LOGGER):
+        decide(amp_runtime, tmp_path, step, {HALF: 0.005, FLOAT32: 0.010}, is_measuring_again=True)
+    assert "amp-rewrite: tf.function step runs in bfloat16: the step ran 5.0 ms in bfloat16 and 10.0 ms in float32 " \
+           "on this CPU (2.00x)" in lines(caplog)
+    assert [(t.half, t.float32, t.what) for t in cached_steps(tmp_path).values()] == [
+        (0.005, 0.010, "tf.function step, bfloat16")]
+
+
+# --- verdicts at the noise's edge --------------------------------------------------
+
+
+def timer_of_calls(seconds: dict[str, list[float]]):
+    """A timer giving each body's calls the test's seconds in turn (the last one from then on)."""
+    left = {body: list(values) for body, values in seconds.items()}
+
+    def timer(body, call):
+        values = left[body]
+        return call(), values.pop(0) if len(values) > 1 else values[0]
+
+    return timer
+
+
+def test_a_verdict_whose_halves_disagree_is_used_but_not_cached(amp_runtime, tmp_path, caplog):
+    """Half ran twice as fast in the trial's first half, and slower in its second (a neighbour's job started)."""
+    # The first half call is the first-call guard's and not timed; float32's first is its warm-up.
+    noisy = {HALF: [0.005, 0.005, 0.013, 0.013], FLOAT32: [0.010]}
+    step = mlp_loop(16)
+    amp_runtime(RuntimeSettings(target="bfloat16", is_timing_steps=True, tune_cache_dir=str(tmp_path)))
+    trials = runtime.current_runtime().tracing.trials
+    trials.timer, trials.profiler = timer_of_calls(noisy), None
+    with caplog.at_level(logging.INFO, TRACING_LOGGER):
+        for _ in range(CALLS):
+            step()
+    assert lines(caplog)[-1] == (
+        "amp-rewrite: tf.function step runs in bfloat16: the step ran 5.0 ms in bfloat16 and 10.0 ms in float32 on "
+        "this CPU (2.00x); not clear enough to keep (2.00x in the trial's first half, 0.77x in its second): a later "
+        "run measures again")
+    assert "MatMul" in half_ops(step.get_concrete_function())  # this run keeps its verdict
+    assert not list(tmp_path.glob("tune-*.json"))
+    runtime.disable()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, TRACING_LOGGER):
+        decide(amp_runtime, tmp_path, mlp_loop(16), {HALF: 0.012, FLOAT32: 0.010})  # measured again
+    assert lines(caplog)[-1] == ("amp-rewrite: tf.function step stays float32: the step ran 12.0 ms in bfloat16 and "
+                                 "10.0 ms in float32 on this CPU")
+    assert [(t.half, t.float32) for t in cached_steps(tmp_path).values()] == [(0.012, 0.010)]
+
+
+# --- a cached verdict checked again ------------------------------------------------
+
+EVERY = 4  # calls between re-checks in these tests (RECHECK_EVERY in a run)
+
+
+@pytest.fixture
+def recheck_often(monkeypatch):
+    from amp_rewrite.runtime.tf2 import function_trial
+
+    monkeypatch.setattr(function_trial, "RECHECK_EVERY", EVERY)
+
+
+def test_a_cached_float32_verdict_that_a_recheck_clearly_contradicts_switches_to_half(
+        amp_runtime, tmp_path, caplog, recheck_often):
+    decide(amp_runtime, tmp_path, mlp_loop(16), {HALF: 0.012, FLOAT32: 0.010})
+    runtime.disable()
+    step = mlp_loop(16)
+    with caplog.at_level(logging.INFO, TRACING_LOGGER):
+        hook = decide(amp_runtime, tmp_path, step, {HALF: 0.005, FLOAT32: 0.010}, calls=EVERY - 1).tracing
+        cf = step.get_concrete_function()
+        assert half_ops(cf) == [] and not hook.swapped  # decided from the cache, not rewritten
+        losses = [float(step()) for _ in range(6)]  # the re-check: half (untimed), half, float32, float32, half
+    [cache_file] = tmp_path.glob("tune-*.json")
+    assert lines(caplog)[-1] == (
+        f"amp-rewrite: tf.function step now runs in bfloat16: checked again after {EVERY} calls, the step ran 5.0 ms "
+        "in bfloat16 and 10.0 ms in float32 on this CPU (2.00x); the cache "
+        f"{cache_file} had it stay float32 (12.0 ms in bfloat16, 10.0 ms in float32) and holds the new times")
+    assert "MatMul" in half_ops(cf) and cf in hook.swapped
+    assert isinstance(tf_internals.call_override(cf), Recheck)  # and counts towards the next re-check
+    assert [(t.half, t.float32) for t in cached_steps(tmp_path).values()] == [(0.005, 0.010)]
+    assert np.all(np.isfinite(losses)) and losses[-1] < losses[0]  # every call trained
+
+
+def test_a_cached_half_verdict_that_a_recheck_clearly_contradicts_switches_to_float32(
+        amp_runtime, tmp_path, caplog, recheck_often):
+    decide(amp_runtime, tmp_path, mlp_loop(16), {HALF: 0.005, FLOAT32: 0.010})
+    runtime.disable()
+    step = mlp_loop(16)
+    with caplog.at_level(logging.INFO, TRACING_LOGGER):
+        hook = decide(amp_runtime, tmp_path, step, {HALF: 0.012, FLOAT32: 0.010}, calls=EVERY + 5).tracing
+    cf = step.get_concrete_function()
+    assert lines(caplog)[-1].startswith(
+        f"amp-rewrite: tf.function step now stays float32: checked again after {EVERY} calls, the step ran 12.0 ms "
+        "in bfloat16 and 10.0 ms in float32 on this CPU; the cache ")
+    assert half_ops(cf) == [] and cf not in hook.swapped
+    assert [(t.half, t.float32) for t in cached_steps(tmp_path).values()] == [(0.012, 0.010)]
+    hook.trials.timer = timer_of({HALF: 0.005, FLOAT32: 0.010})
+    with caplog.at_level(logging.INFO, TRACING_LOGGER):
+        for _ in range(EVERY + 5):  # the next re-check finds half faster again: it switches back
+            step()
+    assert "MatMul" in half_ops(cf) and cf in hook.swapped
+    assert "now runs in bfloat16: checked again" in lines(caplog)[-1]
+
+
+@pytest.mark.parametrize("seconds", [{HALF: [0.0115], FLOAT32: [0.010]},  # agrees: float32 is faster
+                                     {HALF: [0.005, 0.013], FLOAT32: [0.010]}])  # its two pairs disagree
+def test_a_recheck_that_agrees_or_is_not_clear_leaves_the_verdict(amp_runtime, tmp_path, caplog, recheck_often,
+                                                                  seconds):
+    decide(amp_runtime, tmp_path, mlp_loop(16), {HALF: 0.012, FLOAT32: 0.010})
+    runtime.disable()
+    step = mlp_loop(16)
+    amp_runtime(RuntimeSettings(target="bfloat16", is_timing_steps=True, tune_cache_dir=str(tmp_path)))
+    trials = runtime.current_runtime().tracing.trials
+    timed, times = [], timer_of_calls(seconds)
+
+    def timer(body, call):
+        timed.append(body)
+        return times(body, call)
+
+    trials.timer, trials.profiler = timer, None
+    with caplog.at_level(logging.INFO, TRACING_LOGGER):
+        for _ in range(EVERY - 1 + 5):
+            step()
+    assert timed == [HALF, FLOAT32, FLOAT32, HALF]  # the re-check ran (its first call is the first-call guard's)
+    assert not [line for line in lines(caplog) if "now " in line]
+    cf = step.get_concrete_function()
+    assert half_ops(cf) == [] and isinstance(tf_internals.call_override(cf), Recheck)
+    assert [(t.half, t.float32) for t in cached_steps(tmp_path).values()] == [(0.012, 0.010)]
+
+
+def test_keras3_fit_whose_cached_float32_verdict_a_recheck_contradicts_runs_half_bodies(
+        amp_runtime, tmp_path, caplog, recheck_often):
+    """The train function (a caller of the rewritten one-step function) kept its float32 bodies from the cache."""
+    start(amp_runtime, tmp_path, {HALF: 0.030, FLOAT32: 0.020})
+    keras3_fit(1)
+    runtime.disable()
+    start(amp_runtime, tmp_path, {HALF: 0.010, FLOAT32: 0.020})
+    runtime.current_runtime().tracing.trials.profiler = None
+    with caplog.at_level(logging.INFO, TRACING_LOGGER):
+        losses = keras3_fit(1)
+    switched = [line for line in lines(caplog) if "now runs in bfloat16" in line]
+    assert len(switched) == 1 and "step_on_iterator now runs in bfloat16: checked again after 4 calls, the step " \
+        "ran 10.0 ms in bfloat16 and 20.0 ms in float32" in switched[0], lines(caplog)
+    [(name, verdict, _)] = runtime.current_runtime().tracing.trials.decisions[-1:]
+    assert "step_on_iterator" in name and verdict.is_half
+    assert [(t.half, t.float32) for t in cached_steps(tmp_path).values()] == [(0.010, 0.020)]
+    assert np.all(np.isfinite(losses))
+
+
+@pytest.fixture
+def op_determinism():
+    """``tf.config.experimental.enable_op_determinism()`` for one test."""
+    from tensorflow.python.framework import config
+
+    tf.config.experimental.enable_op_determinism()
+    yield
+    config.disable_op_determinism()
+
+
+def test_under_op_determinism_the_lists_decide_and_nothing_is_timed(amp_runtime, tmp_path, caplog, op_determinism):
+    step = mlp_loop(16)
+    with caplog.at_level(logging.INFO, TRACING_LOGGER):
+        decide(amp_runtime, tmp_path, step, {})  # a timed call fails the test with a KeyError
+    cf = step.get_concrete_function()
+    assert "MatMul" in half_ops(cf) and tf_internals.call_override(cf) is None
+    assert lines(caplog)[-1] == ("amp-rewrite: tf.function step runs in bfloat16 as the op lists say: op determinism "
+                                 "is on, so no timing decides, and the tuning cache holds no verdict of this step")
+    assert not list(tmp_path.iterdir())
+
+
+def test_under_op_determinism_a_cached_verdict_decides_and_is_not_checked_again(
+        amp_runtime, tmp_path, caplog, recheck_often, op_determinism):
+    from tensorflow.python.framework import config
+
+    config.disable_op_determinism()
+    decide(amp_runtime, tmp_path, mlp_loop(16), {HALF: 0.012, FLOAT32: 0.010})
+    runtime.disable()
+    tf.config.experimental.enable_op_determinism()
+    step = mlp_loop(16)
+    with caplog.at_level(logging.INFO, TRACING_LOGGER):
+        decide(amp_runtime, tmp_path, step, {}, calls=3 * EVERY)  # nothing is timed
+    [cache_file] = tmp_path.glob("tune-*.json")
+    assert lines(caplog) == [
+        "amp-rewrite: tf.function step stays float32: the step ran 12.0 ms in bfloat16 and 10.0 ms in float32 on "
+        f"this CPU; measured before, read from the cache {cache_file}; op determinism is on, so it is not checked "
+        "again"]
+    cf = step.get_concrete_function()
+    assert half_ops(cf) == [] and tf_internals.call_override(cf) is None

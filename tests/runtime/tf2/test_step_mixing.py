@@ -119,7 +119,8 @@ def test_a_second_run_rebuilds_the_mixed_step_from_the_cache(amp_runtime, tmp_pa
     assert types["fast"] == tf.bfloat16 and types["slow"] == tf.float32
     assert clock.timed == clock.profiled == []
     [line] = [line for line in lines(caplog) if "half regions" in line]
-    assert line.endswith("measured before, read from the cache") and "runs 1 of" in line
+    [cache_file] = tmp_path.glob("tune-*.json")
+    assert line.endswith(f"measured before, read from the cache {cache_file}") and "runs 1 of" in line
 
 
 def test_a_mixed_step_no_faster_than_the_better_pure_step_is_dropped(amp_runtime, tmp_path, caplog):
@@ -211,7 +212,8 @@ def test_keras3_fit_in_a_second_run_gets_its_mixed_bodies_from_the_cache(amp_run
         keras3_fit()
     assert clock.timed == clock.profiled == []
     [line] = [line for line in lines(caplog) if "half regions" in line]
-    assert "step_on_iterator runs 1 of" in line and line.endswith("measured before, read from the cache")
+    [cache_file] = tmp_path.glob("tune-*.json")
+    assert "step_on_iterator runs 1 of" in line and line.endswith(f"measured before, read from the cache {cache_file}")
     assert forward_matmul_dtypes(train_function()) == {"fast": tf.bfloat16, "slow": tf.float32}
 
 

@@ -14,7 +14,10 @@ trials running on the current shadow and makes the winner the key's plan.
 Trials and verdicts are kept per step (fetches and feeds), not per graph
 version: ops added to the graph never change what a step runs, so a script
 adding a summary between two steps neither restarts a trial nor imports
-another float32 copy.
+another float32 copy. A step decided from the cache keeps its re-check
+here; the runner counts the runs of its plan (``RunPlan.recheck_at``) and
+:meth:`ShadowKeeper.start_recheck` makes it the step's trial when they
+are due.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from amp_rewrite import tf_internals
 from amp_rewrite.errors import RuntimeRewriteError
 from amp_rewrite.graph.facts import node_name
 from amp_rewrite.pipeline import rewrite
@@ -31,7 +35,7 @@ from amp_rewrite.runtime.tf1.session.fast_calls import FastCalls
 from amp_rewrite.runtime.tf1.session.plans import PlanKey, RunPlan, StepId, make_plan
 from amp_rewrite.runtime.tf1.session.session_trial import SessionTrial, SessionTrials, trials_of
 from amp_rewrite.runtime.tf1.shadow_graph import ShadowGraph, ShadowState
-from amp_rewrite.tune.trial import HALF
+from amp_rewrite.tune.trial import HALF, RECHECK_EVERY
 
 # One logger for the whole package: its lines keep the name they have always had.
 logger = logging.getLogger(__package__)
@@ -53,6 +57,7 @@ class ShadowKeeper:
         has_run: the rewritten graph ran a step (its variables hold trained values).
         trials: per :data:`StepId`, the step trial running on the current shadow.
         decided: per :data:`StepId`, the plan a verdict (or the lack of a trial) chose on the current shadow.
+        rechecks: per :data:`StepId` decided from the cache, its next re-check (a trial not yet started).
         step_trials: the runtime's :class:`SessionTrials`; None when steps are not timed.
     """
 
@@ -71,6 +76,7 @@ class ShadowKeeper:
         self.has_run = False
         self.trials: dict[StepId, SessionTrial] = {}
         self.decided: dict[StepId, RunPlan] = {}
+        self.rechecks: dict[StepId, SessionTrial] = {}
         self.step_trials: SessionTrials | None = trials_of(runtime)
         self._stopped_rewriting = False
 
@@ -126,11 +132,38 @@ class ShadowKeeper:
                 raise RuntimeRewriteError(reason) from exc
             logger.debug("amp-rewrite: %s", reason)
             trial = None
-        if trial is not None:
+        if trial is not None and trial.cached is not None:  # decided from the cache: checked again later
+            self._recheck_later(step, trial)
+        elif trial is not None:
             self.trials[step] = trial
         else:
             self.decided[step] = plan
         return plan
+
+    def _recheck_later(self, step, check: SessionTrial) -> None:
+        self.rechecks[step] = check
+        plan = self.decided[step] = check.chosen
+        plan.recheck_at = plan.runs + RECHECK_EVERY
+
+    def start_recheck(self, plan: RunPlan) -> None:
+        """The step running ``plan`` is due its re-check: from its next run, its trial runs (on the general path)."""
+        with self.lock:
+            plan.recheck_at = None
+            step = next((step for step, check in self.rechecks.items() if check.chosen is plan), None)
+            if step is None or step in self.trials or self.step_trials is None:
+                return
+            check = self.rechecks.pop(step)
+            if tf_internals.is_op_determinism_enabled():
+                return
+            try:
+                self.step_trials.recheck_plans(self.graph, self.shadow.graph, check)
+            except Exception as exc:
+                if self.settings.is_strict:
+                    raise RuntimeRewriteError(f"no re-check: {error_line(exc)}") from exc
+                logger.debug("amp-rewrite: no re-check of session step %s: %s", check.name, error_line(exc))
+                return
+            self.trials[step] = check
+            self.calls = FastCalls()  # a resolved call would bypass the trial
 
     def record_trial(self, key: PlanKey, trial: SessionTrial, body: str, seconds: float | None) -> None:
         """One run of a step on trial finished; once all ran, the winner is the key's plan for good."""
@@ -143,6 +176,10 @@ class ShadowKeeper:
             if not trial.trial.is_done:
                 return
             del self.trials[step]
+            if trial.cached is not None:
+                self._recheck_later(step, self.step_trials.settle_recheck(trial))
+                self.plans[key] = self.decided[step]
+                return
             verdict = trial.trial.verdict()
             # without a verdict (a variant was never timed) the rewritten plan stays
             plan = self.step_trials.settle(trial, verdict) if verdict is not None else trial.plans[HALF]
@@ -188,14 +225,15 @@ class ShadowKeeper:
                 float32 = self._float32_copy()
             except Exception:
                 raise exc from None
-            saved, saved_plans, saved_trials = self.shadow.state(), self.plans, (self.trials, self.decided)
+            saved, saved_plans = self.shadow.state(), self.plans
+            saved_trials = (self.trials, self.decided, self.rechecks)
             self._use_shadow(float32)
             self.fallback.try_float32(reason)  # a failure now is the script's, not the rewrite's
             try:
                 result = retry()
             except Exception:
                 self._keep_rewrite(float32, saved, saved_plans)
-                self.trials, self.decided = saved_trials
+                self.trials, self.decided, self.rechecks = saved_trials
                 raise exc from None
             if self.settings.is_strict:
                 self._keep_rewrite(float32, saved, saved_plans)
@@ -215,7 +253,7 @@ class ShadowKeeper:
                 self.fallback.fall_back(reason, keeps_values=False)
                 self.shadow.discard()
                 self.plans.clear()
-                self.trials, self.decided = {}, {}
+                self.trials, self.decided, self.rechecks = {}, {}, {}
                 self.calls = FastCalls()
                 return
             self.shadow.close()
@@ -239,7 +277,7 @@ class ShadowKeeper:
     def _start_afresh(self, plans=None) -> None:
         """Plans, fast calls and partial runs are made on one shadow: a new one starts without them."""
         self.plans = {} if plans is None else plans
-        self.trials, self.decided = {}, {}
+        self.trials, self.decided, self.rechecks = {}, {}, {}
         self.calls = FastCalls()
         self.partial_handles.clear()
 

@@ -65,8 +65,10 @@ class RunPlan:
         fetch_dtypes: per script fetch, the :class:`DtypeChange` to undo, or None.
         feeds: per fed tensor name, its :class:`FeedPlan`.
         reports: how many loss-scale report tensors follow the script's fetches.
-        runs: how many times the general path ran it (a call is resolved from the second).
+        runs: how many times it ran outside a trial (a call is resolved from the second).
         has_probe: the last fetch is the overflow probe (``AMP_REWRITE_FIND_OVERFLOW=1``).
+        recheck_at: for the plan of a step decided from the cache, the run count at which the verdict is
+            checked again (:meth:`~amp_rewrite.runtime.tf1.session.keeper.ShadowKeeper.start_recheck`); None: never.
     """
 
     fetches: list
@@ -75,6 +77,7 @@ class RunPlan:
     reports: int = 0
     runs: int = 0
     has_probe: bool = False
+    recheck_at: int | None = None
 
 
 def make_plan(graph, shadow, key: PlanKey, *, reports: Sequence[Report] = (), is_probing: bool = False) -> RunPlan:

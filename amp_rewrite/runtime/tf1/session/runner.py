@@ -109,6 +109,8 @@ class ShadowRunner:
         plan.runs += 1
         if flat is not None and plan.runs >= 2 and key.version == self.graph.version:
             keeper.calls.remember(self.graph, keeper.shadow.session, fetches, feed_dict, key, plan)
+        if plan.recheck_at is not None and plan.runs >= plan.recheck_at:
+            keeper.start_recheck(plan)
         return self._results(plan, mapper, fetches, values)
 
     def _run_on_trial(self, trial, key, feeds, mapper, fetches, options, run_metadata, retry):
@@ -140,6 +142,10 @@ class ShadowRunner:
                 raise
             return self.keeper.run_failed(exc, lambda: self.run(original_run, session, fetches, feed_dict))
         self.keeper.has_run = True
+        plan = call.plan
+        plan.runs += 1
+        if plan.recheck_at is not None and plan.runs >= plan.recheck_at:
+            self.keeper.start_recheck(plan)
         if call.reports:
             self._record_loss_scale([values[i] for i in call.reports])
         return call.script_results(values)

@@ -42,10 +42,16 @@ plan and a DEBUG line says why:
   on CPUs with bfloat16 kernels, which is the case trials are for.
 
 The two best times go into the tuning cache under the step's key
-(:func:`~amp_rewrite.tune.trial.session_step_key`: the script graph's ops
-the fetches depend on, what is fetched and fed, the target), so the same
-script run again decides each step when its plan is made, measuring
-nothing. A failed run of either variant falls back as any failed run does
+(:func:`~amp_rewrite.tune.keys.session_step_key`: the script graph's ops
+the fetches depend on, what is fetched and fed, the target and the
+rewrite's settings), so the same script run again decides each step when
+its plan is made, measuring nothing; a verdict whose trial's halves
+disagreed is not cached. A step decided from the cache is checked again
+every :data:`~amp_rewrite.tune.trial.RECHECK_EVERY` runs (a
+:class:`SessionTrial` of five runs, made by :meth:`SessionTrials.plan` and
+started by the keeper), and a clear disagreement switches its plan and
+updates the cache. Under op determinism nothing is timed: the cache or the
+lists decide. A failed run of either variant falls back as any failed run does
 (:meth:`~amp_rewrite.runtime.tf1.session.keeper.ShadowKeeper.run_failed`);
 a new shadow (the graph grew, or a fallback) starts without trials.
 """
@@ -54,16 +60,29 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from amp_rewrite import tf_internals
+from amp_rewrite.config import Config
 from amp_rewrite.graph.facts import node_name
 from amp_rewrite.runtime.job import first_collective
 from amp_rewrite.runtime.tf1.session.plans import FeedPlan, PlanKey, RunPlan, ancestors, dtype_change
 from amp_rewrite.tune import keys
 from amp_rewrite.tune.cache import TuneCache
-from amp_rewrite.tune.trial import FLOAT32, HALF, StepVerdict, Timer, TrialSchedule, time_call, verdict_of
+from amp_rewrite.tune.trial import (
+    FLOAT32,
+    HALF,
+    RECHECK_EVERY,
+    StepVerdict,
+    Timer,
+    TrialSchedule,
+    recheck,
+    rechecked,
+    switch_line,
+    time_call,
+    verdict_of,
+)
 
 # One logger for the whole package: its lines keep the name they have always had.
 logger = logging.getLogger(__package__)
@@ -83,12 +102,16 @@ class SessionTrial:
     """One step on trial: its two plans, the schedule and times, and its cache key.
 
     Attributes:
-        plans: ``half`` (the rewritten plan) and ``float32`` (the plan of its float32 copy).
-        key: the step's cache key (:func:`~amp_rewrite.tune.trial.session_step_key`).
+        plans: ``half`` (the rewritten plan) and ``float32`` (the plan of its float32 copy; a re-check of a
+            half verdict makes it when it starts, :meth:`SessionTrials.recheck_plans`).
+        key: the step's cache key (:func:`~amp_rewrite.tune.keys.session_step_key`).
         name: the step, in words, for the INFO line.
         trial: the schedule, times and verdict.
         lock: held by each run of the step while it is on trial, so that runs from several threads
             follow the schedule one at a time, each timed alone (runs after the verdict never take it).
+        cached: the cached verdict this trial checks again (:func:`~amp_rewrite.tune.trial.recheck`'s
+            schedule); None: a trial of its own.
+        plan_key: the call the plans were made for (a re-check's float32 plan is made from it).
     """
 
     plans: dict[str, RunPlan]
@@ -96,6 +119,14 @@ class SessionTrial:
     name: str
     trial: TrialSchedule = field(default_factory=TrialSchedule)
     lock: Any = field(default_factory=threading.RLock, repr=False, compare=False)
+    cached: StepVerdict | None = None
+    plan_key: PlanKey | None = None
+
+    @property
+    def chosen(self) -> RunPlan:
+        """The plan the cached verdict runs (a re-check's)."""
+        assert self.cached is not None
+        return self.plans[HALF if self.cached.is_half else FLOAT32]
 
 
 class SessionTrials:
@@ -106,18 +137,32 @@ class SessionTrials:
         device_type: the device type the steps run on (``CPU``, ``GPU``).
         cache_dir: where the tuning cache lives (None: the user's cache directory).
         timer: runs one step of a variant and times it (:data:`~amp_rewrite.tune.trial.Timer`; tests give their own).
-        decisions: each step decided in this process, oldest first: its name and verdict.
+        decisions: each step decided in this process, oldest first: its name and verdict (a re-check that
+            switched a step adds its new verdict).
+        config: the runtime's rewrite configuration, whose settings the keys hold
+            (:func:`~amp_rewrite.tune.keys.rewrite_settings`); None: none.
+        is_measuring_again: the cache is not read: every step is tried, and its verdict replaces the cached one.
     """
 
     def __init__(self, *, target: str, device_type: str, cache_dir: str | None = None,
-                 timer: Timer | None = None):
+                 timer: Timer | None = None, config: Config | None = None, is_measuring_again: bool = False):
         self.target = target
         self.device_type = device_type or "CPU"
         self.cache_dir = cache_dir
+        self.config = config
+        self.is_measuring_again = is_measuring_again
+        self._settings: str | None = None
         self.timer: Timer = timer or time_call
         self.decisions: list[tuple[str, StepVerdict]] = []
         self._cache: TuneCache | None = None
         self._said: set[str] = set()
+
+    @property
+    def settings(self) -> str:
+        """How the runtime rewrites, as the keys hold it (made at first use)."""
+        if self._settings is None:
+            self._settings = keys.rewrite_settings(self.config) if self.config is not None else ""
+        return self._settings
 
     @property
     def cache(self) -> TuneCache:
@@ -132,9 +177,12 @@ class SessionTrials:
         """The plan a new step runs, and its trial when it gets one.
 
         A step without half ops runs ``half`` (its rewritten plan) untried; a
-        step the cache has times for runs the plan they chose; a step that
-        cannot be tried (:class:`NoTrial`) keeps ``half``, with a DEBUG line.
-        Otherwise ``half`` runs first, on trial.
+        step the cache has times for runs the plan they chose, with its
+        re-check (a trial whose ``cached`` is that verdict, for the keeper to
+        start later; none under op determinism); a step that cannot be tried
+        (:class:`NoTrial`) keeps ``half``, with a DEBUG line; under op
+        determinism, a step the cache does not know keeps ``half``, with an
+        INFO line. Otherwise ``half`` runs first, on trial.
         """
         if not runs_half(half):
             return half, None
@@ -152,25 +200,65 @@ class SessionTrials:
             if why_not:
                 raise NoTrial(why_not)
             step_key = self.key_of(script_graph, key)
-            timing = self.cache.get(step_key)
+            timing = None if self.is_measuring_again else self.cache.get(step_key)
+            is_deterministic = tf_internals.is_op_determinism_enabled()
             if timing is not None:
-                verdict = verdict_of(timing, is_cached=True)
-                plan = half if verdict.is_half else float32_plan(script_graph, shadow_graph, key, half)
-                self.say(name, step_key, verdict)
-                return plan, None
+                verdict = verdict_of(timing, is_cached=True, source=str(self.cache.path))
+                plans = {HALF: half} if verdict.is_half else {
+                    HALF: half, FLOAT32: float32_plan(script_graph, shadow_graph, key, half)}
+                self.say(name, step_key, verdict, note="; op determinism is on, so it is not checked again"
+                         if is_deterministic else "")
+                check = None if is_deterministic else SessionTrial(plans, step_key, name, recheck(verdict),
+                                                                   cached=verdict, plan_key=key)
+                return plans[HALF if verdict.is_half else FLOAT32], check
+            if is_deterministic:
+                self.say_lists_decide(name, step_key)
+                return half, None
             trial = SessionTrial({HALF: half, FLOAT32: float32_plan(script_graph, shadow_graph, key, half)},
-                                     step_key, name)
+                                 step_key, name)
         except NoTrial as exc:
             logger.debug("amp-rewrite: no step trial for session step %s: %s", name, exc)
             return half, None
         return half, trial
 
     def settle(self, trial: SessionTrial, verdict: StepVerdict) -> RunPlan:
-        """The plan the verdict keeps; its times go into the cache, and the line is said."""
-        self.cache.put(trial.key, verdict.timing())
-        self.cache.save()
+        """The plan the verdict keeps; its times go into the cache where it is clear, and the line is said."""
+        if verdict.is_clear:
+            self.cache.put(trial.key, replace(verdict.timing(), what=f"session step {trial.name}, {self.target}"))
+            self.cache.save()
+        elif self.is_measuring_again:
+            self.cache.discard(trial.key)  # measured again and not clear: the old verdict is not kept either
+            self.cache.save()
         self.say(trial.name, trial.key, verdict)
         return trial.plans[HALF if verdict.is_half else FLOAT32]
+
+    def recheck_plans(self, script_graph, shadow_graph, trial: SessionTrial) -> None:
+        """Makes the plan a re-check needs that its cached verdict did not: the float32 copy of a step run half."""
+        if FLOAT32 not in trial.plans:
+            assert trial.plan_key is not None
+            trial.plans[FLOAT32] = float32_plan(script_graph, shadow_graph, trial.plan_key, trial.plans[HALF])
+
+    def settle_recheck(self, trial: SessionTrial) -> SessionTrial:
+        """After a re-check: the next re-check, whose ``cached`` verdict (and ``chosen`` plan) the step runs by now.
+
+        A clear disagreement switches the step: the new times go into the
+        cache, and one INFO line says so.
+        """
+        assert trial.cached is not None
+        verdict = trial.cached
+        found = rechecked(verdict, trial.trial)
+        if found is None:
+            logger.debug("amp-rewrite: session step %s checked again after %d runs: the cached verdict stands",
+                         trial.name, RECHECK_EVERY)
+        else:
+            self.cache.put(trial.key, replace(found.timing(), what=f"session step {trial.name}, {self.target}"))
+            self.cache.save()
+            self.decisions.append((trial.name, found))
+            logger.info("amp-rewrite: session step %s %s", trial.name,
+                        switch_line(verdict, found, self.target, self.device_type, calls=RECHECK_EVERY))
+            verdict = replace(found, is_cached=True, source=str(self.cache.path))
+        return SessionTrial(trial.plans, trial.key, trial.name, recheck(verdict), cached=verdict,
+                            plan_key=trial.plan_key)
 
     def key_of(self, script_graph, key: PlanKey) -> str:
         """The step's cache key: the ops its fetches depend on, what it fetches and feeds, the target."""
@@ -179,15 +267,23 @@ class SessionTrials:
         nodes += _function_nodes(script_graph, [name for node in nodes for name in _called(node)])
         fetches = [f"op {e.type}" if not hasattr(e, "dtype") else f"{e.dtype.name}{_dims(e)}" for e in elements]
         inputs = [(tensor.dtype.name, _dims(tensor)) for tensor in map(script_graph.get_tensor_by_name, key.feeds)]
-        return keys.session_step_key(nodes, fetches, inputs, target=self.target)
+        return keys.session_step_key(nodes, fetches, inputs, target=self.target, settings=self.settings)
 
-    def say(self, name: str, step_key: str, verdict: StepVerdict) -> None:
-        """The INFO line of a decided step, once per step and process; the decision is kept."""
+    def say_lists_decide(self, name: str, step_key: str) -> None:
+        """The line of a step that would be tried, under op determinism (once per step and process)."""
+        if step_key not in self._said:
+            self._said.add(step_key)
+            logger.info("amp-rewrite: session step %s runs in %s as the op lists say: op determinism is on, so no "
+                        "timing decides, and the tuning cache holds no verdict of this step", name, self.target)
+
+    def say(self, name: str, step_key: str, verdict: StepVerdict, *, note: str = "") -> None:
+        """The INFO line of a decided step (``note`` after its reason), once per step and process; the decision
+        is kept."""
         if step_key in self._said:
             return
         self._said.add(step_key)
         self.decisions.append((name, verdict))
-        reason = verdict.reason(self.target, self.device_type)
+        reason = verdict.reason(self.target, self.device_type) + note
         if verdict.is_half:
             logger.info("amp-rewrite: session step %s runs in %s: %s", name, self.target, reason)
         else:
@@ -200,9 +296,13 @@ def trials_of(runtime) -> SessionTrials | None:
         return None
     trials = runtime.session_trials
     if trials is None or trials.target != runtime.target:
+        if not tf_internals.usable([tf_internals.STEP_TRIALS], "session steps", is_strict=runtime.settings.is_strict,
+                                   outcome="are not timed (the op lists decide)"):
+            return None
+        config = runtime.rewrite_config()
         trials = runtime.session_trials = SessionTrials(
-            target=runtime.target, device_type=runtime.rewrite_config().device_type,
-            cache_dir=runtime.requested.tune_cache_dir)
+            target=runtime.target, device_type=config.device_type, cache_dir=runtime.requested.tune_cache_dir,
+            config=config, is_measuring_again=runtime.requested.is_measuring_again)
     return trials
 
 
