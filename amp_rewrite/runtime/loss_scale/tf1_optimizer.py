@@ -42,6 +42,7 @@ from typing import Any
 from amp_rewrite import tf_internals
 from amp_rewrite.runtime.loss_scale.core import (
     APPLY_SCOPE,
+    IS_FINITE,
     SCOPE,
     GuardedStep,
     LossScaleState,
@@ -179,7 +180,7 @@ class _GuardedTrainOp(GuardedStep):
         train_ops = tf.compat.v1.get_collection_ref(tf.compat.v1.GraphKeys.TRAIN_OP)
         already = len(train_ops)
         with tf.compat.v1.name_scope(APPLY_SCOPE):
-            is_finite = tf.equal(nonfinite, 0.0, name="is_finite")
+            is_finite = tf.equal(nonfinite, 0.0, name=IS_FINITE)
             args = (self.optimizer, grads_and_vars, self.global_step, self.name)
             applied = self.apply_or_skip(distribution, is_finite, self.original, args, name="maybe_apply")
             update = update_state(self.state, is_finite, self.settings)

@@ -44,6 +44,8 @@ from typing import Any
 
 from amp_rewrite import tf_internals
 from amp_rewrite.config import Config
+from amp_rewrite.errors import NO_MESSAGE, first_line
+from amp_rewrite.runtime.loss_scale.unscaled import unscaled_function
 from amp_rewrite.runtime.tf2.calls import CallStep, called_name, function_name
 from amp_rewrite.runtime.tf2.step_mixing import MIXED, Mixing, Profiler, StepRegions, part_of, state_calling
 from amp_rewrite.runtime.tf2.swap_records import LOGGER_NAME, SwapRecord, SwapTable
@@ -292,7 +294,13 @@ class FunctionTrials:
         """Runs a just-traced function in float32 without a rewrite: as traced, its calls of swapped bodies
         sent to their traced ones."""
         state = tf_internals.concrete_function_state(concrete_function)
-        tf_internals.set_concrete_function_state(concrete_function, self._float32_state(concrete_function, state))
+        try:
+            float32 = self._float32_state(concrete_function, state)
+        except Exception as exc:  # noqa: BLE001 - as traced, it runs float32 still
+            logger.info("amp-rewrite: tf.function %s runs as traced: its float32 body could not be built: %s",
+                        function_name(concrete_function), first_line(exc, with_type=True, if_empty=NO_MESSAGE))
+            return
+        tf_internals.set_concrete_function_state(concrete_function, float32)
 
     def forget(self) -> None:
         """Ends the trials still running (the hook is going): each function keeps the body it has."""
@@ -302,22 +310,44 @@ class FunctionTrials:
                 tf_internals.set_concrete_function_state(cf, trial.states[HALF])
         self.trials.clear()
 
-    def for_swapped(self, concrete_function, record: SwapRecord, then: CallStep | None) -> FunctionTrial:
-        """The trial of a function just swapped, which follows its first-call guard; ``then`` after it."""
+    def for_swapped(self, concrete_function, record: SwapRecord, then: CallStep | None) -> CallStep | None:
+        """The trial of a function just swapped, which follows its first-call guard; ``then`` after it.
+
+        Where its float32 body cannot be built, ``then`` alone, and an INFO line says why.
+        """
         traced = record.traced_state
-        states = {HALF: tf_internals.concrete_function_state(concrete_function),
-                  FLOAT32: self._float32_state(concrete_function, traced)}
+        try:
+            states = {HALF: tf_internals.concrete_function_state(concrete_function),
+                      FLOAT32: self._float32_state(concrete_function, traced)}
+        except Exception as exc:  # noqa: BLE001 - the rewrite runs, untried
+            self._say_untried(record.report.name, exc)
+            return then
         return self._trial(concrete_function, record.report.name, states, self._key(traced), then,
-                           on_float32=self.swapped.restore, record=record)
+                           on_float32=self._forgetting_swap(states[FLOAT32]), record=record)
 
     def for_caller(self, concrete_function, then: CallStep | None = None):
         """What runs a function whose graph calls swapped bodies after its first call: a trial, or ``then``."""
         state = tf_internals.concrete_function_state(concrete_function)
         if not self._swapped_callees(state):
             return then
-        states = {HALF: state, FLOAT32: self._float32_state(concrete_function, state)}
-        return self._trial(concrete_function, function_name(concrete_function), states, self._key(state), then,
-                           on_float32=lambda cf: None)
+        name = function_name(concrete_function)
+        try:
+            states = {HALF: state, FLOAT32: self._float32_state(concrete_function, state)}
+        except Exception as exc:  # noqa: BLE001 - the rewritten bodies run, untried
+            self._say_untried(name, exc)
+            return then
+        return self._trial(concrete_function, name, states, self._key(state), then, on_float32=lambda cf: None)
+
+    def _forgetting_swap(self, float32_state: dict) -> Callable[[Any], None]:
+        """After a float32 verdict: the swap's record goes, and the function keeps ``float32_state``.
+
+        That state is the traced one where the step has no loss scaling; else the traced one without it.
+        """
+        def on_float32(concrete_function) -> None:
+            self.swapped.restore(concrete_function)
+            tf_internals.set_concrete_function_state(concrete_function, float32_state)
+
+        return on_float32
 
     # --- the trial --------------------------------------------------------
 
@@ -351,16 +381,19 @@ class FunctionTrials:
         return StepRegions.of(parts, tf_internals.graph_in_state(traced), self.target)
 
     def _float32_state(self, concrete_function, traced_state: dict) -> dict:
-        """The traced state, with the calls of swapped bodies sent to their traced ones where it makes any."""
-        replacements = {name: record.traced_state["_inference_function"]
-                        for name, record in self._swapped_callees(traced_state).items()}
-        return state_calling(concrete_function, traced_state, replacements)
+        """The traced state without loss scaling, with the calls of swapped bodies sent to their traced ones
+        (without loss scaling too) where it makes any (:mod:`amp_rewrite.runtime.loss_scale.unscaled`)."""
+        replacements = {name: state_calling(callee, record.traced_state, {},
+                                            transform=unscaled_function)["_inference_function"]
+                        for name, (callee, record) in self._swapped_callees(traced_state).items()}
+        return state_calling(concrete_function, traced_state, replacements, transform=unscaled_function)
 
-    def _swapped_callees(self, state: dict) -> dict[str, SwapRecord]:
-        """The swapped bodies the graph of ``state`` calls: the name its calls give → the callee's record."""
+    def _swapped_callees(self, state: dict) -> dict[str, tuple[Any, SwapRecord]]:
+        """The swapped bodies the graph of ``state`` calls: the name its calls give → the callee and its record."""
         graph = tf_internals.graph_in_state(state)
         called = set(tf_internals.graph_functions(graph)) if graph is not None else set()
-        return {called_name(cf): record for cf, record in list(self.swapped.items()) if called_name(cf) in called}
+        return {called_name(cf): (cf, record) for cf, record in list(self.swapped.items())
+                if called_name(cf) in called}
 
     def time_call(self, body: str, call: Callable[[], Any]) -> tuple[Any, float]:
         """Runs ``call`` and returns its outputs and its seconds, the device's queue included on a GPU."""
@@ -398,6 +431,10 @@ class FunctionTrials:
     def _remember(self, key: str, verdict: StepVerdict) -> None:
         self.cache.put(key, verdict.timing())
         self.cache.save()
+
+    def _say_untried(self, name: str, exc: Exception) -> None:
+        logger.info("amp-rewrite: tf.function %s runs in %s, not tried: its float32 body could not be built: %s",
+                    name, self.target, first_line(exc, with_type=True, if_empty=NO_MESSAGE))
 
     def _say(self, name: str, verdict: StepVerdict | MixedVerdict, concrete_function) -> None:
         self.decisions.append((name, verdict, weakref.ref(concrete_function)))

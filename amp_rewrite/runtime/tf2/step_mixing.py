@@ -222,22 +222,25 @@ class Mixing:
         return verdict
 
 
-def state_calling(concrete_function, traced_state: dict, replacements: Mapping[str, Any]) -> dict:
+def state_calling(concrete_function, traced_state: dict, replacements: Mapping[str, Any], *,
+                  transform: Callable[[Any], Any] | None = None) -> dict:
     """``traced_state`` with its graph's calls of some functions sent to others (itself where it calls none).
 
     Args:
         concrete_function: the function whose state it is (its state is put back after).
         traced_state: the state to load again.
         replacements: the name a call gives → the function object to call instead.
+        transform: changes the FunctionDefs of the body and its library, as
+            :func:`~amp_rewrite.runtime.tf2.concrete.reload_calling` takes it; None: none.
     """
     from amp_rewrite.runtime.tf2.concrete import reload_calling
 
-    if not replacements:
+    if not replacements and transform is None:
         return traced_state
     current = tf_internals.concrete_function_state(concrete_function)
     tf_internals.set_concrete_function_state(concrete_function, traced_state)
     try:
-        new = reload_calling(concrete_function, replacements)
+        new = reload_calling(concrete_function, replacements, transform=transform)
     finally:
         tf_internals.set_concrete_function_state(concrete_function, current)
     if new is None:
