@@ -138,8 +138,9 @@ def reload_calling(concrete_function, replacements: Mapping[str, Any], *,
     entry = concrete_function.function_def
     library = {name: f.definition for name, f in originals.items()}
     library[entry.signature.name] = entry
-    changed = {name: new for name, fdef in library.items()
-               if transform is not None and (new := transform(fdef)) is not None}
+    called = _called_from(library, entry.signature.name, stop=set(replacements))  # replaced ones are not called
+    changed = {name: new for name in sorted(called)
+               if transform is not None and (new := transform(library[name])) is not None}
     library.update(changed)
     reaching = _reaching(library, set(replacements) | set(changed)) | set(changed)
     if entry.signature.name not in reaching:
@@ -150,6 +151,19 @@ def reload_calling(concrete_function, replacements: Mapping[str, Any], *,
     for name in _callees_first(library, reaching - {entry.signature.name}):
         loader.load_nested(name)
     return loader.load_entry(entry.signature.name, concrete_function)
+
+
+def _called_from(library: dict, root: str, *, stop: set[str]) -> set[str]:
+    """``root`` and the functions of ``library`` its calls reach, not going through those in ``stop``."""
+    called: set[str] = set()
+    pending = [root]
+    while pending:
+        name = pending.pop()
+        if name in called or name in stop or name not in library:
+            continue
+        called.add(name)
+        pending += _callees(library[name], library)
+    return called
 
 
 def _reaching(library: dict, targets: set[str]) -> set[str]:

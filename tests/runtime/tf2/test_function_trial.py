@@ -11,8 +11,10 @@ from collections import Counter
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import HALF_TYPES
 
 from amp_rewrite import runtime, tf_internals
+from amp_rewrite.graph.facts import called_functions
 from amp_rewrite.runtime.settings import RuntimeSettings
 from amp_rewrite.runtime.tf2 import tracing
 from amp_rewrite.tune.trial import CALLS, FLOAT32, HALF, schedule
@@ -237,6 +239,24 @@ def executed_ops(call) -> Counter:
         return Counter(op for _, op, _ in op_events(Path(logdir).rglob("*.xplane.pb")))
 
 
+def half_nodes_run_by(concrete_function) -> list[str]:
+    """The nodes of the body the function runs now, and of the functions it calls, that compute in half."""
+    state = tf_internals.concrete_function_state(concrete_function)
+    library = {name: f.definition for name, f in
+               tf_internals.graph_functions(tf_internals.graph_in_state(state)).items()}
+    found, pending, seen = [], [state["_inference_function"].definition], set()
+    while pending:
+        fdef = pending.pop()
+        if fdef.signature.name in seen:
+            continue
+        seen.add(fdef.signature.name)
+        for node in fdef.node_def:
+            if any(value.type in HALF_TYPES or set(value.list.type) & set(HALF_TYPES) for value in node.attr.values()):
+                found.append(f"{fdef.signature.name}::{node.name}")
+            pending += [library[name] for name in called_functions(node, library)]
+    return found
+
+
 # The loss scaling's conditional and unscaling (the loss's own finiteness check stays: one IsFinite; the half
 # body checks each gradient too).
 SCALING_OPS = {"MulNoNan", "If", "StatelessIf", "Switch"}
@@ -284,6 +304,7 @@ def test_keras3_fit_under_float16_that_stays_float32_calls_a_one_step_body_witho
     iterator = iter(tf.data.Dataset.from_tensors((tf.zeros([16, 12, 12, 3]), tf.zeros([16], tf.int64))))
     ops = executed_ops(lambda: caller(iterator))
     assert any("Conv2D" in op for op in ops) and not set(ops) & SCALING_OPS and ops["IsFinite"] == 1, ops
+    assert half_nodes_run_by(caller) == []
     np.testing.assert_allclose(losses, float32_losses, rtol=0.02)
 
 
