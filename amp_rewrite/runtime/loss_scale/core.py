@@ -56,7 +56,7 @@ SEED_SCOPE = SCOPE + "_seed"
 SEED_NAME = "scale"
 #: Each gradient's division by the scale.
 UNSCALE_SCOPE = SCOPE + "_unscale"
-#: The state's move along the schedule.
+#: The state's move along the schedule, and the count of non-finite losses in a row.
 UPDATE_SCOPE = SCOPE + "_update"
 MAX_SCALE = 2.0 ** 24
 

@@ -21,21 +21,28 @@ names each part; nothing else is touched):
 - each gradient's division by the scale (``MulNoNan`` under
   ``amp_loss_scale_unscale``) becomes an ``Identity`` of the gradient;
 - the guard's predicate (``amp_loss_scale_apply/is_finite``) becomes the
-  constant True, and a functional conditional on it (``If``: control flow
-  v2, every ``tf.function``) becomes a call of its apply branch: a
-  conditional's inputs are computed whether a branch reads them or not, so
-  only a call, whose unread arguments TensorFlow prunes, leaves the
-  finiteness checks out (a TF1 ``cond`` of ``Switch`` ops reads only the
-  predicate, which is constant now);
-- the state's update (``amp_loss_scale_update``) assigns nothing.
+  constant True, so only the apply branch runs and nothing reads the
+  finiteness checks (a session prunes them). In a ``tf.function`` the guard
+  (an ``If``) becomes a call of its apply branch: its skip branch reads the
+  checks to name the variables at fault, and a conditional's inputs are
+  computed whether the branch taken reads them or not, whereas the function
+  runtime inlines a call and prunes the arguments it does not read. A TF1
+  session keeps its guard a conditional (``If`` in control flow v2,
+  ``Switch`` ops in v1): its skip branch reads nothing, the session lowers
+  the conditional into the graph around the constant predicate, and it
+  would not inline a call (its apply branch would run as a function of its
+  own, its arguments passed one by one);
+- the state's updates (``amp_loss_scale_update``: the schedule's, and the
+  tape's count of non-finite losses in a row) assign nothing, and the
+  state's reads there and in the seed become constants that nothing the
+  step keeps reads (a ``tf.function`` runs every read it holds).
 
 The loss-scale state stays where the half steps left it: a float32 step
 neither grows nor shrinks the scale nor counts as a good or skipped step, so
 a step that alternates between the two variants (a trial) keeps the half
 steps' schedule, and a float32 verdict leaves a state that a later half body
-(a fallback's, a new trace) continues from. The tape's count of
-non-finite losses in a row stays (a scalar check of the loss): a finite
-float32 loss ends a run of half ones.
+(a fallback's, a new trace) continues from. (A TF1 session counts
+non-finite losses from the half steps' reports alike.)
 
 Building the variant costs a copy of the nodes that change; the TF1 session
 imports it once per step, and a ``tf.function`` gets its functions rebuilt
@@ -63,19 +70,21 @@ CALL_OP = "StatefulPartitionedCall"
 
 
 def unscaled_nodes(nodes: Sequence) -> list | None:
-    """``nodes`` (of a GraphDef or a FunctionDef) with the loss scaling taken out; None when they hold none.
+    """A GraphDef's ``nodes`` (a TF1 step) with the loss scaling taken out; None when they hold none.
 
     The nodes given are not modified: those that change are copies, the
-    others are the same objects. Names stay as they were; a FunctionDef's
-    references to an output whose op changed name it as the new op does.
+    others are the same objects. Names stay as they were.
     """
-    found = _unscaled_all(nodes)
+    found = _unscaled_all(nodes, guard_as_call=False)
     return found[0] if found is not None else None
 
 
 def unscaled_function(fdef):
-    """A copy of the FunctionDef ``fdef`` with the loss scaling taken out, or None when it holds none."""
-    found = _unscaled_all(fdef.node_def)
+    """A copy of the FunctionDef ``fdef`` with the loss scaling taken out, or None when it holds none.
+
+    Its references to an output whose op changed name it as the new op does.
+    """
+    found = _unscaled_all(fdef.node_def, guard_as_call=True)
     if found is None:
         return None
     nodes, outputs = found
@@ -88,12 +97,15 @@ def unscaled_function(fdef):
     return new
 
 
-def _unscaled_all(nodes: Sequence) -> tuple[list, dict[str, tuple[str, str]]] | None:
-    """The nodes without loss scaling, and per changed node whose output is named anew, (old name, new name)."""
+def _unscaled_all(nodes: Sequence, *, guard_as_call: bool) -> tuple[list, dict[str, tuple[str, str]]] | None:
+    """The nodes without loss scaling, and per changed node whose output is named anew, (old name, new name).
+
+    With ``guard_as_call``, the guard's conditional becomes a call of its apply branch.
+    """
     predicates = {node.name for node in nodes if _is_predicate(node)}
     out, outputs = [], {}
     for node in nodes:
-        new = _unscaled(node, predicates)
+        new = _unscaled(node, predicates, guard_as_call=guard_as_call)
         if new is not node:
             before, after = _output_name(node.op), _output_name(new.op)
             if before != after and before is not None and after is not None:
@@ -132,13 +144,13 @@ def _renamed_output(ref: str, outputs: dict[str, tuple[str, str]]) -> str:
     return ref
 
 
-def _unscaled(node, predicates: set[str]):
+def _unscaled(node, predicates: set[str], *, guard_as_call: bool):
     """``node`` as the float32 variant runs it: itself, or a changed copy."""
     scopes = node.name.split("/")[:-1]
     leaf = node.name.rsplit("/", 1)[-1]
     if node.name in predicates:
         return _constant(node, "bool", True)
-    if node.op in GUARD_OPS and node.input and function_input_source(node.input[0]) in predicates:
+    if guard_as_call and node.op in GUARD_OPS and node.input and function_input_source(node.input[0]) in predicates:
         return _call_of_then_branch(node)
     if node.op == "Identity" and _in(scopes, SEED_SCOPE) and _is(leaf, SEED_NAME):
         return _constant(node, node.attr["T"].type, 1)
@@ -146,6 +158,9 @@ def _unscaled(node, predicates: set[str]):
         return _replaced(node, "Identity", [node.input[0]], {"T": node.attr["T"]})
     if node.op.startswith("Assign") and node.op.endswith("VariableOp") and _in(scopes, UPDATE_SCOPE):
         return _replaced(node, "NoOp", [], {})
+    if node.op == "ReadVariableOp" and (_in(scopes, SEED_SCOPE) or _in(scopes, UPDATE_SCOPE)):
+        # nothing the step keeps reads it: a function would still run the read (a stateful op)
+        return _constant(node, node.attr["dtype"].type, 0)
     return node
 
 

@@ -7,6 +7,7 @@ takes, so each verdict is decided here, on any machine.
 import logging
 import subprocess
 import sys
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -278,7 +279,8 @@ def trained(graph, sess, steps: int, feeds: dict) -> list[float]:
 
 def trial_then_float32(graph_of, feeds: dict, amp_runtime, tmp_path, target="bfloat16"):
     """A step tried with half losing: its losses over the trial and 5 steps after, the variables' values after the
-    trial, the plans of both variants, and the half ops each runs (:func:`half_ops_run_by`)."""
+    trial, the plans of both variants, the half ops each runs (:func:`half_ops_run_by`), and the op types one more
+    step of the float32 variant ran."""
     amp_runtime(RuntimeSettings(target=target, is_timing_steps=True, tune_cache_dir=str(tmp_path)))
     calls = []
     session_trials.trials_of(runtime.current_runtime()).timer = (
@@ -295,20 +297,34 @@ def trial_then_float32(graph_of, feeds: dict, amp_runtime, tmp_path, target="bfl
         plan = step_plan(sess, feeds=tuple(feeds))
         shadow = runner_of(sess).shadow_graph
         half_ops = {HALF: half_ops_run_by(half, shadow), FLOAT32: half_ops_run_by(plan, shadow)}
+        ran = executed_ops(sess, feeds)
         assert runner_of(sess).fallback_reason is None
     assert calls == schedule()
-    return trial_losses, after_trial, losses, half, plan, half_ops
+    return trial_losses, after_trial, losses, half, plan, half_ops, ran
 
 
-def float32_from(graph_of, weights, feeds: dict, steps: int) -> list[float]:
-    """The losses of a float32 session of ``graph_of()`` (no runtime) from the trainable variables' ``weights``."""
+def executed_ops(sess, feeds: dict) -> Counter:
+    """The op types one more step ran, counted, from its step stats (what the session kept after pruning)."""
+    metadata = tf1.RunMetadata()
+    sess.run(STEP, feeds, options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE), run_metadata=metadata)
+    # a node's label is ``name = Op(inputs)``, whether it ran in the graph or inlined from a function
+    return Counter(node.timeline_label.split(" = ")[1].split("(")[0] for device in metadata.step_stats.dev_stats
+                   for node in device.node_stats if " = " in node.timeline_label)
+
+
+def float32_from(graph_of, weights, feeds: dict, steps: int, ops: Counter | None = None) -> list[float]:
+    """The losses of a float32 session of ``graph_of()`` (no runtime) from the trainable variables' ``weights``;
+    the op types one more step of it ran go into ``ops``."""
     runtime.disable()
     graph = graph_of()
     with tf1.Session(graph=graph) as sess:
         sess.run("init")
         for variable, value in zip(graph.get_collection("trainable_variables"), weights):
             variable.load(value, sess)
-        return trained(graph, sess, steps, feeds)
+        losses = trained(graph, sess, steps, feeds)
+        if ops is not None:
+            ops.update(executed_ops(sess, feeds))
+        return losses
 
 
 def control_flow_graph():
@@ -391,26 +407,31 @@ def function_graph():
                          ids=["cond-and-while-loop", "rnns-with-sequence-length", "tf-function"])
 def test_a_step_calling_control_flow_functions_is_tried_against_their_float32_bodies(amp_runtime, tmp_path,
                                                                                     graph_of, feeds):
-    trial_losses, after_trial, losses, half, plan, half_ops = trial_then_float32(graph_of, feeds, amp_runtime,
-                                                                                 tmp_path)
+    trial_losses, after_trial, losses, half, plan, half_ops, ran = trial_then_float32(graph_of, feeds, amp_runtime,
+                                                                                      tmp_path)
     assert [name for name in half_ops[HALF] if "::" in name]  # the rewrite changed the functions
     assert half_ops[FLOAT32] == []  # the float32 verdict runs float32 ops only
     called = {name for op in ancestors(plan.fetches) for name in called_functions(op.node_def, {})}
     assert called and all(name.endswith(FUNCTION_SUFFIX) for name in called)
     assert np.all(np.isfinite(trial_losses)) and trial_losses[-1] < trial_losses[0]
     # every step of the trial trained the one set of variables; the float32 steps go on from there
-    np.testing.assert_allclose(losses, float32_from(graph_of, after_trial, feeds, 5), rtol=1e-5, atol=1e-6)
+    plain = Counter()
+    np.testing.assert_allclose(losses, float32_from(graph_of, after_trial, feeds, 5, plain), rtol=1e-5, atol=1e-6)
+    assert ran == plain  # the script's float32 step, op for op
 
 
 def test_a_loss_scaled_float16_step_is_tried_against_its_float32_step_without_the_scaling(amp_runtime, tmp_path):
-    trial_losses, after_trial, losses, half, plan, half_ops = trial_then_float32(training_graph, FEEDS, amp_runtime,
-                                                                                 tmp_path, target="float16")
+    trial_losses, after_trial, losses, half, plan, half_ops, ran = trial_then_float32(
+        training_graph, FEEDS, amp_runtime, tmp_path, target="float16")
     assert half.reports and half_ops[HALF] and not half_ops[FLOAT32]
     assert not plan.reports and set(matmul_types(plan).values()) == {tf.float32}
-    ran = {op.type for op in ancestors(plan.fetches)}
-    assert not ran & {"MulNoNan", "IsFinite", "If", "StatelessIf", "Switch", "AssignVariableOp"}, ran
     assert {"MulNoNan", "IsFinite", "AssignVariableOp"} <= {op.type for op in ancestors(half.fetches)}
-    np.testing.assert_allclose(losses, float32_from(training_graph, after_trial, FEEDS, 5), rtol=1e-6, atol=1e-6)
+    assert "ResourceApplyGradientDescent" in ran and not set(ran) & {"MulNoNan", "IsFinite", "AssignVariableOp"}, ran
+    plain = Counter()
+    np.testing.assert_allclose(losses, float32_from(training_graph, after_trial, FEEDS, 5, plain), rtol=1e-6,
+                               atol=1e-6)
+    del ran["NoOp"], plain["NoOp"]  # the loss-scale update's group, now of nothing
+    assert ran == plain  # the script's float32 step, op for op
     assert np.all(np.isfinite(trial_losses)) and trial_losses[-1] < trial_losses[0]
 
 
