@@ -7,7 +7,9 @@ half one (the rewritten body, or for a function calling rewritten bodies
 its graph as traced) and the float32 one (the traced body; where the traced
 graph calls rewritten bodies, rebuilt to call their traced ones, as
 :func:`~amp_rewrite.runtime.tf2.concrete.reload_calling` does for a
-fallback). Each eager call runs the body the schedule names and is timed
+fallback; under loss scaling, rebuilt without it, since the tape and the
+optimizer built the scaling into the traced body:
+:mod:`amp_rewrite.runtime.loss_scale.unscaled`). Each eager call runs the body the schedule names and is timed
 (the device synchronised first, on a GPU); both are real steps of the
 user's training on the same variables, so no work is wasted. After
 :data:`~amp_rewrite.tune.trial.CALLS` calls the verdict keeps one state for
@@ -31,7 +33,9 @@ checks the first call (a half one, the trial's first warm-up) and hands over
 to the trial; the trial hands each call's bookkeeping to the loss-scale
 floor watch under float16 (``then``), which takes its place when half
 wins. A fallback to float32 during the trial (the floor watch's) ends it.
-The trials know their hook's table of swaps, never the hook.
+The trials know their hook's table of swaps, never the hook. A function
+whose float32 body cannot be built runs its rewrite untried, and one INFO
+line says why.
 """
 
 from __future__ import annotations
