@@ -328,15 +328,20 @@ def float32_from(graph_of, weights, feeds: dict, steps: int, ops: Counter | None
 
 
 def control_flow_graph():
-    """A ``tf.while_loop`` (three tanh(h W)) and a ``tf.cond`` in a TF1 graph: control flow v2, as under
-    ``disable_eager_execution()``; squared error ``loss``, ``train_op`` by SGD; ``init``."""
+    """A ``tf.while_loop`` (three steps of tanh(h W), the first through a ``tf.cond`` in the loop's body) and a
+    ``tf.cond`` in a TF1 graph: control flow v2, as under ``disable_eager_execution()``; squared error ``loss``,
+    ``train_op`` by SGD; ``init``."""
     graph = tf.Graph()
     with graph.as_default():
         x = tf1.placeholder(tf.float32, [None, 16], name="x")
         t = tf1.placeholder(tf.float32, [None, 1], name="t")
         w = tf1.get_variable("w", [16, 16], initializer=tf1.initializers.random_normal(seed=1, stddev=0.3))
         v = tf1.get_variable("v", [16, 1], initializer=tf1.initializers.random_normal(seed=2, stddev=0.3))
-        _, h = tf.while_loop(lambda i, h: i < 3, lambda i, h: (i + 1, tf.tanh(tf.matmul(h, w))), [0, x])
+
+        def body(i, h):  # a function calling functions: the loop's body calls the cond's branches
+            return i + 1, tf.cond(i > 0, lambda: tf.tanh(tf.matmul(h, w)), lambda: tf.nn.relu(tf.matmul(h, w)))
+
+        _, h = tf.while_loop(lambda i, h: i < 3, body, [0, x])
         y = tf.cond(tf.reduce_sum(h) > 0.0, lambda: tf.matmul(h, v), lambda: tf.matmul(h, v) * 0.5)
         loss = tf.reduce_mean(tf.square(y - t), name="loss")
         tf1.train.GradientDescentOptimizer(0.05).minimize(loss, name="train_op")
