@@ -50,7 +50,7 @@ import logging
 from dataclasses import dataclass, field
 
 from amp_rewrite import tf_internals
-from amp_rewrite.graph.facts import node_name
+from amp_rewrite.graph.facts import called_functions, node_name
 from amp_rewrite.runtime.tf1.session.float32_copy import NoTrial, float32_plan
 from amp_rewrite.runtime.tf1.session.plans import PlanKey, RunPlan, ancestors
 from amp_rewrite.tune import keys
@@ -214,9 +214,21 @@ HALF_DTYPES = ("bfloat16", "float16")
 
 
 def runs_half(plan: RunPlan) -> bool:
-    """Whether any op the plan runs computes in half."""
-    return any(tensor.dtype.base_dtype.name in HALF_DTYPES
-               for op in ancestors(plan.fetches) for tensor in op.outputs)
+    """Whether any op the plan runs computes in half: in the graph, or in a function it calls (a branch, a loop's
+    body, a ``Defun``: one whose results are float32 may compute in half inside)."""
+    ops = list(ancestors(plan.fetches))
+    if any(tensor.dtype.base_dtype.name in HALF_DTYPES for op in ops for tensor in op.outputs):
+        return True
+    if not ops:
+        return False
+    import tensorflow as tf
+
+    half = {tf.as_dtype(name).as_datatype_enum for name in HALF_DTYPES}
+    functions = tf_internals.graph_functions(ops[0].graph)
+    called = [name for op in ops for name in called_functions(op.node_def, functions)]
+    return any(value.type in half or half.intersection(value.list.type)
+               for name in _reached(functions, called) for node in functions[name].definition.node_def
+               for value in node.attr.values())
 
 
 def why_no_trial(script_graph, shadow_graph, key: PlanKey, plan: RunPlan) -> str | None:
