@@ -22,7 +22,9 @@ installs these patches for a float16 target (for bfloat16 when asked).
 - :mod:`~amp_rewrite.runtime.loss_scale.tf2_guarded_apply`: an optimizer's
   apply run only when every gradient is finite, and the line a skip prints;
 - :mod:`~amp_rewrite.runtime.loss_scale.tf2_keras_optimizers`: the Keras 3
-  and tf_keras optimizers' apply, through the guarded apply.
+  and tf_keras optimizers' apply, through the guarded apply;
+- :mod:`~amp_rewrite.runtime.loss_scale.unscaled`: a scaled step without its
+  scaling, the float32 variant a step trial runs.
 
 This package sits below the runtime's TF1 and TF2 paths and imports nothing
 of them: the TF1 sessions read the reports its optimizer builds, and the

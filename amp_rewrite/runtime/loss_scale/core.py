@@ -25,6 +25,11 @@ process, tracked by every guarded optimizer. Both do what is here:
   reads a report tensor after the step, a TF2 step prints a line from the
   graph. What the step wrote outside the optimizer is put back on a skip
   by :mod:`amp_rewrite.runtime.loss_scale.step_writes`.
+- **Names**: the seed's scale, the unscaling, the guard's predicate and the
+  state's update are built under scopes of their own (:data:`SEED_SCOPE`,
+  :data:`UNSCALE_SCOPE`, :data:`APPLY_SCOPE`'s :data:`IS_FINITE`,
+  :data:`UPDATE_SCOPE`), which is how a step trial finds them to build the
+  step's float32 variant without them (:mod:`amp_rewrite.runtime.loss_scale.unscaled`).
 - **When no scale helps** (:func:`hopeless_reason`): steps whose loss
   itself was not finite (:func:`is_finite_loss`; the loss is computed before
   any scale, so no scale changes it) :data:`LOSS_REPEATS` times in a row, or
@@ -44,12 +49,21 @@ from amp_rewrite.runtime.settings import LossScaleSettings
 # The variables' name scope. TF1 names its graph collection after it, TF2 the
 # optimizers' checkpoint dependency: checkpoints carry it, so it never changes.
 SCOPE = "amp_loss_scale"
-# The guard's ops (the cond and the state update).
+# The guard's ops (its predicate, the cond and the state update).
 APPLY_SCOPE = SCOPE + "_apply"
 # The guard's cond, under APPLY_SCOPE: its predicate is the step's decision (True: applied).
 DECISION = "maybe_apply"
 # A skipped step's writes put back (:mod:`amp_rewrite.runtime.loss_scale.step_writes`).
 RESTORE_SCOPE = SCOPE + "_restore"
+#: The guard's predicate, in :data:`APPLY_SCOPE`: every gradient is finite.
+IS_FINITE = "is_finite"
+#: The scale that seeds back-propagation, as :data:`SEED_NAME`.
+SEED_SCOPE = SCOPE + "_seed"
+SEED_NAME = "scale"
+#: Each gradient's division by the scale.
+UNSCALE_SCOPE = SCOPE + "_unscale"
+#: The state's move along the schedule, and the count of non-finite losses in a row.
+UPDATE_SCOPE = SCOPE + "_update"
 MAX_SCALE = 2.0 ** 24
 
 
@@ -102,10 +116,12 @@ def seed_gradient(target, scale, given=None):
     """
     import tensorflow as tf
 
-    seed = tf.cast(scale, target.dtype)
-    if given is None:
-        return tf.fill(tf.shape(target), seed)
-    return tf.math.multiply_no_nan(given, seed)
+    with tf.name_scope(SEED_SCOPE):
+        # An op of its own, even where no cast is needed: the float32 variant of a step makes it 1.
+        seed = tf.identity(tf.cast(scale, target.dtype), name=SEED_NAME)
+        if given is None:
+            return tf.fill(tf.shape(target), seed)
+        return tf.math.multiply_no_nan(given, seed)
 
 
 def inverse_of(scale):
@@ -125,10 +141,11 @@ def unscale(grad, inverse):
 
     if grad is None:
         return None
-    if isinstance(grad, tf.IndexedSlices):
-        values = tf.math.multiply_no_nan(grad.values, tf.cast(inverse, grad.values.dtype))
-        return tf.IndexedSlices(values, grad.indices, grad.dense_shape)
-    return tf.math.multiply_no_nan(grad, tf.cast(inverse, grad.dtype))
+    with tf.name_scope(UNSCALE_SCOPE):
+        if isinstance(grad, tf.IndexedSlices):
+            values = tf.math.multiply_no_nan(grad.values, tf.cast(inverse, grad.values.dtype))
+            return tf.IndexedSlices(values, grad.indices, grad.dense_shape)
+        return tf.math.multiply_no_nan(grad, tf.cast(inverse, grad.dtype))
 
 
 # --- when no scale helps ---------------------------------------------------------------
@@ -205,9 +222,12 @@ def next_scale_state(state, is_finite, settings: LossScaleSettings):
 
 def assign_next_state(state, is_finite, settings: LossScaleSettings) -> tuple:
     """The three assignments that move ``state`` one step along :func:`next_scale_state`."""
-    scale, good, skipped = next_scale_state(state, is_finite, settings)
-    return (state.scale.assign(scale), state.good_steps.assign(good),
-            state.skipped_steps.assign(skipped))
+    import tensorflow as tf
+
+    with tf.name_scope(UPDATE_SCOPE):
+        scale, good, skipped = next_scale_state(state, is_finite, settings)
+        return (state.scale.assign(scale), state.good_steps.assign(good),
+                state.skipped_steps.assign(skipped))
 
 
 # --- the guard ----------------------------------------------------------------------

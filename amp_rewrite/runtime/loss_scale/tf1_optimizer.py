@@ -45,6 +45,7 @@ from typing import Any
 from amp_rewrite import tf_internals
 from amp_rewrite.runtime.loss_scale.core import (
     APPLY_SCOPE,
+    IS_FINITE,
     SCOPE,
     GuardedStep,
     LossScaleState,
@@ -184,7 +185,7 @@ class _GuardedTrainOp(GuardedStep):
         already = len(train_ops)
         restore = snapshot_writes_before(_gradient_tensors(distribution, grads_and_vars))
         with tf.compat.v1.name_scope(APPLY_SCOPE):
-            is_finite = tf.equal(nonfinite, 0.0, name="is_finite")
+            is_finite = tf.equal(nonfinite, 0.0, name=IS_FINITE)
             args = (self.optimizer, grads_and_vars, self.global_step, self.name)
             applied = self.apply_or_skip(distribution, is_finite, self.original, args, skip=restore)
             update = update_state(self.state, is_finite, self.settings)

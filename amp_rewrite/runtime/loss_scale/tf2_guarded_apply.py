@@ -15,7 +15,7 @@ import logging
 from amp_rewrite import tf_internals
 from amp_rewrite.errors import first_line
 from amp_rewrite.runtime.loss_scale import tf2_state as shared
-from amp_rewrite.runtime.loss_scale.core import APPLY_SCOPE, GuardedStep
+from amp_rewrite.runtime.loss_scale.core import APPLY_SCOPE, IS_FINITE, GuardedStep
 from amp_rewrite.runtime.loss_scale.core import nonfinite_flags as _nonfinite_flags
 from amp_rewrite.runtime.loss_scale.tf2_state import TF2LossScaling
 
@@ -81,10 +81,10 @@ class _GuardedKerasApply(GuardedStep):
         import tensorflow as tf
 
         flags = self.first_replica(distribution, flags)
-        is_finite = tf.equal(tf.reduce_sum(flags), 0.0)
         # XLA cannot print or handle strings: a compiled step is skipped and counted, not said.
         skip = None if self._is_compiled() else lambda: self._skip(flags)
         with tf.name_scope(APPLY_SCOPE):
+            is_finite = tf.equal(tf.reduce_sum(flags), 0.0, name=IS_FINITE)
             applied = self.apply_or_skip(distribution, is_finite, self.apply, (grads, variables), skip=skip)
             with tf.control_dependencies([applied]):
                 self.update(is_finite)

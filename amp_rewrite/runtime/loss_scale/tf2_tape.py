@@ -14,6 +14,8 @@ import contextlib
 
 from amp_rewrite import tf_internals
 from amp_rewrite.runtime.loss_scale.core import (
+    SEED_SCOPE,
+    UPDATE_SCOPE,
     count_non_finite_losses,
     inverse_of,
     is_finite_loss,
@@ -38,7 +40,8 @@ def scaled_gradient(original, scaling: TF2LossScaling, tape, target, sources, ou
 
     loss_scale = scaling.state()
     with _not_recorded(tape):
-        scale = tf.identity(loss_scale.scale)
+        with tf.name_scope(SEED_SCOPE):  # a read a float32 step leaves out
+            scale = tf.identity(loss_scale.scale)
         given = None if output_gradients is None else tf.convert_to_tensor(output_gradients)
         output_gradients = seed_gradient(target, scale, given)
     grads = original(tape, target, sources, output_gradients, *args, **kwargs)
@@ -46,7 +49,8 @@ def scaled_gradient(original, scaling: TF2LossScaling, tape, target, sources, ou
         inverse = inverse_of(scale)
         grads = tf.nest.map_structure(lambda g: unscale(g, inverse), grads)
         losses = loss_scale.last_skip.non_finite_losses
-        losses.assign(count_non_finite_losses(losses, is_finite_loss(target)))
+        with tf.name_scope(UPDATE_SCOPE):  # state a float32 step leaves alone
+            losses.assign(count_non_finite_losses(losses, is_finite_loss(target)))
     scaling.note_scaled_gradient()
     return grads
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -115,7 +115,8 @@ def rewrite_concrete(concrete_function, config: Config, *,
     return RewrittenFunction(new, result, custom_gradient_ops=tuple(custom))
 
 
-def reload_calling(concrete_function, replacements: Mapping[str, Any]):
+def reload_calling(concrete_function, replacements: Mapping[str, Any], *,
+                   transform: Callable[[Any], Any] | None = None):
     """``concrete_function``'s body loaded again, with its calls of some functions sent to others.
 
     Every function on a call path from the body to a replaced one is rebuilt
@@ -128,15 +129,24 @@ def reload_calling(concrete_function, replacements: Mapping[str, Any]):
         concrete_function: a traced ConcreteFunction (never modified).
         replacements: registered name of a function its body calls → the
             function object (an AtomicFunction of the same signature) to call instead.
+        transform: takes each FunctionDef of the body and its library, and
+            returns it changed (a copy), or None; the changed ones are rebuilt
+            too (as the float32 variant of a loss-scaled step is,
+            :func:`amp_rewrite.runtime.loss_scale.unscaled.unscaled_function`).
 
     Returns:
-        The new ConcreteFunction, or None when the body reaches none of the names.
+        The new ConcreteFunction, or None when the body reaches none of the
+        names and the transform changes nothing it calls.
     """
     originals = tf_internals.graph_functions(concrete_function.graph)
     entry = concrete_function.function_def
     library = {name: f.definition for name, f in originals.items()}
     library[entry.signature.name] = entry
-    reaching = _reaching(library, set(replacements))
+    called = _called_from(library, entry.signature.name, stop=set(replacements))  # replaced ones are not called
+    changed = {name: new for name in sorted(called)
+               if transform is not None and (new := transform(library[name])) is not None}
+    library.update(changed)
+    reaching = _reaching(library, set(replacements) | set(changed)) | set(changed)
     if entry.signature.name not in reaching:
         return None
     loader = _Loader(library, {**originals, **{_text(f.name): f for f in replacements.values()}},
@@ -145,6 +155,19 @@ def reload_calling(concrete_function, replacements: Mapping[str, Any]):
     for name in _callees_first(library, reaching - {entry.signature.name}):
         loader.load_nested(name)
     return loader.load_entry(entry.signature.name, concrete_function)
+
+
+def _called_from(library: dict, root: str, *, stop: set[str]) -> set[str]:
+    """``root`` and the functions of ``library`` its calls reach, not going through those in ``stop``."""
+    called: set[str] = set()
+    pending = [root]
+    while pending:
+        name = pending.pop()
+        if name in called or name in stop or name not in library:
+            continue
+        called.add(name)
+        pending += _callees(library[name], library)
+    return called
 
 
 def _reaching(library: dict, targets: set[str]) -> set[str]:

@@ -7,7 +7,9 @@ half one (the rewritten body, or for a function calling rewritten bodies
 its graph as traced) and the float32 one (the traced body; where the traced
 graph calls rewritten bodies, rebuilt to call their traced ones, as
 :func:`~amp_rewrite.runtime.tf2.concrete.reload_calling` does for a
-fallback). Each eager call runs the body the schedule names and is timed
+fallback; under loss scaling, rebuilt without it, since the tape and the
+optimizer built the scaling into the traced body:
+:mod:`amp_rewrite.runtime.loss_scale.unscaled`). Each eager call runs the body the schedule names and is timed
 (the device synchronised first, on a GPU); both are real steps of the
 user's training on the same variables, so no work is wasted. Calls from
 several threads take turns, and each runs in a copy of the function holding
@@ -45,7 +47,9 @@ checks the first call (a half one, the trial's first warm-up) and hands over
 to the trial; the trial hands each call's bookkeeping to the loss-scale
 floor watch under float16 (``then``), which takes its place when half
 wins. A fallback to float32 during the trial (the floor watch's) ends it.
-The trials know their hook's table of swaps, never the hook.
+The trials know their hook's table of swaps, never the hook. A function
+whose float32 body cannot be built runs its rewrite untried, and one INFO
+line says why.
 """
 
 from __future__ import annotations
@@ -60,7 +64,9 @@ from typing import Any
 
 from amp_rewrite import tf_internals
 from amp_rewrite.config import Config
+from amp_rewrite.errors import NO_MESSAGE, first_line
 from amp_rewrite.runtime.job import Job, first_collective
+from amp_rewrite.runtime.loss_scale.unscaled import unscaled_function
 from amp_rewrite.runtime.tf2.calls import CallStep, called_name, function_name
 from amp_rewrite.runtime.tf2.job_rounds import JobRounds
 from amp_rewrite.runtime.tf2.step_mixing import (
@@ -531,7 +537,13 @@ class FunctionTrials:
         """
         state = tf_internals.concrete_function_state(concrete_function)
         name = function_name(concrete_function)
-        tf_internals.set_concrete_function_state(concrete_function, self._float32_state(concrete_function, state))
+        try:
+            float32 = self._float32_state(concrete_function, state)
+        except Exception as exc:  # noqa: BLE001 - as traced, it runs float32 still
+            logger.info("amp-rewrite: tf.function %s runs as traced: its float32 body could not be built: %s",
+                        name, first_line(exc, with_type=True, if_empty=NO_MESSAGE))
+            return
+        tf_internals.set_concrete_function_state(concrete_function, float32)
         if verdict is not None and prepare is not None and not self.is_deterministic():
             check = self.recheck_of(concrete_function, verdict, key_state=state, name=name)
             check.prepare = prepare
@@ -568,19 +580,25 @@ class FunctionTrials:
         self.rechecks.clear()
 
     def for_swapped(self, concrete_function, record: SwapRecord, then: CallStep | None,
-                    check: Recheck | None = None) -> FunctionTrial:
+                    check: Recheck | None = None) -> CallStep | None:
         """The trial of a function just swapped, which follows its first-call guard; ``then`` after it.
 
         With ``check`` (a function the cache kept float32, swapped for its
         first re-check), the re-check's trial, ``then`` being that check.
+        Where its float32 body cannot be built, ``then`` alone, and an INFO
+        line says why.
         """
         traced = record.traced_state
-        states = {HALF: tf_internals.concrete_function_state(concrete_function),
-                  FLOAT32: self._float32_state(concrete_function, traced)}
+        try:
+            states = {HALF: tf_internals.concrete_function_state(concrete_function),
+                      FLOAT32: self._float32_state(concrete_function, traced)}
+        except Exception as exc:  # noqa: BLE001 - the rewrite runs, untried
+            self._say_untried(record.report.name, exc)
+            return then
         if check is not None:
             return self._recheck_trial(concrete_function, check, states)
         return self._trial(concrete_function, record.report.name, states, self._key(traced), then,
-                           on_float32=self.swapped.restore, record=record)
+                           on_float32=self._forgetting_swap(states[FLOAT32]), record=record)
 
     def for_caller(self, concrete_function, then: CallStep | None = None, check: Recheck | None = None):
         """What runs a function whose graph calls swapped bodies after its first call: a trial (``check``'s
@@ -588,11 +606,26 @@ class FunctionTrials:
         state = tf_internals.concrete_function_state(concrete_function)
         if not self._swapped_callees(state):
             return then
-        states = {HALF: state, FLOAT32: self._float32_state(concrete_function, state)}
+        name = function_name(concrete_function)
+        try:
+            states = {HALF: state, FLOAT32: self._float32_state(concrete_function, state)}
+        except Exception as exc:  # noqa: BLE001 - the rewritten bodies run, untried
+            self._say_untried(name, exc)
+            return then
         if check is not None:
             return self._recheck_trial(concrete_function, check, states)
-        return self._trial(concrete_function, function_name(concrete_function), states, self._key(state), then,
-                           on_float32=lambda cf: None)
+        return self._trial(concrete_function, name, states, self._key(state), then, on_float32=lambda cf: None)
+
+    def _forgetting_swap(self, float32_state: dict) -> Callable[[Any], None]:
+        """After a float32 verdict: the swap's record goes, and the function keeps ``float32_state``.
+
+        That state is the traced one where the step has no loss scaling; else the traced one without it.
+        """
+        def on_float32(concrete_function) -> None:
+            self.swapped.restore(concrete_function)
+            tf_internals.set_concrete_function_state(concrete_function, float32_state)
+
+        return on_float32
 
     def is_caller(self, concrete_function) -> bool:
         """Whether the function's graph calls swapped bodies."""
@@ -708,16 +741,19 @@ class FunctionTrials:
         return StepRegions.of(parts, tf_internals.graph_in_state(traced), self.target)
 
     def _float32_state(self, concrete_function, traced_state: dict) -> dict:
-        """The traced state, with the calls of swapped bodies sent to their traced ones where it makes any."""
-        replacements = {name: record.traced_state["_inference_function"]
-                        for name, record in self._swapped_callees(traced_state).items()}
-        return state_calling(concrete_function, traced_state, replacements)
+        """The traced state without loss scaling, with the calls of swapped bodies sent to their traced ones
+        (without loss scaling too) where it makes any (:mod:`amp_rewrite.runtime.loss_scale.unscaled`)."""
+        replacements = {name: state_calling(callee, record.traced_state, {},
+                                            transform=unscaled_function)["_inference_function"]
+                        for name, (callee, record) in self._swapped_callees(traced_state).items()}
+        return state_calling(concrete_function, traced_state, replacements, transform=unscaled_function)
 
-    def _swapped_callees(self, state: dict) -> dict[str, SwapRecord]:
-        """The swapped bodies the graph of ``state`` calls: the name its calls give → the callee's record."""
+    def _swapped_callees(self, state: dict) -> dict[str, tuple[Any, SwapRecord]]:
+        """The swapped bodies the graph of ``state`` calls: the name its calls give → the callee and its record."""
         graph = tf_internals.graph_in_state(state)
         called = set(tf_internals.graph_functions(graph)) if graph is not None else set()
-        return {called_name(cf): record for cf, record in list(self.swapped.items()) if called_name(cf) in called}
+        return {called_name(cf): (cf, record) for cf, record in list(self.swapped.items())
+                if called_name(cf) in called}
 
     def profile_call(self, body: str, call: Callable[[], Any]):
         """Runs ``call`` profiled: each executed node's seconds (its kernels' on a GPU), or why there are none."""
@@ -758,6 +794,10 @@ class FunctionTrials:
     def _remember(self, key: str, verdict: StepVerdict, name: str) -> None:
         self.cache.put(key, replace(verdict.timing(), what=f"tf.function {name}, {self.target}"))
         self.cache.save()
+
+    def _say_untried(self, name: str, exc: Exception) -> None:
+        logger.info("amp-rewrite: tf.function %s runs in %s, not tried: its float32 body could not be built: %s",
+                    name, self.target, first_line(exc, with_type=True, if_empty=NO_MESSAGE))
 
     def _say(self, name: str, verdict: StepVerdict | MixedVerdict, concrete_function, *,
              unmixed: str | None = None) -> None:

@@ -241,20 +241,24 @@ class Mixing:
         return verdict
 
 
-def state_calling(concrete_function, traced_state: dict, replacements: Mapping[str, Any]) -> dict:
+def state_calling(concrete_function, traced_state: dict, replacements: Mapping[str, Any], *,
+                  transform: Callable[[Any], Any] | None = None) -> dict:
     """``traced_state`` with its graph's calls of some functions sent to others (itself where it calls none).
 
     Args:
         concrete_function: the function whose state it is (never changed: a copy holding the state is loaded).
         traced_state: the state to load again.
         replacements: the name a call gives → the function object to call instead.
+        transform: changes the FunctionDefs of the body and its library, as
+            :func:`~amp_rewrite.runtime.tf2.concrete.reload_calling` takes it; None: none.
     """
     from amp_rewrite.runtime.tf2.concrete import reload_calling
 
-    if not replacements:
+    if not replacements and transform is None:
         return traced_state
     # A copy holding the traced state: calls of the function from other threads meanwhile run its own.
-    new = reload_calling(tf_internals.function_with_state(concrete_function, traced_state), replacements)
+    new = reload_calling(tf_internals.function_with_state(concrete_function, traced_state), replacements,
+                         transform=transform)
     if new is None:
         return traced_state
     new_state = tf_internals.concrete_function_state(new)

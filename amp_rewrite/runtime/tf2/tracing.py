@@ -21,6 +21,9 @@ Guarantees:
   a tape run the float32 function instead (logged), since custom gradient
   closures only know the traced graph.
 - tf.data functions are left alone: they run on the host's CPU.
+- Functions traced into a TF1 graph (eager execution off, or inside
+  ``with tf.Graph().as_default()``) are left to the session that runs the
+  graph, which rewrites them with it.
 - XLA-compiled functions (``jit_compile=True``) stay float32 when the runtime
   chose its target (``auto``) for a CPU: XLA's CPU backend has no fast
   bfloat16 kernels (:func:`xla_keeps_float32`). A requested target, a GPU, or
@@ -225,6 +228,9 @@ class TracingHook:
         if TF_DATA_ATTR in concrete_function.function_def.attr:
             logger.debug("tf.function %s: a tf.data function, left in float32", name)
             return
+        if not is_explicit and _traced_for_a_session():
+            logger.debug("tf.function %s: traced into a TF1 graph, which the session running it rewrites whole", name)
+            return
         config = config or self.default_config()
         if not is_explicit:
             reason = xla_keeps_float32(concrete_function.function_def, setting=self._setting(),
@@ -403,6 +409,19 @@ def installed_hooks() -> list[TracingHook]:
         return []
     return [callback.__self__ for callback in callbacks
             if isinstance(getattr(callback, "__self__", None), TracingHook)]
+
+
+def _traced_for_a_session() -> bool:
+    """Whether the function just traced is for a TF1 graph (eager execution off, or a ``Graph`` being built).
+
+    A patched ``Session`` rewrites that graph with its whole function library
+    and tries each step against a float32 copy calling the functions as
+    traced (:mod:`~amp_rewrite.runtime.tf1.session.float32_copy`): a body
+    swapped in here would be half in both.
+    """
+    import tensorflow as tf
+
+    return not tf.compat.v1.executing_eagerly_outside_functions()
 
 
 def _runtime_hook() -> TracingHook | None:

@@ -5,16 +5,23 @@ takes, so each verdict is decided here, on any machine.
 """
 
 import logging
+import subprocess
+import sys
+from collections import Counter
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import rng, runner_of, tf1
+from helpers import HALF_TYPES, our_lines, rng, runner_of, tf1
+from runners import clean_env
 
-from amp_rewrite import runtime
+from amp_rewrite import runtime, tf_internals
+from amp_rewrite.graph.facts import called_functions
+from amp_rewrite.runtime.loss_scale.tf1_optimizer import STATE_COLLECTION
 from amp_rewrite.runtime.settings import RuntimeSettings
 from amp_rewrite.runtime.tf1.session import RuntimeRewriteError
 from amp_rewrite.runtime.tf1.session import session_trial as session_trials
+from amp_rewrite.runtime.tf1.session.float32_copy import FLOAT32_SCOPE
 from amp_rewrite.runtime.tf1.session.plans import PlanKey, RunPlan, ancestors
 from amp_rewrite.tune.cache import read_file
 from amp_rewrite.tune.trial import CALLS, FLOAT32, HALF, schedule
@@ -32,19 +39,22 @@ def training_graph(optimizer: str = "sgd", inputs: str = "placeholders"):
     """x → MatMul → Relu → MatMul → squared error ``loss``; ``train_op`` by SGD or Adam; ``init``.
 
     ``inputs``: ``placeholders`` (x and t fed), ``iterator`` (x from a tf.data
-    iterator, ``iterator_init``), or ``queue`` (x dequeued; ``enqueue`` fills it).
+    iterator, ``iterator_init``), or ``queue`` (x dequeued; ``enqueue`` puts in 32
+    batches); from either, ``batch`` is the batch's number, counting from 0.
     """
     graph = tf.Graph()
     with graph.as_default():
         if inputs == "iterator":
-            dataset = tf.data.Dataset.from_tensor_slices(X).repeat().batch(8)
+            dataset = tf.data.Dataset.range(1000).map(lambda i: (tf.constant(X), i))
             iterator = tf1.data.make_initializable_iterator(dataset)
             graph.add_to_collection("iterator_init", iterator.initializer)
-            x = tf.ensure_shape(iterator.get_next(), [8, 16])
+            x, batch = iterator.get_next()
+            tf.identity(batch, name="batch")
         elif inputs == "queue":
-            queue = tf1.FIFOQueue(64, [tf.float32], shapes=[[8, 16]])
-            queue.enqueue([tf.constant(X)], name="enqueue")
-            x = queue.dequeue()
+            queue = tf1.FIFOQueue(64, [tf.float32, tf.int64], shapes=[[8, 16], []])
+            queue.enqueue_many([tf.constant(np.stack([X] * 32)), tf.range(32, dtype=tf.int64)], name="enqueue")
+            x, batch = queue.dequeue()
+            tf.identity(batch, name="batch")
         else:
             x = tf1.placeholder(tf.float32, [None, 16], name="x")
         t = tf1.placeholder(tf.float32, [None, 1], name="t")
@@ -78,10 +88,10 @@ def float32_losses(steps_run: int, weights=None, optimizer: str = "sgd") -> list
         return [float(sess.run(STEP, FEEDS)[1]) for _ in range(steps_run)]
 
 
-def start(amp_runtime, tmp_path, seconds=None, **fields):
-    """The runtime in forced bfloat16 with step trials and a cache in ``tmp_path``; the test's timer, or one
+def start(amp_runtime, tmp_path, seconds=None, target="bfloat16", **fields):
+    """The runtime in forced ``target`` with step trials and a cache in ``tmp_path``; the test's timer, or one
     that fails the test when it is called."""
-    amp_runtime(RuntimeSettings(target="bfloat16", is_timing_steps=True, tune_cache_dir=str(tmp_path), **fields))
+    amp_runtime(RuntimeSettings(target=target, is_timing_steps=True, tune_cache_dir=str(tmp_path), **fields))
     trials = session_trials.trials_of(runtime.current_runtime())
     calls = []
 
@@ -128,7 +138,7 @@ def test_half_that_runs_faster_keeps_the_rewritten_step(amp_runtime, tmp_path, c
     assert calls == schedule()  # the init step runs no half op: no trial
     assert {"mm1", "mm2"} <= set(matmul_types(plan)) and set(matmul_types(plan).values()) == {tf.bfloat16}
     ran = {node.node_name for device in metadata.step_stats.dev_stats for node in device.node_stats}
-    assert "mm1" in ran and not any(name.startswith(session_trials.FLOAT32_SCOPE) for name in ran)
+    assert "mm1" in ran and not any(name.startswith(FLOAT32_SCOPE) for name in ran)
     reason = "the step ran 5.0 ms in bfloat16 and 8.0 ms in float32 on this CPU (1.60x)"
     assert lines(caplog) [-1:] == [f"amp-rewrite: session step (fetches train_op, loss) runs in bfloat16: {reason}"]
     assert runtime.session_step_decisions() == [("(fetches train_op, loss)", True, reason)]
@@ -149,7 +159,7 @@ def test_half_that_runs_slower_runs_the_float32_step_on_the_same_variables(amp_r
     runtime.disable()
     assert len(calls) == CALLS
     assert len(matmul_types(plan)) == 6 and set(matmul_types(plan).values()) == {tf.float32}
-    assert all(name.startswith(session_trials.FLOAT32_SCOPE + "/") for name in matmul_types(plan))
+    assert all(name.startswith(FLOAT32_SCOPE + "/") for name in matmul_types(plan))
     assert "stays float32: the step ran 20.0 ms in bfloat16 and 10.0 ms in float32 on this CPU" in lines(caplog)[-1]
     # every step of the trial trained the one set of variables, in either variant
     assert all(later < earlier for earlier, later in zip(trial_losses, trial_losses[1:]))
@@ -184,24 +194,23 @@ def test_a_second_run_decides_from_the_cache_before_its_first_step(amp_runtime, 
 
 
 @pytest.mark.parametrize("inputs", ["iterator", "queue"])
-def test_a_step_reading_an_iterator_or_a_queue_gets_no_trial(amp_runtime, tmp_path, caplog, inputs):
+def test_a_step_reading_an_iterator_or_a_queue_is_tried_on_the_script_s_next_batches(amp_runtime, tmp_path, caplog,
+                                                                                      inputs):
     calls = start(amp_runtime, tmp_path, HALF_LOSES)
     graph = training_graph(inputs=inputs)
-    with caplog.at_level(logging.DEBUG, SESSION_LOGGER), tf1.Session(graph=graph) as sess:
+    with caplog.at_level(logging.INFO, SESSION_LOGGER), tf1.Session(graph=graph) as sess:
         sess.run("init")
-        if inputs == "iterator":
-            sess.run(graph.get_collection("iterator_init"))
-        else:
-            for _ in range(CALLS + 2):
-                sess.run("enqueue")
-        for _ in range(CALLS + 2):
-            sess.run(STEP, {"t:0": T})
-        plan = step_plan(sess, feeds=("t:0",))
-    assert not calls
-    assert set(matmul_types(plan).values()) == {tf.bfloat16}
-    assert any("no step trial for session step (fetches train_op, loss): it reads" in line
-               for line in lines(caplog, logging.DEBUG))
-    assert runtime.session_step_decisions() == []
+        sess.run(graph.get_collection("iterator_init") if inputs == "iterator" else "enqueue")
+        batches = [int(sess.run([*STEP, "batch:0"], {"t:0": T})[2]) for _ in range(CALLS + 3)]
+        plan = step_plan(sess, fetches=[*STEP, "batch:0"], feeds=("t:0",))
+        shadow = runner_of(sess).shadow_graph
+    assert calls == schedule()
+    assert batches == list(range(CALLS + 3))  # either variant took the next batch: no copy started over
+    assert set(matmul_types(plan).values()) == {tf.float32}
+    state = [op for op in shadow.get_operations() if op.name.startswith(FLOAT32_SCOPE)
+             and op.type in ("IteratorV2", "FIFOQueueV2")]
+    assert not state  # the copy reads the shadow's own iterator or queue
+    assert "stays float32" in lines(caplog)[-1]
 
 
 def test_steps_are_not_timed_unless_asked(amp_runtime):
@@ -244,39 +253,277 @@ def test_a_failed_trial_run_raises_in_strict_mode(amp_runtime, tmp_path):
             sess.run(STEP, FEEDS)
 
 
-def test_a_loss_scaled_float16_step_gets_no_trial(amp_runtime, tmp_path, caplog):
-    amp_runtime(RuntimeSettings(target="float16", is_timing_steps=True, tune_cache_dir=str(tmp_path)))
-    graph = training_graph()
-    with caplog.at_level(logging.DEBUG, SESSION_LOGGER), tf1.Session(graph=graph) as sess:
+def half_ops_run_by(plan, shadow_graph) -> list[str]:
+    """The ops a plan runs that compute in half, in the main graph and in every function they call."""
+    functions = tf_internals.graph_functions(shadow_graph)
+    found, pending, seen = [], [], set()
+    for op in ancestors(plan.fetches):
+        found += [op.name] if is_half(op.node_def) else []
+        pending += called_functions(op.node_def, functions)
+    while pending:
+        name = pending.pop()
+        if name in seen or name not in functions:
+            continue
+        seen.add(name)
+        for node in functions[name].definition.node_def:
+            found += [f"{name}::{node.name}"] if is_half(node) else []
+            pending += called_functions(node, functions)
+    return found
+
+
+def is_half(node) -> bool:
+    return any(value.type in HALF_TYPES or set(value.list.type) & set(HALF_TYPES) for value in node.attr.values())
+
+
+def trained(graph, sess, steps: int, feeds: dict) -> list[float]:
+    return [float(sess.run(STEP, feeds)[1]) for _ in range(steps)]
+
+
+def trial_then_float32(graph_of, feeds: dict, amp_runtime, tmp_path, target="bfloat16"):
+    """A step tried with half losing: its losses over the trial and 5 steps after, the variables' values after the
+    trial, the plans of both variants, the half ops each runs (:func:`half_ops_run_by`), and the op types one more
+    step of the float32 variant ran."""
+    amp_runtime(RuntimeSettings(target=target, is_timing_steps=True, tune_cache_dir=str(tmp_path)))
+    calls = []
+    session_trials.trials_of(runtime.current_runtime()).timer = (
+        lambda body, run: (calls.append(body), (run(), HALF_LOSES[body]))[1])
+    graph = graph_of()
+    with tf1.Session(graph=graph) as sess:
         sess.run("init")
-        for _ in range(3):
-            sess.run(STEP, FEEDS)
-        plan = step_plan(sess)
-        assert not runner_of(sess).keeper.trials
-    assert plan.reports and set(matmul_types(plan).values()) == {tf.float16}
-    assert any("no step trial for session step (fetches train_op, loss): it applies loss scaling" in line
-               for line in lines(caplog, logging.DEBUG))
+        trial_losses = trained(graph, sess, 1, feeds)
+        [trial] = runner_of(sess).keeper.trials.values()
+        half = trial.plans[HALF]
+        trial_losses += trained(graph, sess, CALLS - 1, feeds)
+        after_trial = sess.run(graph.get_collection("trainable_variables"))
+        losses = trained(graph, sess, 5, feeds)
+        plan = step_plan(sess, feeds=tuple(feeds))
+        shadow = runner_of(sess).shadow_graph
+        half_ops = {HALF: half_ops_run_by(half, shadow), FLOAT32: half_ops_run_by(plan, shadow)}
+        ran = executed_ops(sess, feeds)
+        assert runner_of(sess).fallback_reason is None
+    assert calls == schedule()
+    return trial_losses, after_trial, losses, half, plan, half_ops, ran
 
 
-def test_a_step_calling_a_function_the_rewrite_changed_gets_no_trial(amp_runtime, tmp_path, caplog):
-    calls = start(amp_runtime, tmp_path, HALF_LOSES)
+def executed_ops(sess, feeds: dict) -> Counter:
+    """The op types one more step ran, counted, from its step stats (what the session kept after pruning)."""
+    metadata = tf1.RunMetadata()
+    sess.run(STEP, feeds, options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE), run_metadata=metadata)
+    # a node's label is ``name = Op(inputs)``, whether it ran in the graph or inlined from a function
+    return Counter(node.timeline_label.split(" = ")[1].split("(")[0] for device in metadata.step_stats.dev_stats
+                   for node in device.node_stats if " = " in node.timeline_label)
+
+
+def float32_from(graph_of, weights, feeds: dict, steps: int, ops: Counter | None = None) -> list[float]:
+    """The losses of a float32 session of ``graph_of()`` (no runtime) from the trainable variables' ``weights``;
+    the op types one more step of it ran go into ``ops``."""
+    runtime.disable()
+    graph = graph_of()
+    with tf1.Session(graph=graph) as sess:
+        sess.run("init")
+        for variable, value in zip(graph.get_collection("trainable_variables"), weights):
+            variable.load(value, sess)
+        losses = trained(graph, sess, steps, feeds)
+        if ops is not None:
+            ops.update(executed_ops(sess, feeds))
+        return losses
+
+
+def control_flow_graph():
+    """A ``tf.while_loop`` (three steps of tanh(h W), the first through a ``tf.cond`` in the loop's body) and a
+    ``tf.cond`` in a TF1 graph: control flow v2, as under ``disable_eager_execution()``; squared error ``loss``,
+    ``train_op`` by SGD; ``init``."""
     graph = tf.Graph()
     with graph.as_default():
         x = tf1.placeholder(tf.float32, [None, 16], name="x")
-        w = tf1.get_variable("w", [16, 4], initializer=tf1.initializers.random_normal(seed=1, stddev=0.1))
-        y = tf.matmul(x, w, name="mm")  # half: the branches read it as it is
-        flag = tf1.placeholder_with_default(False, [], name="flag")
-        loss = tf.reduce_mean(tf.cond(flag, lambda: y * 2.0, lambda: y * 1.0), name="loss")
-        train = tf1.train.GradientDescentOptimizer(0.01).minimize(loss, name="train_op")
+        t = tf1.placeholder(tf.float32, [None, 1], name="t")
+        w = tf1.get_variable("w", [16, 16], initializer=tf1.initializers.random_normal(seed=1, stddev=0.3))
+        v = tf1.get_variable("v", [16, 1], initializer=tf1.initializers.random_normal(seed=2, stddev=0.3))
+
+        def body(i, h):  # a function calling functions: the loop's body calls the cond's branches
+            return i + 1, tf.cond(i > 0, lambda: tf.tanh(tf.matmul(h, w)), lambda: tf.nn.relu(tf.matmul(h, w)))
+
+        _, h = tf.while_loop(lambda i, h: i < 3, body, [0, x])
+        y = tf.cond(tf.reduce_sum(h) > 0.0, lambda: tf.matmul(h, v), lambda: tf.matmul(h, v) * 0.5)
+        loss = tf.reduce_mean(tf.square(y - t), name="loss")
+        tf1.train.GradientDescentOptimizer(0.05).minimize(loss, name="train_op")
         tf1.global_variables_initializer()
-    with caplog.at_level(logging.DEBUG, SESSION_LOGGER), tf1.Session(graph=graph) as sess:
+    assert {"While", "If"} <= {op.type for op in graph.get_operations()}
+    return graph
+
+
+class TanhCell:
+    """``h' = tanh([x, h] W)``: what ``dynamic_rnn`` and ``static_rnn`` need of a cell (Keras 3 has no TF1 cells)."""
+
+    output_size = state_size = 16
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def zero_state(self, batch_size, dtype):
+        return tf.zeros([batch_size, 16], dtype)
+
+    def __call__(self, inputs, state, scope=None):
+        with tf1.variable_scope(self.name, reuse=tf1.AUTO_REUSE):
+            w = tf1.get_variable("w", [16 + 16, 16], initializer=tf1.initializers.random_normal(seed=3, stddev=0.3))
+        h = tf.tanh(tf.matmul(tf.concat([inputs, state], 1), w))
+        return h, h
+
+
+SEQUENCES = np.stack([X[:4]] * 5, axis=1)  # 4 sequences of 5 steps of 16
+
+
+def rnn_graph():
+    """A ``dynamic_rnn`` (a while loop) and a ``static_rnn`` (a cond per step), each with ``sequence_length``."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [4, 5, 16], name="x")
+        lengths = tf.constant([5, 3, 4, 1], name="lengths")
+        _, last = tf1.nn.dynamic_rnn(TanhCell("dynamic"), x, sequence_length=lengths, dtype=tf.float32)
+        _, unrolled = tf1.nn.static_rnn(TanhCell("static"), tf.unstack(x, axis=1), sequence_length=lengths,
+                                        dtype=tf.float32)
+        loss = tf.reduce_mean(tf.square(last - 0.5) + tf.square(unrolled + 0.5), name="loss")
+        tf1.train.GradientDescentOptimizer(0.1).minimize(loss, name="train_op")
+        tf1.global_variables_initializer()
+    assert {"StatelessWhile", "StatelessIf"} <= {op.type for op in graph.get_operations()}
+    return graph
+
+
+def function_graph():
+    """A ``tf.function`` called in a TF1 graph: the session rewrites it with the graph (the tracing hook leaves it)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [None, 16], name="x")
+        t = tf1.placeholder(tf.float32, [None, 1], name="t")
+        w = tf1.get_variable("w", [16, 1], initializer=tf1.initializers.random_normal(seed=1, stddev=0.3))
+
+        @tf.function
+        def forward(inputs):
+            return tf.matmul(tf.nn.relu(inputs), w)
+
+        loss = tf.reduce_mean(tf.square(forward(x) - t), name="loss")
+        tf1.train.GradientDescentOptimizer(0.05).minimize(loss, name="train_op")
+        tf1.global_variables_initializer()
+    active = runtime.current_runtime()
+    assert active is None or not active.tracing.swapped
+    return graph
+
+
+def defun_graph():
+    """A ``Defun`` called by its op name: its results are float32, all its half ops inside it."""
+    from tensorflow.python.framework import function  # TF1's Defun has no public name under TF2
+
+    graph = tf.Graph()
+    with graph.as_default():
+
+        @function.Defun(tf.float32, tf.float32)
+        def layer(inputs, weights):
+            return tf.nn.relu(tf.matmul(inputs, weights))
+
+        x = tf1.placeholder(tf.float32, [None, 16], name="x")
+        t = tf1.placeholder(tf.float32, [None, 1], name="t")
+        w = tf1.get_variable("w", [16, 1], initializer=tf1.initializers.random_normal(seed=1, stddev=0.3))
+        y = layer(x, w.read_value())
+        y.set_shape([None, 1])
+        loss = tf.reduce_mean(tf.square(y - t), name="loss")
+        tf1.train.GradientDescentOptimizer(0.05).minimize(loss, name="train_op")
+        tf1.global_variables_initializer()
+    return graph
+
+
+@pytest.mark.parametrize("graph_of, feeds", [(control_flow_graph, FEEDS), (rnn_graph, {"x:0": SEQUENCES}),
+                                             (function_graph, FEEDS), (defun_graph, FEEDS)],
+                         ids=["cond-and-while-loop", "rnns-with-sequence-length", "tf-function", "defun"])
+def test_a_step_calling_control_flow_functions_is_tried_against_their_float32_bodies(amp_runtime, tmp_path,
+                                                                                    graph_of, feeds):
+    trial_losses, after_trial, losses, half, plan, half_ops, ran = trial_then_float32(graph_of, feeds, amp_runtime,
+                                                                                      tmp_path)
+    assert [name for name in half_ops[HALF] if "::" in name]  # the rewrite changed the functions
+    assert half_ops[FLOAT32] == []  # the float32 verdict runs float32 ops only
+    called = {name for op in ancestors(plan.fetches) for name in called_functions(op.node_def, {op.type: 1})}
+    assert called, "the float32 step calls the script's functions"  # its own copies, or those the rewrite left
+    assert np.all(np.isfinite(trial_losses)) and trial_losses[-1] < trial_losses[0]
+    # every step of the trial trained the one set of variables; the float32 steps go on from there
+    plain = Counter()
+    np.testing.assert_allclose(losses, float32_from(graph_of, after_trial, feeds, 5, plain), rtol=1e-5, atol=1e-6)
+    assert ran == plain  # the script's float32 step, op for op
+
+
+def test_a_loss_scaled_float16_step_is_tried_against_its_float32_step_without_the_scaling(amp_runtime, tmp_path):
+    trial_losses, after_trial, losses, half, plan, half_ops, ran = trial_then_float32(
+        training_graph, FEEDS, amp_runtime, tmp_path, target="float16")
+    assert half.reports and half_ops[HALF] and not half_ops[FLOAT32]
+    assert not plan.reports and set(matmul_types(plan).values()) == {tf.float32}
+    assert {"MulNoNan", "IsFinite", "AssignVariableOp"} <= {op.type for op in ancestors(half.fetches)}
+    assert "ResourceApplyGradientDescent" in ran and not set(ran) & {"MulNoNan", "IsFinite", "AssignVariableOp"}, ran
+    plain = Counter()
+    np.testing.assert_allclose(losses, float32_from(training_graph, after_trial, FEEDS, 5, plain), rtol=1e-6,
+                               atol=1e-6)
+    del ran["NoOp"], plain["NoOp"]  # the loss-scale update's group, now of nothing
+    assert ran == plain  # the script's float32 step, op for op
+    assert np.all(np.isfinite(trial_losses)) and trial_losses[-1] < trial_losses[0]
+
+
+def test_float32_steps_leave_the_loss_scale_state_as_the_half_steps_left_it(amp_runtime, tmp_path):
+    start(amp_runtime, tmp_path, HALF_LOSES, target="float16")
+    graph = training_graph()
+    with tf1.Session(graph=graph) as sess:
         sess.run("init")
-        for _ in range(CALLS + 1):
-            sess.run([train, loss], {x: X})
-        assert not runner_of(sess).keeper.trials
-    assert not calls
-    assert any("no step trial for session step (fetches train_op, loss): it calls functions the rewrite changed"
-               in line for line in lines(caplog, logging.DEBUG))
+        states = []
+        for _ in range(CALLS + 4):
+            sess.run(*step_call(graph))
+            states.append(sess.run(graph.get_collection(STATE_COLLECTION)))  # scale, good steps, skipped steps
+    good_steps = [int(good) for _, good, _ in states]
+    half_so_far = [schedule()[:index + 1].count(HALF) for index in range(CALLS)]
+    assert good_steps == half_so_far + [half_so_far[-1]] * 4  # only a half step moves it
+    assert {float(scale) for scale, _, _ in states} == {32768.0} and {int(s) for _, _, s in states} == {0}
+
+
+def test_a_step_fetching_the_overflow_probe_runs_half_untried_and_says_so(amp_runtime, tmp_path, caplog):
+    calls = start(amp_runtime, tmp_path, HALF_LOSES, target="float16", is_finding_overflow=True)
+    graph = training_graph()
+    with caplog.at_level(logging.INFO, SESSION_LOGGER), tf1.Session(graph=graph) as sess:
+        sess.run("init")
+        for _ in range(3):
+            sess.run(*step_call(graph))
+        plan = step_plan(sess)
+    assert not calls and plan.has_probe and set(matmul_types(plan).values()) == {tf.float16}
+    assert lines(caplog) [-1:] == ["amp-rewrite: session step (fetches train_op, loss) runs in float16, not tried: "
+                                   "it fetches the overflow probe (AMP_REWRITE_FIND_OVERFLOW), which watches its "
+                                   "half ops"]
+
+
+SCRIPT = """
+import numpy as np
+import tensorflow as tf
+
+tf.compat.v1.disable_eager_execution()
+x = tf.compat.v1.placeholder(tf.float32, [None, 64], name="x")
+w = tf.compat.v1.get_variable("w", [64, 64])
+_, h = tf.while_loop(lambda i, h: i < 2, lambda i, h: (i + 1, tf.tanh(tf.matmul(h, w))), [0, x])
+y = tf.cond(tf.reduce_sum(h) > 0.0, lambda: h * 2.0, lambda: h)
+loss = tf.reduce_mean(tf.square(y))
+train = tf.compat.v1.train.GradientDescentOptimizer(0.01).minimize(loss)
+with tf.compat.v1.Session() as sess:
+    sess.run(tf.compat.v1.global_variables_initializer())
+    for _ in range(12):
+        sess.run([train, loss], {x: np.ones((32, 64), np.float32)})
+"""
+
+
+def test_a_script_upgraded_to_tf2_with_eager_execution_off_has_its_control_flow_steps_tried(tmp_path):
+    """The real clock: whichever variant wins, the step is tried and one line says which."""
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    env = clean_env(ENABLE_AUTO_MP="1", AMP_REWRITE_TARGET="bfloat16", AMP_REWRITE_TUNE="1",
+                    AMP_REWRITE_TUNE_CACHE=str(tmp_path / "cache"))
+    done = subprocess.run([sys.executable, str(script)], env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = [line for line in our_lines(done.stderr) if "session step" in line]
+    assert len(steps) == 1, our_lines(done.stderr)
+    assert "(fetches GradientDescent, Mean) runs in bfloat16: the step ran" in steps[0] or \
+        "(fetches GradientDescent, Mean) stays float32: the step ran" in steps[0], steps
 
 
 def test_ops_added_between_steps_neither_restart_the_trial_nor_copy_the_step_again(amp_runtime, tmp_path, caplog):
@@ -293,8 +540,8 @@ def test_ops_added_between_steps_neither_restart_the_trial_nor_copy_the_step_aga
     assert len(calls) == CALLS
     assert sum("stays float32" in line for line in lines(caplog)) == 1
     scopes = {op.name.split("/")[0] for op in shadow.get_operations()
-              if op.name.startswith(session_trials.FLOAT32_SCOPE)}
-    assert scopes == {session_trials.FLOAT32_SCOPE}
+              if op.name.startswith(FLOAT32_SCOPE)}
+    assert scopes == {FLOAT32_SCOPE}
     assert set(matmul_types(plan).values()) == {tf.float32}
 
 
@@ -333,11 +580,13 @@ def test_a_step_fetching_a_variable_is_tried(amp_runtime, tmp_path):
     assert values[-1][2].shape == (16, 4) and not np.array_equal(values[-1][2], values[0][2])
 
 
-def test_a_step_running_collective_ops_gets_no_trial():
+def test_a_step_running_collective_ops_runs_half_untried_and_says_so(amp_runtime, tmp_path, caplog):
+    start(amp_runtime, tmp_path)
     graph = tf.Graph()
     with graph.as_default():
         x = tf1.placeholder(tf.float32, [8], name="x")
-        tf.raw_ops.CollectiveReduceV2(input=x, group_size=2, group_key=1, instance_key=1, ordering_token=[],
+        half = tf.cast(tf.cast(x, tf.bfloat16) * 2, tf.float32)  # as a rewritten step computes
+        tf.raw_ops.CollectiveReduceV2(input=half, group_size=2, group_key=1, instance_key=1, ordering_token=[],
                                       merge_op="Add", final_op="Id", name="sum")
     key = PlanKey(graph.version, ("sum:0",), ("x:0",))
     why = session_trials.why_no_trial(graph, graph, key, RunPlan([], [], {}))

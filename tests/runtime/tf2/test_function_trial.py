@@ -6,13 +6,16 @@ real clock on a model too small for half to win anywhere.
 """
 
 import logging
+from collections import Counter
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import HALF_TYPES
 
 from amp_rewrite import runtime, tf_internals
 from amp_rewrite.errors import UsageError
+from amp_rewrite.graph.facts import called_functions
 from amp_rewrite.runtime.settings import RuntimeSettings
 from amp_rewrite.runtime.tf2 import tracing
 from amp_rewrite.runtime.tf2.function_trial import Recheck
@@ -544,3 +547,125 @@ def test_under_op_determinism_a_cached_verdict_decides_and_is_not_checked_again(
         "again"]
     cf = step.get_concrete_function()
     assert half_ops(cf) == [] and tf_internals.call_override(cf) is None
+
+
+def scaled_training_loop():
+    """``training_loop``'s step applied by a Keras 3 SGD (which the runtime guards under float16)."""
+    import keras
+
+    w = tf.Variable(np.linspace(-0.2, 0.2, 64 * 64, dtype=np.float32).reshape(64, 64))
+    x = tf.constant(np.linspace(0.0, 1.0, 16 * 64, dtype=np.float32).reshape(16, 64))
+    optimizer = keras.optimizers.SGD(0.01)
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(tf.matmul(tf.nn.relu(tf.matmul(x, w)), w)))
+        optimizer.apply(tape.gradient(loss, [w]), [w])
+        return loss
+
+    return step, w
+
+
+def executed_ops(call) -> Counter:
+    """The op types one ``call()`` ran, counted, from TensorFlow's profiler (after its optimizations and pruning)."""
+    import tempfile
+    from pathlib import Path
+
+    from amp_rewrite.runtime.profile import op_events
+
+    with tempfile.TemporaryDirectory() as logdir:
+        tf.profiler.experimental.start(logdir)
+        try:
+            call()
+        finally:
+            tf.profiler.experimental.stop()
+        return Counter(op for _, op, _ in op_events(Path(logdir).rglob("*.xplane.pb")))
+
+
+def half_nodes_run_by(concrete_function) -> list[str]:
+    """The nodes of the body the function runs now, and of the functions it calls, that compute in half."""
+    state = tf_internals.concrete_function_state(concrete_function)
+    library = {name: f.definition for name, f in
+               tf_internals.graph_functions(tf_internals.graph_in_state(state)).items()}
+    found, pending, seen = [], [state["_inference_function"].definition], set()
+    while pending:
+        fdef = pending.pop()
+        if fdef.signature.name in seen:
+            continue
+        seen.add(fdef.signature.name)
+        for node in fdef.node_def:
+            if any(value.type in HALF_TYPES or set(value.list.type) & set(HALF_TYPES) for value in node.attr.values()):
+                found.append(f"{fdef.signature.name}::{node.name}")
+            pending += [library[name] for name in called_functions(node, library)]
+    return found
+
+
+# The loss scaling's ops: the unscaling, the finiteness checks (of the loss and of each gradient), the guard.
+SCALING_OPS = {"MulNoNan", "IsFinite", "If", "StatelessIf", "Switch"}
+
+
+def test_a_float16_step_that_stays_float32_runs_without_its_loss_scaling(amp_runtime, tmp_path, caplog):
+    """The traced body scales the loss and checks every gradient: its float32 variant does neither."""
+    amp_runtime(RuntimeSettings(target="float16", is_timing_steps=True, tune_cache_dir=str(tmp_path)))
+    hook = runtime.current_runtime().tracing
+    hook.trials.timer = timer_of({HALF: 0.012, FLOAT32: 0.010})
+    step, w = scaled_training_loop()
+    good_steps = []
+    with caplog.at_level(logging.INFO, TRACING_LOGGER):
+        losses = []
+        for _ in range(CALLS + 4):
+            losses.append(float(step()))
+            good_steps.append(int(runtime.current_runtime().loss_scaling.state().good_steps.numpy()))
+        after_trial = w.numpy()
+        losses += [float(step()) for _ in range(3)]
+    cf = step.get_concrete_function()
+    assert "amp-rewrite: tf.function step stays float32" in "\n".join(lines(caplog))
+    assert tf_internals.call_override(cf) is None and cf not in hook.swapped
+    ops = executed_ops(step)
+    assert any("MatMul" in op for op in ops) and not set(ops) & SCALING_OPS, ops
+    # only a half call moves the loss-scale state: the float32 ones leave it where the last half one did
+    halves = [call == HALF for call in schedule()] + [False] * 4
+    assert good_steps == list(np.cumsum(halves))
+    # the float32 steps go on from the weights the trial left, as a plain float32 step would
+    runtime.disable()
+    plain_step, plain_w = scaled_training_loop()
+    plain_w.assign(after_trial)  # SGD keeps no state of its own
+    np.testing.assert_allclose(losses[-3:], [float(plain_step()) for _ in range(3)], rtol=1e-6)
+    assert executed_ops(plain_step) == ops  # the float32 step the script would run without amp-rewrite
+
+
+def test_keras3_fit_under_float16_that_stays_float32_calls_a_one_step_body_without_loss_scaling(amp_runtime, tmp_path,
+                                                                                                caplog):
+    float32_losses = keras3_fit(2)
+    amp_runtime(RuntimeSettings(target="float16", is_timing_steps=True, tune_cache_dir=str(tmp_path)))
+    runtime.current_runtime().tracing.trials.timer = timer_of({HALF: 0.030, FLOAT32: 0.020})
+    with caplog.at_level(logging.INFO, TRACING_LOGGER):
+        losses = keras3_fit(2)
+    decisions = runtime.current_runtime().tracing.trials.decisions
+    [caller] = [function() for name, verdict, function in decisions if "step_on_iterator" in name]
+    assert not [verdict for _, verdict, _ in decisions if verdict.is_half], lines(caplog)
+    iterator = iter(tf.data.Dataset.from_tensors((tf.zeros([16, 12, 12, 3]), tf.zeros([16], tf.int64))))
+    ops = executed_ops(lambda: caller(iterator))
+    assert any("Conv2D" in op for op in ops) and not set(ops) & SCALING_OPS, ops
+    assert half_nodes_run_by(caller) == []
+    np.testing.assert_allclose(losses, float32_losses, rtol=0.02)
+
+
+def test_a_function_whose_float32_body_cannot_be_built_runs_half_untried_and_says_so(amp_runtime, tmp_path, caplog,
+                                                                                    monkeypatch):
+    from amp_rewrite.runtime.tf2 import function_trial
+
+    def broken(fdef):
+        raise ValueError("no float32 body here")
+
+    monkeypatch.setattr(function_trial, "unscaled_function", broken)
+    start(amp_runtime, tmp_path)
+    runtime.current_runtime().tracing.trials.timer = lambda body, call: pytest.fail("a call was timed")
+    step, _ = training_loop()
+    with caplog.at_level(logging.INFO, TRACING_LOGGER):
+        losses = [float(step()) for _ in range(CALLS + 2)]
+    assert "MatMul" in half_ops(step.get_concrete_function())
+    assert "amp-rewrite: tf.function step runs in bfloat16, not tried: its float32 body could not be built: " \
+           "ValueError: no float32 body here" in lines(caplog)
+    assert np.all(np.isfinite(losses)) and losses[-1] < losses[0]

@@ -30,7 +30,9 @@ and every node without consumers) and import the result into a shadow
   shadow graph too.
 - With step trials on (``ENABLE_AUTO_MP`` unless ``AMP_REWRITE_TUNE=0``), a
   step whose plan runs half ops first alternates it with a float32 copy of
-  the step imported beside it over the same variables, and keeps the faster
+  the step imported beside it over the same variables and resources, with
+  the script's functions and without loss scaling
+  (:mod:`~amp_rewrite.runtime.tf1.session.float32_copy`), and keeps the faster
   for good, saying so in one INFO line;
   :func:`amp_rewrite.runtime.session_step_decisions` returns the verdicts. A later run reads them from the tuning cache.
 - If the rewrite, or any run of the rewritten graph, fails, a warning names

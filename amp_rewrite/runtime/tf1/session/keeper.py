@@ -33,7 +33,7 @@ from amp_rewrite.runtime.core import Runtime
 from amp_rewrite.runtime.tf1.session.fallback import FallbackState, error_line
 from amp_rewrite.runtime.tf1.session.fast_calls import FastCalls
 from amp_rewrite.runtime.tf1.session.plans import PlanKey, RunPlan, StepId, make_plan
-from amp_rewrite.runtime.tf1.session.session_trial import SessionTrial, SessionTrials, trials_of
+from amp_rewrite.runtime.tf1.session.session_trial import SessionTrial, SessionTrials, step_name, trials_of
 from amp_rewrite.runtime.tf1.shadow_graph import ShadowGraph, ShadowState
 from amp_rewrite.tune.trial import HALF, RECHECK_EVERY
 
@@ -127,10 +127,10 @@ class ShadowKeeper:
         try:
             plan, trial = self.step_trials.plan(self.graph, self.shadow.graph, key, plan)
         except Exception as exc:
-            reason = f"no step trial: {error_line(exc)}"
+            reason = f"its float32 copy could not be made: {error_line(exc)}"
             if self.settings.is_strict:
-                raise RuntimeRewriteError(reason) from exc
-            logger.debug("amp-rewrite: %s", reason)
+                raise RuntimeRewriteError(f"no step trial: {reason}") from exc
+            self.step_trials.say_untried(step_name(key), reason)
             trial = None
         if trial is not None and trial.cached is not None:  # decided from the cache: checked again later
             self._recheck_later(step, trial)

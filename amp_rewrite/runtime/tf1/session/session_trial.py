@@ -12,34 +12,33 @@ step ran 8.0 ms in bfloat16 and 16.2 ms in float32 on this CPU (2.02x)``,
 for an MLP of 512, 1024, 1024 and 10 units trained with Adam on batches of 256).
 
 The float32 variant lives in the same shadow graph, beside the rewritten
-one: the script graph's ops the step's fetches depend on are imported once
-more, as the script built them (float32), under a scope of their own
-(:data:`FLOAT32_SCOPE`), every variable left out and every input that read
-one mapped to the shadow's own variable op. Both variants therefore read and
-update the same variables, in the same session: every run of the trial is
-a real training step, whichever variant ran it, and a float32 verdict runs
-exactly the script's float32 computation on the variables the rewritten
-steps trained. (Copying values between two sessions instead would cost a
-copy of every variable at every switch, and a second session's memory.)
+one (:mod:`~amp_rewrite.runtime.tf1.session.float32_copy`): the script
+graph's ops the step's fetches depend on, imported once more as the script
+built them, over the shadow's own variables and resources, calling the
+script's functions (control flow v2 included) and without loss scaling.
+Both variants therefore train the same variables in the same session:
+every run of the trial is a real training step, whichever variant ran it,
+and a float32 verdict runs exactly the script's float32 computation on the
+variables the rewritten steps trained. (Copying values between two
+sessions instead would cost a copy of every variable at every switch, and a
+second session's memory.)
 
-No trial where sharing is not that simple; the step keeps the rewritten
-plan and a DEBUG line says why:
+Every step that runs half ops is tried, but two, which keep the rewritten
+plan with an INFO line saying why:
 
-- the step reads a resource other than a variable (an iterator, a queue, a
-  reader, a table): a second copy of its creator would be another resource
-  (an iterator starting over), and sharing it is not what the script wrote;
-- the step calls functions (``tf.function``, control flow v2) that the
-  rewrite changed in place: the copy's calls would reach their half bodies
-  (a step calling only functions the rewrite left as they were is tried);
-- the step runs collective ops (a distributed step), with an INFO line:
-  its workers would have to decide together, and a graph-mode job has no
-  coordination service to decide through (:mod:`amp_rewrite.runtime.job`);
-  each worker timing its own trial could keep another variant than its
-  peers, whose collectives would wait for each other forever;
-- the step applies loss scaling (float16, or bfloat16 with
-  ``AMP_LOSS_SCALE``) or fetches the overflow probe: its float32 copy would
-  scale too, so a trial would not time float32's step. Auto picks bfloat16
-  on CPUs with bfloat16 kernels, which is the case trials are for.
+Every step that runs half ops is tried, but two, which keep the rewritten
+plan with an INFO line saying why:
+
+- the step runs collective ops (a distributed step): its workers would
+  have to decide together, and a graph-mode job has no coordination
+  service to decide through (:mod:`amp_rewrite.runtime.job`); each worker
+  timing its own trial could keep another variant than its peers, whose
+  collectives would wait for each other forever;
+- the step fetches the overflow probe (``AMP_REWRITE_FIND_OVERFLOW=1``):
+  its half ops run, so that the probe can name the one that overflows.
+
+A step whose float32 copy cannot share the shadow's state
+(:class:`~amp_rewrite.runtime.tf1.session.float32_copy.NoTrial`) says so too.
 
 The two best times go into the tuning cache under the step's key
 (:func:`~amp_rewrite.tune.keys.session_step_key`: the script graph's ops
@@ -65,9 +64,10 @@ from typing import Any
 
 from amp_rewrite import tf_internals
 from amp_rewrite.config import Config
-from amp_rewrite.graph.facts import node_name
+from amp_rewrite.graph.facts import called_functions, node_name
 from amp_rewrite.runtime.job import first_collective
-from amp_rewrite.runtime.tf1.session.plans import FeedPlan, PlanKey, RunPlan, ancestors, dtype_change
+from amp_rewrite.runtime.tf1.session.float32_copy import NoTrial, float32_plan
+from amp_rewrite.runtime.tf1.session.plans import PlanKey, RunPlan, ancestors
 from amp_rewrite.tune import keys
 from amp_rewrite.tune.cache import TuneCache
 from amp_rewrite.tune.trial import (
@@ -86,15 +86,6 @@ from amp_rewrite.tune.trial import (
 
 # One logger for the whole package: its lines keep the name they have always had.
 logger = logging.getLogger(__package__)
-
-# The ops that hold a variable (as the shadow graph's copy of variables knows them).
-VARIABLE_OPS = ("VarHandleOp", "VariableV2", "Variable")
-#: The scope the float32 variants of the shadow's steps are imported under.
-FLOAT32_SCOPE = "Float32-AmpRewrite"
-
-
-class NoTrial(Exception):
-    """A step that cannot be tried: the message says why."""
 
 
 @dataclass
@@ -180,9 +171,10 @@ class SessionTrials:
         step the cache has times for runs the plan they chose, with its
         re-check (a trial whose ``cached`` is that verdict, for the keeper to
         start later; none under op determinism); a step that cannot be tried
-        (:class:`NoTrial`) keeps ``half``, with a DEBUG line; under op
-        determinism, a step the cache does not know keeps ``half``, with an
-        INFO line. Otherwise ``half`` runs first, on trial.
+        (:class:`~amp_rewrite.runtime.tf1.session.float32_copy.NoTrial`)
+        keeps ``half``, with an INFO line saying why; under op determinism, a
+        step the cache does not know keeps ``half``, with an INFO line.
+        Otherwise ``half`` runs first, on trial.
         """
         if not runs_half(half):
             return half, None
@@ -217,7 +209,7 @@ class SessionTrials:
             trial = SessionTrial({HALF: half, FLOAT32: float32_plan(script_graph, shadow_graph, key, half)},
                                  step_key, name)
         except NoTrial as exc:
-            logger.debug("amp-rewrite: no step trial for session step %s: %s", name, exc)
+            self.say_untried(name, str(exc))
             return half, None
         return half, trial
 
@@ -268,6 +260,13 @@ class SessionTrials:
         fetches = [f"op {e.type}" if not hasattr(e, "dtype") else f"{e.dtype.name}{_dims(e)}" for e in elements]
         inputs = [(tensor.dtype.name, _dims(tensor)) for tensor in map(script_graph.get_tensor_by_name, key.feeds)]
         return keys.session_step_key(nodes, fetches, inputs, target=self.target, settings=self.settings)
+
+    def say_untried(self, name: str, reason: str) -> None:
+        """The INFO line of a step that runs its rewritten plan untried, once per step and process."""
+        if f"untried {name}" in self._said:
+            return
+        self._said.add(f"untried {name}")
+        logger.info("amp-rewrite: session step %s runs in %s, not tried: %s", name, self.target, reason)
 
     def say_lists_decide(self, name: str, step_key: str) -> None:
         """The line of a step that would be tried, under op determinism (once per step and process)."""
@@ -333,30 +332,30 @@ HALF_DTYPES = ("bfloat16", "float16")
 
 
 def runs_half(plan: RunPlan) -> bool:
-    """Whether any op the plan runs computes in half."""
-    return any(tensor.dtype.base_dtype.name in HALF_DTYPES
-               for op in ancestors(plan.fetches) for tensor in op.outputs)
+    """Whether any op the plan runs computes in half: in the graph, or in a function it calls (a branch, a loop's
+    body, a ``Defun``: one whose results are float32 may compute in half inside)."""
+    ops = list(ancestors(plan.fetches))
+    if any(tensor.dtype.base_dtype.name in HALF_DTYPES for op in ops for tensor in op.outputs):
+        return True
+    if not ops:
+        return False
+    import tensorflow as tf
+
+    half = {tf.as_dtype(name).as_datatype_enum for name in HALF_DTYPES}
+    functions = tf_internals.graph_functions(ops[0].graph)
+    called = [name for op in ops for name in called_functions(op.node_def, functions)]
+    return any(value.type in half or half.intersection(value.list.type)
+               for name in _reached(functions, called) for node in functions[name].definition.node_def
+               for value in node.attr.values())
 
 
 def why_no_trial(script_graph, shadow_graph, key: PlanKey, plan: RunPlan) -> str | None:
-    """Why the step cannot be tried with a float32 copy over the shadow's variables; None when it can."""
-    if plan.reports:
-        return "it applies loss scaling, which its float32 copy would apply too"
+    """Why the step cannot be tried against a float32 copy in the shadow; None when it can."""
     if plan.has_probe:
-        return "it fetches the overflow probe"
+        return "it fetches the overflow probe (AMP_REWRITE_FIND_OVERFLOW), which watches its half ops"
     collective = collective_op(script_graph, key)
     if collective is not None:
         return f"it runs {collective.type} {collective.name!r}: every worker or replica must run the same variant"
-    called: list[str] = []
-    for op in ancestors(script_graph.as_graph_element(name) for name in key.fetches):
-        if op.type in VARIABLE_OPS:
-            continue
-        if _creates_resource(op):
-            return f"it reads {op.type} {op.name!r}, which a float32 copy could not share"
-        called += _called(op.node_def)
-    changed = _changed_functions(script_graph, shadow_graph, called)
-    if changed:
-        return f"it calls functions the rewrite changed under the same names ({', '.join(changed)})"
     return None
 
 
@@ -396,90 +395,6 @@ def _function_nodes(script_graph, called: list[str]) -> list:
         return []
     script = tf_internals.graph_functions(script_graph)
     return [node for name in _reached(script, called) for node in script[name].definition.node_def]
-
-
-def _changed_functions(script_graph, shadow_graph, called: list[str]) -> list[str]:
-    """The functions among ``called`` (and those they call) whose shadow definition is not the script's.
-
-    The float32 copy's calls reach the shadow's functions by name: where the
-    rewrite changed one in place, the copy would run its half body.
-    """
-    if not called:
-        return []
-    script, shadow = tf_internals.graph_functions(script_graph), tf_internals.graph_functions(shadow_graph)
-    return sorted(name for name in _reached(script, called)
-                  if name not in shadow or shadow[name].definition != script[name].definition)
-
-
-def float32_plan(script_graph, shadow_graph, key: PlanKey, half: RunPlan) -> RunPlan:
-    """The plan of the step's float32 copy, imported into ``shadow_graph`` over the shadow's own variables.
-
-    A fed tensor the step does not depend on (Keras feeds its learning
-    phase to every step), and a fetched variable, are fed and fetched as
-    ``half``, the rewritten plan, does.
-
-    Raises :class:`NoTrial` when a variable the step reads is not the
-    shadow's variable of the same kind and dtype.
-    """
-    import tensorflow as tf
-    from tensorflow.core.framework import graph_pb2
-
-    script_ops = list(ancestors(script_graph.as_graph_element(name) for name in key.fetches))
-    variables = {op.name for op in script_ops if op.type in VARIABLE_OPS}
-    copy = graph_pb2.GraphDef()
-    copy.versions.CopyFrom(script_graph.graph_def_versions)
-    input_map: dict[str, Any] = {}
-    for op in script_ops:
-        if op.name in variables:
-            continue
-        node = op.node_def
-        if "_class" in node.attr:
-            del node.attr["_class"]  # colocation with a variable the copy leaves out; the placer colocates refs
-        copy.node.add().CopyFrom(node)
-        for ref in node.input:
-            name, port = (ref[1:], 0) if ref.startswith("^") else _split(ref)
-            if name in variables:
-                input_map[ref if ref.startswith("^") else f"{name}:{port}"] = _shared(script_graph, shadow_graph,
-                                                                                   name, port)
-    copied = {node.name for node in copy.node}
-    inside = [name for name in (*key.fetches, *key.feeds) if node_name(name) in copied]
-    with shadow_graph.as_default():
-        elements = dict(zip(inside, tf.compat.v1.import_graph_def(copy, input_map=input_map, return_elements=inside,
-                                                                  name=FLOAT32_SCOPE)))
-    fetches, fetch_dtypes = [], []
-    for index, name in enumerate(key.fetches):
-        if name in elements:
-            fetches.append(elements[name])
-            fetch_dtypes.append(dtype_change(script_graph.as_graph_element(name), elements[name]))
-        else:
-            fetches.append(half.fetches[index])
-            fetch_dtypes.append(half.fetch_dtypes[index])
-    feeds = {name: FeedPlan(elements[name], None) if name in elements else half.feeds[name] for name in key.feeds}
-    return RunPlan(fetches, fetch_dtypes, feeds)
-
-
-def _shared(script_graph, shadow_graph, name: str, port: int):
-    """The shadow's output of the variable op ``name``, which the copy reads in place of its own."""
-    mine = script_graph.get_operation_by_name(name)
-    try:
-        theirs = shadow_graph.get_operation_by_name(name)
-    except KeyError:
-        raise NoTrial(f"the shadow has no variable {name!r}") from None
-    if theirs.type != mine.type or theirs.get_attr("dtype") != mine.get_attr("dtype"):
-        raise NoTrial(f"the shadow's variable {name!r} is not the script's")
-    return theirs.outputs[port]
-
-
-def _creates_resource(op) -> bool:
-    """Whether ``op`` makes a resource (a queue, an iterator, a table, a reader) rather than computing."""
-    if op.inputs or not op.outputs or not op.op_def.is_stateful:
-        return False
-    return any(tensor.dtype.base_dtype.name == "resource" or tensor.dtype.is_ref_dtype for tensor in op.outputs)
-
-
-def _split(ref: str) -> tuple[str, int]:
-    name, _, port = ref.partition(":")
-    return name, int(port) if port else 0
 
 
 def _dims(tensor) -> tuple:
