@@ -67,6 +67,8 @@ def test_a_sigmoid_its_gradient_reads_stays_float32_with_it_and_every_matmul_sta
     assert cast_source(out, "allow2") == "sat1"  # the next layer reads a half Cast of it
     assert cast_source(out, "gradients/sat1_grad/SigmoidGrad", 1) == "gradients/allow2_grad/tuple/control_dependency"
     assert disagreements(result) == []
+    again = amp(out, fetches, target=target).graph_def  # idempotent: the rewritten graph is rewritten as it is
+    assert again.SerializeToString(deterministic=True) == out.SerializeToString(deterministic=True)
     outcomes = result.node_outcomes
     assert REASON in outcomes["sat1"]["reason"]
     assert GRADIENT_REASON in outcomes["gradients/sat1_grad/SigmoidGrad"]["reason"]
@@ -147,7 +149,7 @@ def train_session(graph_def, feeds, steps):
 @pytest.mark.slow
 def test_an_lstm_keeps_its_gates_and_their_gradients_float32_through_the_loops_stacks():
     gd, feeds = lstm_graph()
-    result = amp(gd, ["loss", "train", "init"], target="bfloat16")
+    result = amp(gd, ["loss", "train", "init"], target="bfloat16", is_checking=True)  # postconditions hold
     out = result.graph_def
     assert disagreements(result) == []
     nodes = {n.name: n for n in out.node}
@@ -205,7 +207,7 @@ def test_a_tf_function_loop_keeps_its_gate_float32_in_the_forward_body_and_the_g
     concrete = gru_like_step()
     gd = concrete.graph.as_graph_def()
     fetches = [t.op.name for t in concrete.outputs]
-    result = amp(gd, fetches, target="bfloat16")
+    result = amp(gd, fetches, target="bfloat16", is_checking=True)
     sigmoids, sigmoid_grads = function_nodes(result, "Sigmoid"), function_nodes(result, "SigmoidGrad")
     matmuls = function_nodes(result, "MatMul")
     assert sigmoids and sigmoid_grads and matmuls
