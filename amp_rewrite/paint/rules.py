@@ -317,17 +317,15 @@ def keep_saturating_activations_float32(ctx: PaintContext, painting: Painting) -
     ``y(1 - y)`` is computed from a float32 ``y``. In half a saturated unit's
     output rounds to 1, where that factor is exactly 0 and the unit stops
     learning. Both count as deny-list ops, so :func:`paint_deny_forward`
-    keeps float32 the elementwise ops after them up to the next allow op (an
-    LSTM cell's gating, on a CPU no faster in half, with fewer Casts in its
-    loop than a float32 Sigmoid alone among half ops). What counts is
-    :func:`~amp_rewrite.paint.saturation.gradient_reads`'s, through calls and
-    a loop's gradient stacks; a graph with no gradient is unchanged.
+    keeps float32 the elementwise ops after them up to the next allow op
+    (fewer Casts than a float32 Sigmoid alone among half ops). What counts is
+    :func:`~amp_rewrite.paint.saturation.gradient_reads`'s: through calls, and
+    not inside a loop, whose Casts would run every iteration; a graph with no
+    gradient is unchanged.
     """
     if ctx.force_all:
         return
-    structures = [cluster.vertices for cluster in painting.tensor_list_clusters]
-    for read in gradient_reads(ctx.graph, ctx.dtypes, is_boundary=ctx.boundary.__contains__,
-                               structures=structures):
+    for read in gradient_reads(ctx.graph, ctx.dtypes, is_boundary=ctx.boundary.__contains__):
         cause = read.activation
         for vid, reason in ((cause, SATURATION_REASON), *((v, SATURATION_GRADIENT_REASON)
                                                            for v in read.carriers + read.gradients)):

@@ -16,8 +16,8 @@ before the gradient reads it.
 So :func:`gradient_reads` finds each activation whose output its gradient
 op reads (:data:`GRADIENT_READERS`), and the painting keeps three things
 float32: the activation, the gradient op, and whatever carries the output
-between them (an ``Identity``, a call's or a loop's boundary, the
-TensorList or stack a loop's gradient pops it from). The activation's input
+between them (an ``Identity``, a call's boundary: a ``tf.function``
+differentiated from outside has its gradient in another function). The activation's input
 is cast up from the half op that computes it and its forward readers read a
 half Cast of its output, so every matrix product around it stays half::
 
@@ -33,6 +33,15 @@ becomes::
 A graph without the gradient (an inference graph, a model whose loss reads
 the logits, as Keras's cross-entropies do from a sigmoid or softmax output)
 has no such reader and is unchanged.
+
+An activation that runs once per loop iteration is left to the lists: an
+LSTM's gates. Kept float32 there, with the cell's gating after them, they
+cost Casts on every iteration of the loop and of its gradient (8 where the
+lists put 2), and a TF1 LSTM training step of 256 units ran 12% slower in
+bfloat16 on a CPU with AMX (58 against 52 ms), while LSTMs whose gate
+weights were drawn with a standard deviation of 1 or 2 trained in bfloat16
+as in float32. Calls are followed: a Sigmoid in a ``tf.function`` whose
+gradient is in another one is kept, and so is the path between them.
 
 Which activations count was measured (``tools/benchmarks/bench_saturation.py
 --activation``): autoencoders whose hidden layers are that activation,
@@ -58,7 +67,7 @@ gradient kept float32 (``docs/how-it-works.md`` gives the figures):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from amp_rewrite.graph.facts import DT_FLOAT
@@ -71,10 +80,8 @@ REASON = ("activation differentiated from its output: kept float32 with its grad
           "saturated output onto its bound, where the gradient's factor (y(1 - y) for Sigmoid) is exactly 0")
 #: The reason given to the gradient op and to what carries the output to it.
 GRADIENT_REASON = "computes an activation's gradient from its float32 output: kept float32 with it"
-#: Ops that pass a value on unchanged, within a body or across a v1 loop's frames.
-CARRY_OPS = frozenset({
-    "Enter", "Exit", "Identity", "IdentityN", "Merge", "NextIteration", "Snapshot", "Switch",
-})
+#: Ops that pass a value on unchanged (a v1 cond's Switch and Merge among them).
+CARRY_OPS = frozenset({"Identity", "IdentityN", "Merge", "Snapshot", "Switch"})
 
 
 @dataclass(frozen=True)
@@ -92,43 +99,45 @@ class GradientRead:
     gradients: tuple[int, ...]
 
 
-def gradient_reads(graph: TypedGraph, dtypes: list[int], *, is_boundary: Callable[[int], bool],
-                   structures: Iterable[Sequence[int]]) -> list[GradientRead]:
+def gradient_reads(graph: TypedGraph, dtypes: list[int], *, is_boundary: Callable[[int], bool]) -> list[GradientRead]:
     """Each float32 activation of :data:`GRADIENT_READERS` whose output its gradient op reads, in node order.
 
+    An activation that runs once per loop iteration (a recurrent cell's gate,
+    in a v1 while frame or a While's body) is left out: see the module's
+    docstring for what that costs and what was measured.
+
     Args:
-        graph: the typed view (every body: the gradient may be in another function or a loop's gradient body).
+        graph: the typed view (every body: the gradient may be in another function than the activation).
         dtypes: each vertex's dtype.
         is_boundary: whether a node is a call or a function's argument or result (it passes values on).
-        structures: the element-type vertices of each data structure (a TensorList, a stack): a value
-            written to one reaches every reader of it, as a loop's gradient pops the forward loop's values.
     """
-    together = {v: members for members in structures for v in members}
+    candidates = [node for node, op in enumerate(graph.ops) if op in GRADIENT_READERS]
+    if not candidates:
+        return []
+    per_iteration, in_v1_loops = graph.loop_instances(), graph.v1_loop_nodes()
     found = []
-    for node, op in enumerate(graph.ops):
-        reader = GRADIENT_READERS.get(op)
-        if reader is None:
-            continue
+    for node in candidates:
         vid = graph.output_vertex(node, 0)
-        if vid is None or dtypes[vid] != DT_FLOAT:
+        if (vid is None or dtypes[vid] != DT_FLOAT or node in in_v1_loops
+                or graph.body_of[node] in per_iteration):
             continue
-        read = _gradient_read(graph, dtypes, vid, reader, is_boundary, together)
+        read = _gradient_read(graph, dtypes, vid, GRADIENT_READERS[graph.ops[node]], is_boundary)
         if read is not None:
             found.append(read)
     return found
 
 
 def _gradient_read(graph: TypedGraph, dtypes: list[int], activation: int, reader: tuple[str, int],
-                   is_boundary: Callable[[int], bool], together: Mapping[int, Sequence[int]]) -> GradientRead | None:
+                   is_boundary: Callable[[int], bool]) -> GradientRead | None:
     """The gradient ops reading ``activation``'s output at ``reader``'s ordinal, and the carriers between."""
     gradient_op, ordinal = reader
     ops, vertex_node = graph.ops, graph.vertex_node
 
     def carries(v: int) -> bool:
         node = vertex_node[v]
-        return dtypes[v] == DT_FLOAT and (ops[node] in CARRY_OPS or is_boundary(node) or v in together)
+        return dtypes[v] == DT_FLOAT and (ops[node] in CARRY_OPS or is_boundary(node))
 
-    reached = _walk(activation, lambda v: (*graph.fanout[v], *together.get(v, ())), carries)
+    reached = set(graph.reach([activation], forward=True, backward=False, enter=carries))
     gradients, read = [], set()  # the gradient ops reading it at the ordinal, and the vertices they read
     for w in sorted({w for v in reached for w in graph.fanout[v] if ops[vertex_node[w]] == gradient_op}):
         source = graph.input_source_vertex(vertex_node[w], ordinal)
@@ -138,18 +147,5 @@ def _gradient_read(graph: TypedGraph, dtypes: list[int], activation: int, reader
     if not gradients:
         return None
     # Every carrier on a path from the activation to a gradient's input: a Cast to half on any would round.
-    on_paths: set[int] = set()
-    for start in read:
-        on_paths |= _walk(start, lambda v: (*graph.fanin[v], *together.get(v, ())), reached.__contains__)
+    on_paths = set(graph.reach(sorted(read), forward=False, backward=True, enter=reached.__contains__))
     return GradientRead(activation, tuple(sorted(on_paths - {activation})), tuple(gradients))
-
-
-def _walk(start: int, neighbours: Callable[[int], Iterable[int]], enter: Callable[[int], bool]) -> set[int]:
-    """``start`` and every vertex reached from it through vertices ``enter`` accepts."""
-    seen, stack = {start}, [start]
-    while stack:
-        for w in neighbours(stack.pop()):
-            if w not in seen and enter(w):
-                seen.add(w)
-                stack.append(w)
-    return seen
