@@ -17,9 +17,10 @@ So :func:`gradient_reads` finds each activation whose output its gradient
 op reads (:data:`GRADIENT_READERS`), and the painting keeps three things
 float32: the activation, the gradient op, and whatever carries the output
 between them (an ``Identity``, a call's boundary: a ``tf.function``
-differentiated from outside has its gradient in another function). The activation's input
-is cast up from the half op that computes it and its forward readers read a
-half Cast of its output, so every matrix product around it stays half::
+differentiated from outside has its gradient in another function). The
+activation's input is cast up from the half op that computes it and its
+forward readers read a half Cast of its output, so every matrix product
+around it stays half::
 
     allow(MatMul) -> infer(BiasAdd) -> infer(Sigmoid) -> allow(MatMul_1)
                                            `-> infer(SigmoidGrad)(y, dy <- allow(MatMul_1 grad))
@@ -47,7 +48,7 @@ Which activations count was measured (``tools/benchmarks/bench_saturation.py
 --activation``): autoencoders whose hidden layers are that activation,
 weights with a standard deviation of 1, trained with RMSProp in float32, in
 half as the lists paint them, and in half with the activation and its
-gradient kept float32 (``docs/how-it-works.md`` gives the figures):
+gradient kept float32 (``docs/benchmarks.md`` gives the figures):
 
 - ``Sigmoid``: stalls (TensorFlow-Examples' autoencoder 36% above
   float32's loss in bfloat16 and 20% in float16, its Keras port 7% in
@@ -61,8 +62,9 @@ gradient kept float32 (``docs/how-it-works.md`` gives the figures):
 - ``Elu`` (``EluGrad``, ``y + 1``), ``Selu`` (``SeluGrad``) and ``Softmax``
   (whose gradient TensorFlow builds from its output with ``Mul``, ``Sum``
   and ``Sub``) lose the same factor at their bounds, but their networks
-  ended within about 5% of float32 in half, and keeping them float32 did
-  not bring them consistently closer: they are left to the lists.
+  ended within about 5% of float32 in half (Softmax: a classifier), and
+  keeping them float32 did not bring them consistently closer: they are
+  left to the lists.
 """
 
 from __future__ import annotations
