@@ -25,8 +25,8 @@ The workloads:
   128 tokens, batch 8) trained with Adam through a TF1 ``Session``;
 - ``lstm``: a TF1 ``dynamic_rnn`` LSTM (256 units, 24 time steps, batch 64;
   a v1 while loop, its gradient popping the gates from stacks) trained with
-  Adam through a TF1 ``Session``: its gates are Sigmoids and Tanhs, which
-  the painting keeps float32 with their gradients where they saturate.
+  Adam through a TF1 ``Session``: its gates are Sigmoids read by their
+  gradients inside a loop, where Casts would run every iteration.
 
 The TF1 graphs are ``tools/benchmarks/models.py``'s, at the sizes
 ``tools/benchmarks/bench_bfloat16_steps.py`` uses; ``TF1_WARMUP`` untimed
