@@ -438,4 +438,4 @@ def _preserved_nodes(graph_def, config: Config) -> frozenset[str]:
 
 def v1_loop_nodes(graph: TypedGraph) -> set[int]:
     """Main-graph nodes inside a v1 while frame: reached from an Enter before its Exit."""
-    return graph.main_nodes_after(("Enter", "RefEnter"), ("Exit", "RefExit"))
+    return graph.v1_loop_nodes()

@@ -30,7 +30,6 @@ import logging
 from dataclasses import dataclass, field
 
 from amp_rewrite.graph.facts import called_functions
-from amp_rewrite.graph.instances import WHILE_OPS
 from amp_rewrite.graph.names import unique_name
 from amp_rewrite.graph.typed_graph import TypedGraph
 
@@ -82,7 +81,7 @@ def finalize_functions(graph: TypedGraph) -> LibraryResult:
             _set_callees(graph.nodes[call], {attr: [names[b] for b in bodies] for attr, bodies in by_attr.items()})
     result.representatives = _representatives(keys, names)
     result.rewritten = _rebuild_library(graph, result.representatives)
-    loop_bodies = _loop_instances(graph)
+    loop_bodies = graph.loop_instances()
     for name in result.representatives:
         if any(names[b] == name for b in loop_bodies):
             result.loop_functions.add(name)
@@ -217,18 +216,6 @@ def _rebuild_library(graph: TypedGraph, representative: dict[str, int]) -> list[
     rebuilt.registered_gradients.extend(library.registered_gradients)
     library.CopyFrom(rebuilt)
     return written_names
-
-
-def _loop_instances(graph: TypedGraph) -> set[int]:
-    """Instances that run once per iteration: While bodies and conds, and what they call."""
-    inside: set[int] = set()
-    for body_id in range(1, len(graph.bodies)):
-        body = graph.bodies[body_id]
-        caller = graph.nodes[body.call]
-        parent = graph.body_of[body.call]
-        if caller.op in WHILE_OPS or parent in inside:
-            inside.add(body_id)
-    return inside
 
 
 def entry_call(signature, call_name: str) -> list:

@@ -258,6 +258,19 @@ class TypedGraph(VertexDtypes):
                     stack.append(dst)
         return found
 
+    def v1_loop_nodes(self) -> set[int]:
+        """Main-graph nodes inside a v1 while frame: reached from an Enter before its Exit."""
+        return self.main_nodes_after(("Enter", "RefEnter"), ("Exit", "RefExit"))
+
+    def loop_instances(self) -> set[int]:
+        """Instances that run once per iteration: While bodies and conds, and what they call."""
+        inside: set[int] = set()
+        for body_id in range(1, len(self.bodies)):
+            body = self.bodies[body_id]
+            if self.nodes[body.call].op in WHILE_OPS or self.body_of[body.call] in inside:
+                inside.add(body_id)
+        return inside
+
     def reach(
         self,
         roots: Iterable[int],

@@ -36,6 +36,9 @@ from amp_rewrite.paint.normalization import REASON as NORMALIZATION_REASON
 from amp_rewrite.paint.normalization import statistics_nodes
 from amp_rewrite.paint.op_lists import Colour
 from amp_rewrite.paint.read_outs import read_out_tail
+from amp_rewrite.paint.saturation import GRADIENT_REASON as SATURATION_GRADIENT_REASON
+from amp_rewrite.paint.saturation import REASON as SATURATION_REASON
+from amp_rewrite.paint.saturation import gradient_reads
 from amp_rewrite.paint.tensor_lists import TensorListCluster
 
 logger = logging.getLogger(__name__)
@@ -305,11 +308,39 @@ def keep_out_of_range_values_float32(ctx: PaintContext, painting: Painting) -> N
             painting.mark_deny(vid, found[vid].reason(graph, ctx.target_dtype), found[vid].source)
 
 
+def keep_saturating_activations_float32(ctx: PaintContext, painting: Painting) -> None:
+    """Paints DENY an activation whose gradient reads its output, and that gradient, and makes them deny roots.
+
+    ``allow(MatMul) -> infer(BiasAdd) -> infer(Sigmoid) -> allow(MatMul_1)``,
+    with ``infer(SigmoidGrad)`` reading the Sigmoid's output, becomes
+    ``ALLOW -> ALLOW -> DENY -> ALLOW`` and ``DENY``: the Sigmoid reads a Cast
+    of the half sum, the next MatMul a Cast of its output, and its gradient's
+    ``y(1 - y)`` is computed from a float32 ``y``. In half a saturated unit's
+    output rounds to 1, where that factor is exactly 0 and the unit stops
+    learning. Both count as deny-list ops, so :func:`paint_deny_forward`
+    keeps float32 the elementwise ops after them up to the next allow op
+    (fewer Casts than a float32 Sigmoid alone among half ops). What counts is
+    :func:`~amp_rewrite.paint.saturation.gradient_reads`'s: through calls, and
+    not inside a loop, whose Casts would run every iteration; a graph with no
+    gradient is unchanged.
+    """
+    if ctx.force_all:
+        return
+    for read in gradient_reads(ctx.graph, ctx.dtypes, is_boundary=ctx.boundary.__contains__):
+        cause = read.activation
+        for vid, reason in ((cause, SATURATION_REASON), *((v, SATURATION_GRADIENT_REASON)
+                                                           for v in read.carriers + read.gradients)):
+            if vid not in painting.deny and ctx.can_convert(vid):
+                painting.deny_roots.add(vid)
+                painting.mark_deny(vid, reason, None if vid == cause else cause)
+
+
 def paint_deny_forward(ctx: PaintContext, painting: Painting) -> None:
     """Paints DENY each deny op and the clear/infer ops on its paths to a deny or infer op.
 
     The painting's ``deny_roots`` (a norm's statistics, the readers of a value
-    beyond the half range) count as deny ops.
+    beyond the half range, a saturating activation and its gradient) count as
+    deny ops.
 
     ``deny -> infer -> clear -> infer -> clear -> allow -> infer`` becomes
     ``DENY -> DENY -> DENY -> DENY -> clear -> allow -> infer``: the last clear
@@ -549,6 +580,7 @@ ROOT_RULES: tuple[Rule, ...] = (
     keep_read_outs_float32,
     keep_normalization_float32,
     keep_out_of_range_values_float32,
+    keep_saturating_activations_float32,
 )
 #: The rules that spread the roots' colours and then make them agree where
 #: values must hold one dtype, in the order they run.

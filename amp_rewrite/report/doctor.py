@@ -34,6 +34,7 @@ from amp_rewrite.graph.facts import DT_BFLOAT16, DT_HALF
 from amp_rewrite.graph.flops import FLOP_OPS, imported_ops, op_flops
 from amp_rewrite.paint.explain import explain_chain
 from amp_rewrite.paint.normalization import REASON as NORMALIZATION_REASON
+from amp_rewrite.paint.saturation import REASON as SATURATION_REASON
 from amp_rewrite.report.islands import Island, float32_islands
 
 #: NVIDIA tensor cores run float16 MatMul/Conv at full rate when these counts are multiples of 8.
@@ -252,6 +253,15 @@ def tensor_core_dims(op) -> dict[str, int]:
 # -- 3. float32 islands and Casts in loops -------------------------------------------------------
 
 
+# Islands the painting keeps float32 on purpose: the reason its rule gives, what the island is, why no fix.
+_ON_PURPOSE = (
+    (NORMALIZATION_REASON, "a batch or layer norm, kept float32 with its gradient",
+     "a norm stays float32 on purpose (its variance needs float32's bits)"),
+    (SATURATION_REASON, "an activation whose gradient reads its output, kept float32 with that gradient",
+     "such an activation stays float32 on purpose (in half a saturated unit's gradient is 0 and it stops learning)"),
+)
+
+
 def _island_finding(island: Island, cast_bytes: dict, all_bytes: int, outcomes: dict, origins) -> Finding:
     casts = island.casts_in + island.casts_out
     sizes = [cast_bytes.get(c) for c in casts]
@@ -263,12 +273,12 @@ def _island_finding(island: Island, cast_bytes: dict, all_bytes: int, outcomes: 
     kept_by = [{"node": name, "op": outcomes[name]["op"],
                 "list": origins.get(("deny", outcomes[name]["op"]), "deny list")} for name in keepers]
     remedy = " ".join(f"--deny-remove {op} --infer-add {op}" for op in entries)
-    is_norm = any(NORMALIZATION_REASON in outcomes[name].get("reason", "") for name in island.nodes)
+    purpose = next((found for reason, *found in _ON_PURPOSE
+                    if any(reason in outcomes[name].get("reason", "") for name in island.nodes)), None)
     fix = (f"if {', '.join(entries)} {'is' if len(entries) == 1 else 'are'} safe in half here, {remedy} "
            "and check with --validate; "
            f"that saves {len(casts)} Casts per step" if entries else
-           "none needed: a norm stays float32 on purpose (its variance needs float32's bits), and its Casts "
-           "are the price" if is_norm else
+           f"none needed: {purpose[1]}, and its Casts are the price" if purpose else
            "join it to its half neighbours (amp-rewrite explain IN NODE says why it stays float32)")
     why = (f"{len(island.nodes)} float32 node{'s' if len(island.nodes) != 1 else ''} between half ops "
            f"({', '.join(island.nodes[:4])}{', ...' if len(island.nodes) > 4 else ''}) cost "
@@ -276,7 +286,7 @@ def _island_finding(island: Island, cast_bytes: dict, all_bytes: int, outcomes: 
            f"{len(island.casts_out)} out per step"
            + (f", {known:,} bytes" if known is not None else ", bytes unknown (no static shapes)")
            + (f"; kept float32 by the deny list entr{'ies' if len(entries) > 1 else 'y'} {', '.join(entries)}"
-              if entries else "; a batch or layer norm, kept float32 with its gradient" if is_norm else ""))
+              if entries else f"; {purpose[0]}" if purpose else ""))
     return Finding(kind="float32_island", share=known / all_bytes if known is not None and all_bytes else None,
                    measure="cast_bytes", nodes=island.nodes, why=why, fix=fix, cast_bytes=known,
                    details={"casts_in": list(island.casts_in), "casts_out": list(island.casts_out),

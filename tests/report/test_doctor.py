@@ -92,6 +92,22 @@ def test_a_norm_kept_float32_is_an_island_with_no_list_edit_to_suggest():
     assert "--deny-remove" not in islands[0].fix and islands[0].details["kept_by"] == []
 
 
+def test_a_sigmoid_kept_float32_for_its_gradient_is_an_island_with_no_list_edit_to_suggest():
+    """A Sigmoid between two bfloat16 MatMuls whose gradient reads it: the doctor says why it stays float32."""
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [32, 16], name="x")
+        w = tf.Variable(R.standard_normal((16, 16)).astype(np.float32))
+        h = tf.sigmoid(tf.matmul(x, w, name="allow1"), name="sat1")
+        loss = tf.reduce_mean(tf.square(tf.matmul(h, w, name="allow2")), name="loss")
+        tf1.train.GradientDescentOptimizer(0.1).minimize(loss, name="train")
+    result = amp(g.as_graph_def(), ["loss", "train"], target="bfloat16")
+    islands = [f for f in by_kind(diagnose(result), "float32_island") if "sat1" in f.nodes]
+    assert len(islands) == 1
+    assert "gradient reads its output" in islands[0].why and "none needed" in islands[0].fix
+    assert "--deny-remove" not in islands[0].fix and islands[0].details["kept_by"] == []
+
+
 def test_the_islands_fix_removes_the_island():
     result = amp(odd_dims_graph(), ["out"], list_edits=_edits(("deny", "Exp", False), ("infer", "Exp", True)))
     assert result.node_outcomes["deny1"]["precision"] == "float16"

@@ -22,7 +22,11 @@ The workloads:
   heads, feed-forward 1024, 64 tokens, batch 8), inference through a TF1
   ``Session``;
 - ``transformer``: one post-norm transformer block (width 256, 4 heads,
-  128 tokens, batch 8) trained with Adam through a TF1 ``Session``.
+  128 tokens, batch 8) trained with Adam through a TF1 ``Session``;
+- ``lstm``: a TF1 ``dynamic_rnn`` LSTM (256 units, 24 time steps, batch 64;
+  a v1 while loop, its gradient popping the gates from stacks) trained with
+  Adam through a TF1 ``Session``: its gates are Sigmoids read by their
+  gradients inside a loop, where Casts would run every iteration.
 
 The TF1 graphs are ``tools/benchmarks/models.py``'s, at the sizes
 ``tools/benchmarks/bench_bfloat16_steps.py`` uses; ``TF1_WARMUP`` untimed
@@ -45,6 +49,13 @@ runtime rewrites the graph their ``Session.run`` runs, and under ``auto``
 each session step is tried like a ``tf.function`` (``amp-rewrite: session
 step (fetches ...) runs in bfloat16: ...``); ``TF1_WARMUP`` covers its trial.
 
+``--modes`` runs a subset of the modes. With ``--before PYTHON``, ``auto``
+and ``lists`` each get a twin, ``auto (before)`` and ``lists (before)``, the
+same run under another interpreter, one whose installed amp-rewrite is
+another version (today's release, say), with its own tuning cache: the rows
+to compare a change's step time with. The twins take their turns in the
+rotated order like any mode.
+
 The decision column gives what each run's stderr said (once, where every
 round said the same; else round by round): ``bfloat16`` or ``float32`` with
 the two step times the line gives, or "lists only" for an
@@ -66,14 +77,16 @@ A full run takes about half an hour on 2 cores, more than half of it
 ResNet-50; ``--quick`` (1 round, 1 timed step per ``fit``, small TF1
 graphs) about 10 minutes.
 
-Usage: ``python tools/benchmarks/bench_step_decision.py [--workloads cnn gpt resnet50 bert transformer]
-[--rounds 3] [--steps N] [--quick] [--out results.json]``
+Usage: ``python tools/benchmarks/bench_step_decision.py [--workloads cnn gpt resnet50 bert transformer lstm]
+[--modes float32 auto lists peer] [--before /path/to/old/python] [--rounds 3] [--steps N] [--quick]
+[--out results.json]``
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import sys
@@ -94,6 +107,7 @@ WORKLOADS = {
     "resnet50": "Keras ResNet-50 fit (64x64, batch 16, AdamW)",
     "bert": "BERT-small-like inference, TF1 session (4 layers, width 256, 64 tokens, batch 8)",
     "transformer": "transformer block training step, TF1 session (width 256, 128 tokens, batch 8)",
+    "lstm": "dynamic_rnn LSTM training step, TF1 session (256 units, 24 time steps, batch 64, Adam)",
 }
 MODES = {
     "float32": {},
@@ -106,7 +120,10 @@ MODE_LABELS = {"float32": "float32", "auto": "`ENABLE_AUTO_MP=1`",
 QUICK_WORKLOADS = {
     "bert": "BERT-like inference, TF1 session (2 layers, width 128, 32 tokens, batch 2)",
     "transformer": "transformer block training step, TF1 session (width 64, 16 tokens, batch 2)",
+    "lstm": "dynamic_rnn LSTM training step, TF1 session (64 units, 12 time steps, batch 8, Adam)",
 }
+BEFORE = " (before)"
+TWINNED = ("auto", "lists")  # the modes --before runs under the other interpreter too
 PEER_LABELS = {"keras": "Keras `mixed_bfloat16` policy", "tf1": "Grappler oneDNN bfloat16"}
 KERAS_POLICY = "mixed_bfloat16"
 GRAPPLER_PASS = "auto_mixed_precision_onednn_bfloat16"
@@ -137,6 +154,8 @@ def tf1_graph(workload: str, quick: bool):
     import bench_bfloat16_steps as sessions
     import models
 
+    if workload == "lstm":
+        return models.tf1_lstm_training() if quick else models.tf1_lstm_training(steps=24, batch=64, units=256)
     if quick:
         return models.bert_like_inference() if workload == "bert" else models.tf1_transformer_block_training()
     name = "bert_like_inference" if workload == "bert" else "transformer_block_tf1_training"
@@ -175,26 +194,37 @@ def tf1_worker(workload: str, mode: str, steps: int, quick: bool, out: str) -> N
 # --- the driver ------------------------------------------------------------------------------------
 
 
-def run_one(workload: str, mode: str, steps: int, quick: bool, cache_dir: str) -> dict:
-    """One workload in one mode in a fresh process: the worker's result, or ``{"failed": why}``."""
-    env = {**MODES[mode], "AMP_REWRITE_TUNE_CACHE": cache_dir}
+def base_mode(mode: str) -> str:
+    """The mode a twin of ``--before`` repeats (``auto`` for ``auto (before)``)."""
+    return mode.removesuffix(BEFORE)
+
+
+def run_one(workload: str, mode: str, steps: int, quick: bool, cache_dir: str, before: str | None = None) -> dict:
+    """One workload in one mode in a fresh process: the worker's result, or ``{"failed": why}``.
+
+    A ``(before)`` twin runs under the interpreter ``before``, with a tuning cache of its own.
+    """
+    twin = mode.endswith(BEFORE)
+    mode = base_mode(mode)
+    env = {**MODES[mode], "AMP_REWRITE_TUNE_CACHE": cache_dir + ("-before" if twin else "")}
     if kind(workload) == "keras":
         policy = ["--policy", KERAS_POLICY] if mode == "peer" else []
         command = [keras_runs.__file__, "--worker", workload, "--steps", str(steps),
                    "--warmup", str(DECISION_WARMUP), *policy]
     else:
         command = [__file__, "--worker", workload, "--mode", mode, "--steps", str(steps), *(["--quick"] * quick)]
-    result = profiling.run_worker(command, env, timeout_s=TIMEOUT_S)
+    result = profiling.run_worker(command, env, timeout_s=TIMEOUT_S, python=before if twin else None)
     result["decision"] = decision(workload, mode, result.get("amp_rewrite", []))
     return result
 
 
-def run_all(workloads: list[str], rounds: int, steps: dict, quick: bool) -> list[dict]:
+def run_all(workloads: list[str], modes: list[str], rounds: int, steps: dict, quick: bool,
+            before: str | None = None) -> list[dict]:
     """Every (workload, mode) once a round, in a mode order rotated each round; one record per run."""
     runs = []
     with tempfile.TemporaryDirectory(prefix="bench_step_decision_cache_") as cache_dir:
-        for round_number, workload, mode in keras_runs.interleaved(workloads, list(MODES), rounds):
-            result = run_one(workload, mode, steps[kind(workload)], quick, cache_dir)
+        for round_number, workload, mode in keras_runs.interleaved(workloads, modes, rounds):
+            result = run_one(workload, mode, steps[kind(workload)], quick, cache_dir, before)
             runs.append({"workload": workload, "mode": mode, "round": round_number, **result})
             print(f"round {round_number}/{rounds} {workload} {mode}: {progress(result)}", file=sys.stderr,
                   flush=True)
@@ -272,14 +302,15 @@ def ratio(value, base) -> str:
     return "-" if value is None or not base else f"{value / base:.2f}"
 
 
-def table(workloads: list[str], cells: dict) -> list[str]:
+def table(workloads: list[str], modes: list[str], cells: dict) -> list[str]:
     out = ["| workload | mode | wall ms/step | op ms/step | wall ÷ float32 | op ÷ float32 | loss (at step) "
            "| decision |", "|---|---|---:|---:|---:|---:|---:|---|"]
     for workload in workloads:
-        base = cells[workload]["float32"]
-        for mode in MODES:
+        base = cells[workload].get("float32", {})
+        for mode in modes:
             c = cells[workload][mode]
-            label = PEER_LABELS[kind(workload)] if mode == "peer" else MODE_LABELS[mode]
+            label = (PEER_LABELS[kind(workload)] if mode == "peer" else MODE_LABELS[base_mode(mode)]
+                     + mode[len(base_mode(mode)):])
             if "failed" in c:
                 out.append(f"| {workload} | {label} | failed: {c['failed'][:100]} ||||| {by_round(c['decisions'])} |")
                 continue
@@ -290,9 +321,9 @@ def table(workloads: list[str], cells: dict) -> list[str]:
     return out
 
 
-def line_list(workloads: list[str], cells: dict) -> list[str]:
+def line_list(workloads: list[str], modes: list[str], cells: dict) -> list[str]:
     """amp-rewrite's lines of each (workload, mode), each once."""
-    out = [f"- {workload} {mode}: `{line[:300]}`" for workload in workloads for mode in MODES
+    out = [f"- {workload} {mode}: `{line[:300]}`" for workload in workloads for mode in modes
            for line in cells[workload][mode].get("lines", [])]
     return ["\namp-rewrite's lines on stderr (every round's, each once):\n", *out] if out else []
 
@@ -307,10 +338,13 @@ def versions() -> str:
     return ", ".join(found)
 
 
-def header(args, steps: dict, runs: list[dict], elapsed: float) -> list[str]:
+def header(args, steps: dict, runs: list[dict], elapsed: float, loads: tuple) -> list[str]:
     onednn = {r["onednn_bfloat16"] for r in runs if "onednn_bfloat16" in r}
     return [f"CPU: {profiling.cpu_line()}", f"versions: {versions()}"
             + (f"; oneDNN bfloat16 on this CPU: {onednn.pop()}" if len(onednn) == 1 else ""),
+            "load average (1, 5, 15 min) at the start and the end: "
+            + "; ".join(", ".join(f"{x:.2f}" for x in load) for load in loads)
+            + (f"; (before) rows: {args.before}" if args.before else ""),
             f"rounds: {args.rounds}{' (--quick: small TF1 graphs)' if args.quick else ''}; "
             f"Keras fits: {DECISION_WARMUP} warm-up, {steps['keras']} timed, {keras_runs.PROFILED} profiled steps; "
             f"TF1 sessions: {TF1_WARMUP} warm-up, {steps['tf1']} timed, {PROFILED} profiled runs; "
@@ -321,6 +355,9 @@ def header(args, steps: dict, runs: list[dict], elapsed: float) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--before", help="an interpreter whose amp-rewrite is another version: twins of "
+                                         f"{' and '.join(TWINNED)} run under it")
     parser.add_argument("--rounds", type=int, help="rounds, the best of which a cell shows (default 3; 1 with --quick)")
     parser.add_argument("--steps", type=int, help=(
         f"timed steps per run (default {STEPS['keras']} for a Keras fit, {STEPS['tf1']} for a TF1 session; "
@@ -337,14 +374,16 @@ def main() -> None:
     if args.worker:
         tf1_worker(args.worker, args.mode, args.steps, args.quick, args.out)
         return
-    started = time.perf_counter()
-    runs = run_all(args.workloads, args.rounds, steps, args.quick)
+    modes = [twin for mode in args.modes
+             for twin in (mode, *([mode + BEFORE] if args.before and mode in TWINNED else []))]
+    started, load = time.perf_counter(), os.getloadavg()
+    runs = run_all(args.workloads, modes, args.rounds, steps, args.quick, args.before)
     loss_steps = {"keras": DECISION_WARMUP + steps["keras"], "tf1": TF1_WARMUP + steps["tf1"]}
     cells = {w: {m: cell([r for r in runs if r["workload"] == w and r["mode"] == m], loss_steps[kind(w)])
-                 for m in MODES} for w in args.workloads}
+                 for m in modes} for w in args.workloads}
     elapsed = time.perf_counter() - started
-    print("\n".join(header(args, steps, runs, elapsed) + table(args.workloads, cells)
-                    + line_list(args.workloads, cells)))
+    print("\n".join(header(args, steps, runs, elapsed, (load, os.getloadavg())) + table(args.workloads, modes, cells)
+                    + line_list(args.workloads, modes, cells)))
     if args.out:
         Path(args.out).write_text(json.dumps({
             "cpu": {"model": profiling.cpu_model(), "flags": profiling.cpu_flags()}, "versions": versions(),

@@ -57,6 +57,13 @@ from ``/proc/PID/stat``, on Linux) read as each update arrives. Another job
 on the machine lengthens a step's wall time much more than its CPU time.
 The CPU's model and half-precision flags head the report.
 
+Every mode that sets ``ENABLE_AUTO_MP`` gets a fresh tuning cache per run
+(``AMP_REWRITE_TUNE_CACHE`` in the run's directory), so every run of the step
+decision measures, and no run reads another's verdicts. With ``--before
+PYTHON`` each such mode gets a twin, ``MODE (before)``: the same run under
+another interpreter, one whose installed amp-rewrite is another version,
+taking its turn in the rotated order like any mode.
+
 Per mode the tool also reports each run's per-epoch ``loss`` and ``val_loss``
 (the closing line's values), the number of epochs (``EarlyStopping`` may end
 before the script's 10), and the stderr lines amp-rewrite wrote (what was
@@ -73,7 +80,7 @@ Usage::
 
     PYTHONPATH=. python tools/benchmarks/bench_weather_forecast.py PATH/timeseries_weather_forecasting.py \\
         [--rounds 3] [--modes float32,auto,bfloat16,bfloat16+tune] [--rows 30000] [--seed 0] \\
-        [--no-dump] [--keep DIR] [--timeout 3600]
+        [--no-dump] [--keep DIR] [--timeout 3600] [--before /path/to/old/python]
 """
 
 from __future__ import annotations
@@ -115,6 +122,7 @@ MODES = {
     "bfloat16": {"ENABLE_AUTO_MP": "1", TARGET: "bfloat16"},
     "bfloat16+tune": {"ENABLE_AUTO_MP": "1", TARGET: "bfloat16", "AMP_REWRITE_TUNE": "1"},
 }
+BEFORE = " (before)"  # a mode's twin under --before's interpreter
 HALF_TYPES = {"bfloat16": 14, "float16": 19}  # DataType enum values
 LOOP_FUNCTION = re.compile(r"while_body|standard_lstm|_body_")
 
@@ -243,7 +251,7 @@ def run_environment(mode: str, home: Path, workdir: Path, dump: bool) -> dict:
     env = clean_environment()
     env.update(MODES[mode], KERAS_HOME=str(home / ".keras"), MPLBACKEND="Agg", PYTHONUNBUFFERED="1",
                MPLCONFIGDIR=str(home / "matplotlib"))
-    if "AMP_REWRITE_TUNE" in MODES[mode]:
+    if MODES[mode].get("ENABLE_AUTO_MP"):
         env["AMP_REWRITE_TUNE_CACHE"] = str(workdir / "tune-cache")
     if dump and TARGET in MODES[mode]:
         env["AMP_REWRITE_DUMP_DIR"] = str(workdir / "dump")
@@ -339,10 +347,13 @@ def last_line(stderr: str) -> str:
 
 
 def run_once(script: Path, mode: str, round_index: int, home: Path, args) -> Run:
-    workdir = Path(tempfile.mkdtemp(prefix=f"{mode}-{round_index}-", dir=home))
-    env = run_environment(mode, home, workdir, not args.no_dump)
+    """One run of the script in ``mode``; a ``(before)`` twin runs under ``args.before``."""
+    twin = mode.endswith(BEFORE)
+    workdir = Path(tempfile.mkdtemp(prefix=f"{mode.replace(' ', '_')}-{round_index}-", dir=home))
+    env = run_environment(mode.removesuffix(BEFORE), home, workdir, not args.no_dump)
     began = time.perf_counter()
-    code, chunks, stderr = stream([sys.executable, str(script)], env, workdir, args.timeout)
+    python = args.before if twin else sys.executable
+    code, chunks, stderr = stream([python, str(script)], env, workdir, args.timeout)
     (workdir / "stdout.txt").write_bytes(b"".join(chunk for _, chunk in chunks))
     (workdir / "stderr.txt").write_text(stderr)
     run = Run(mode, round_index, code, time.perf_counter() - began, parse_epochs(segments(chunks)),
@@ -463,10 +474,15 @@ def main() -> None:
     parser.add_argument("--no-dump", action="store_true", help="do not dump the rewrites and count half nodes")
     parser.add_argument("--keep", type=Path, help="keep the data and each run's directory here")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds before a run is killed")
+    parser.add_argument("--before", help="an interpreter whose amp-rewrite is another version: each "
+                                         "ENABLE_AUTO_MP mode gets a twin run under it")
     args = parser.parse_args()
     modes = args.modes.split(",")
     if unknown := [m for m in modes if m not in MODES]:
         parser.error(f"unknown modes {unknown}; known: {', '.join(MODES)}")
+    if args.before:
+        modes = [twin for mode in modes
+                 for twin in (mode, *([mode + BEFORE] if MODES[mode].get("ENABLE_AUTO_MP") else []))]
     script = args.script.resolve()
     if not script.is_file():
         parser.error(f"{script}: no such file")
@@ -475,7 +491,10 @@ def main() -> None:
     began = time.perf_counter()
     try:
         zip_path, digest = write_dataset(home, args.rows, args.seed)
-        print(f"CPU: {cpu_line()}")
+        print(f"CPU: {cpu_line()}; load average (1, 5, 15 min) at the start: "
+              + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
+        if args.before:
+            print(f"(before) rows: {args.before}")
         print(f"script: {script} (sha256 {hashlib.sha256(script.read_bytes()).hexdigest()[:16]})")
         print(f"data: {zip_path} ({args.rows} rows, seed {args.seed}, sha256 {digest[:16]})")
         runs = []
@@ -486,7 +505,8 @@ def main() -> None:
                 print(f"round {round_index + 1} {mode}: {fmt(runs[-1].step_ms, '.1f')} ms/step, "
                       f"{len(runs[-1].epochs)} epochs, exit {runs[-1].returncode}", file=sys.stderr, flush=True)
         report(runs, modes)
-        print(f"\ntotal: {time.perf_counter() - began:.0f} s")
+        print(f"\ntotal: {time.perf_counter() - began:.0f} s; load average at the end: "
+              + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
     finally:
         if args.keep is None:
             shutil.rmtree(home, ignore_errors=True)

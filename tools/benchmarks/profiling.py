@@ -137,14 +137,16 @@ def step_timer(*, warmup: int, profile_epoch: int, profile_batch: int, profiled:
 # --- a measurement in its own process -------------------------------------------------------------
 
 
-def run_worker(command: list[str], env_vars: dict[str, str], *, timeout_s: float) -> dict:
+def run_worker(command: list[str], env_vars: dict[str, str], *, timeout_s: float, python: str | None = None) -> dict:
     """Runs ``python *command --out FILE`` in a fresh process; the JSON it wrote there, or ``{"failed": why}``.
 
     The child gets this process's environment without any variable
     amp-rewrite reads, then ``env_vars`` (so each measurement sets its own
     mode), with TensorFlow's C++ logging quiet and hashing seeded. It runs
     this interpreter (``sys.executable``), so it imports the same
-    amp-rewrite. Added to the result: ``process_s`` (the child's whole run),
+    amp-rewrite, or ``python``: another environment's, whose installed
+    amp-rewrite is another version (a "before" measurement). Added to the
+    result: ``process_s`` (the child's whole run),
     ``amp_rewrite`` (amp-rewrite's own lines from its stderr, in order) and
     ``warnings`` (the other stderr lines that mention a warning).
     """
@@ -156,7 +158,7 @@ def run_worker(command: list[str], env_vars: dict[str, str], *, timeout_s: float
         out = os.path.join(tmp, "result.json")
         started = time.perf_counter()
         try:
-            done = subprocess.run([sys.executable, *command, "--out", out], env=env, capture_output=True,
+            done = subprocess.run([python or sys.executable, *command, "--out", out], env=env, capture_output=True,
                                   text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
             return {"failed": f"timed out after {timeout_s:.0f} s"}
