@@ -12,6 +12,9 @@ installs the tracing hook and :func:`amp_rewrite.function` uses it.
   function's names);
 - :mod:`~amp_rewrite.runtime.tf2.function_trial`: a rewritten function's first calls alternate its half
   and float32 bodies, and the faster stays;
+- :mod:`~amp_rewrite.runtime.tf2.function_trials`: which functions are tried, and their float32 bodies;
+- :mod:`~amp_rewrite.runtime.tf2.function_verdicts`: what the trials decided: the tuning cache and the lines;
+- :mod:`~amp_rewrite.runtime.tf2.recheck`: a verdict read from the cache checked again in a long run;
 - :mod:`~amp_rewrite.runtime.tf2.job_rounds`: a multi-worker job's trial decisions, taken together;
 - :mod:`~amp_rewrite.runtime.tf2.step_mixing`: the mixed body of a step on trial, from one profiled
   call of each body: the regions faster in half stay half, the rest float32;

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from amp_rewrite.runtime.profile import FunctionProfiles
     from amp_rewrite.runtime.tf2.fallback import FloorFallback
     from amp_rewrite.runtime.tf2.first_call_guard import FirstCallGuards
-    from amp_rewrite.runtime.tf2.function_trial import FunctionTrials
+    from amp_rewrite.runtime.tf2.function_trials import FunctionTrials
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -59,7 +59,7 @@ class SwapTools:
         fallback: the hook's fallback to float32 (its floor watch, its guarded applies).
         profiles: with ``AMP_REWRITE_PROFILE``, what profiles a later call; else None.
         first_calls: the hook's first-call guards, which make the guard of a swapped function.
-        trials: the hook's step trials (:mod:`~amp_rewrite.runtime.tf2.function_trial`); None: no step is timed.
+        trials: the hook's step trials (:mod:`~amp_rewrite.runtime.tf2.function_trials`); None: no step is timed.
     """
 
     loss_scaling: TF2LossScaling | None
@@ -80,7 +80,7 @@ class Swap:
         is_explicit: traced by :func:`amp_rewrite.function`, not by the runtime.
         calls_guarded: its graph calls the rewritten body of a function holding a guarded apply.
         is_timed: its first eager calls alternate the rewritten and the traced body, and the faster stays.
-        check: decided from the cache, its :class:`~amp_rewrite.runtime.tf2.function_trial.Recheck`, which runs
+        check: decided from the cache, its :class:`~amp_rewrite.runtime.tf2.recheck.Recheck`, which runs
             its calls after the first (and with ``is_timed``, its first re-check is the trial); None: none.
         start: when the swap began (``time.perf_counter``).
         is_guarded: whether the loss-scale floor is watched after its first call.

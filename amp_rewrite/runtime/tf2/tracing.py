@@ -77,7 +77,7 @@ from amp_rewrite.runtime.settings import RuntimeSettings
 from amp_rewrite.runtime.tf2 import fallback as tf2_fallback
 from amp_rewrite.runtime.tf2.calls import function_name
 from amp_rewrite.runtime.tf2.first_call_guard import FirstCallGuards
-from amp_rewrite.runtime.tf2.function_trial import FunctionTrials
+from amp_rewrite.runtime.tf2.function_trials import FunctionTrials
 from amp_rewrite.runtime.tf2.swap_records import FunctionReport, SwapRecord, SwapTable
 from amp_rewrite.runtime.tf2.swap_steps import Swap, SwapTools, swap_in
 
@@ -140,7 +140,7 @@ class TracingHook:
         first_calls: its first-call guards
             (:class:`~amp_rewrite.runtime.tf2.first_call_guard.FirstCallGuards`, given the table ``swapped``).
         trials: with step timing on (the runtime's hook, unless ``AMP_REWRITE_TUNE=0``), its step trials
-            (:class:`~amp_rewrite.runtime.tf2.function_trial.FunctionTrials`, given the table ``swapped``); else None.
+            (:class:`~amp_rewrite.runtime.tf2.function_trials.FunctionTrials`, given the table ``swapped``); else None.
         tools: what the swap steps use (:class:`~amp_rewrite.runtime.tf2.swap_steps.SwapTools`).
         marked: on the marked functions' hook, each graph :func:`marked` traced → its
             :class:`~amp_rewrite.Config` (the runtime's hook reads this table too).

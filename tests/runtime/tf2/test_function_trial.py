@@ -18,7 +18,7 @@ from amp_rewrite.errors import UsageError
 from amp_rewrite.graph.facts import called_functions
 from amp_rewrite.runtime.settings import RuntimeSettings
 from amp_rewrite.runtime.tf2 import tracing
-from amp_rewrite.runtime.tf2.function_trial import Recheck
+from amp_rewrite.runtime.tf2.recheck import Recheck
 from amp_rewrite.tune.cache import Timing, read_file
 from amp_rewrite.tune.trial import CALLS, FLOAT32, HALF, schedule
 
@@ -416,9 +416,9 @@ EVERY = 4  # calls between re-checks in these tests (RECHECK_EVERY in a run)
 
 @pytest.fixture
 def recheck_often(monkeypatch):
-    from amp_rewrite.runtime.tf2 import function_trial
+    from amp_rewrite.runtime.tf2 import recheck
 
-    monkeypatch.setattr(function_trial, "RECHECK_EVERY", EVERY)
+    monkeypatch.setattr(recheck, "RECHECK_EVERY", EVERY)
 
 
 def test_a_cached_float32_verdict_that_a_recheck_clearly_contradicts_switches_to_half(
@@ -654,12 +654,12 @@ def test_keras3_fit_under_float16_that_stays_float32_calls_a_one_step_body_witho
 
 def test_a_function_whose_float32_body_cannot_be_built_runs_half_untried_and_says_so(amp_runtime, tmp_path, caplog,
                                                                                     monkeypatch):
-    from amp_rewrite.runtime.tf2 import function_trial
+    from amp_rewrite.runtime.tf2 import function_trials
 
     def broken(fdef):
         raise ValueError("no float32 body here")
 
-    monkeypatch.setattr(function_trial, "unscaled_function", broken)
+    monkeypatch.setattr(function_trials, "unscaled_function", broken)
     start(amp_runtime, tmp_path)
     runtime.current_runtime().tracing.trials.timer = lambda body, call: pytest.fail("a call was timed")
     step, _ = training_loop()

@@ -2,7 +2,7 @@
 
 A call of a ``tf.function`` on a GPU returns once its kernels are queued;
 they run for milliseconds after. The TF2 trial's timer
-(:meth:`~amp_rewrite.runtime.tf2.function_trial.FunctionTrials.time_call`)
+(:meth:`~amp_rewrite.runtime.tf2.function_trials.FunctionTrials.time_call`)
 synchronises the device before it reads the clock, so a verdict compares
 device times. A TF1 ``Session.run`` returns once its step has finished on
 the device (:func:`~amp_rewrite.tune.trial.time_call`
@@ -25,7 +25,7 @@ from amp_rewrite import runtime
 from amp_rewrite.config import Config
 from amp_rewrite.runtime.settings import RuntimeSettings
 from amp_rewrite.runtime.tf2 import tracing
-from amp_rewrite.runtime.tf2.function_trial import FunctionTrials
+from amp_rewrite.runtime.tf2.function_trials import FunctionTrials
 from amp_rewrite.runtime.tf2.swap_records import SwapTable
 from amp_rewrite.tune.trial import CALLS, HALF, time_call
 
