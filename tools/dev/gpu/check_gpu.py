@@ -74,7 +74,7 @@ def main() -> int:
         return f"XLA result on {got.device}, finite: {bool(tf.reduce_all(tf.math.is_finite(got)))}"
 
     def profile():
-        from amp_rewrite.runtime.profile import traced_op_seconds
+        from amp_rewrite.tune.step_stats import traced_op_seconds
 
         step_function = tf.function(lambda x: tf.matmul(x, x, name="big"))
         x = tf.constant(rng.standard_normal((4096, 4096)).astype(np.float32))
