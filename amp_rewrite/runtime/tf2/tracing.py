@@ -478,6 +478,23 @@ def step_decisions() -> list[tuple[str, bool, str]]:
                 for name, verdict, _ in hook.trials.decisions]
 
 
+def steps_on_trial() -> list[str]:
+    """The steps whose trial has not ended yet, by name: the pure bodies', the profiles, a mixed body's or a re-check.
+
+    A step's trial ends with its verdict kept (or its body changed by a
+    fallback); until then some of its calls time, profile or confirm a body,
+    so a tool that times steady-state calls waits for this to be empty. A
+    trial no call has reached is left out: a function called only from
+    another one's graph (Keras's ``one_step_on_data`` inside
+    ``multi_step_on_iterator``) is decided with its caller, never alone.
+    """
+    hook = _runtime_hook()
+    if hook is None or hook.trials is None:
+        return []
+    with LOCK:
+        return sorted(trial.name for trial in list(hook.trials.trials) if not trial.is_over and trial.trial.calls)
+
+
 def swapped() -> list[tuple[object, FunctionReport]]:
     """The ConcreteFunctions running rewritten now, each with its report."""
     with LOCK:

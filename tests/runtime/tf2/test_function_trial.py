@@ -81,6 +81,20 @@ def test_half_that_runs_faster_is_kept(amp_runtime, tmp_path, caplog):
     assert np.all(np.isfinite(losses)) and losses[-1] < losses[0]
 
 
+def test_a_step_is_on_trial_until_its_verdict(amp_runtime, tmp_path):
+    start(amp_runtime, tmp_path, {HALF: 0.005, FLOAT32: 0.010})
+    step, _ = training_loop()
+    assert tracing.steps_on_trial() == []
+    on_trial = []
+    for _ in range(CALLS + 2):
+        step()
+        on_trial.append(tracing.steps_on_trial())
+    assert on_trial[0] == ["step"] and on_trial[-1] == []
+    first_free = on_trial.index([])
+    assert all(names == ["step"] for names in on_trial[:first_free]) and not any(on_trial[first_free:])
+    assert tracing.step_decisions()[0][:2] == ("step", True)
+
+
 def test_half_that_runs_slower_gives_the_step_its_float32_body(amp_runtime, tmp_path, caplog):
     float32_step, float32_w = training_loop()
     float32_losses = [float(float32_step()) for _ in range(CALLS + 2)]
