@@ -37,6 +37,10 @@ class LossScaleLog:
     non_finite_losses: dict = field(default_factory=dict)
     hopeless: set = field(default_factory=set)
 
+    def skips(self, reports) -> bool:
+        """Whether a step's reports, not recorded yet, say that it skipped (a skipped-step count went up)."""
+        return any(report[1] > self.skipped.get(index, 0.0) for index, report in enumerate(reports))
+
     def record(self, reports) -> str | None:
         """Logs what one step's (scale, skipped, good steps, loss is finite) reports say.
 

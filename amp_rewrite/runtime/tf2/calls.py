@@ -28,6 +28,11 @@ class CallStep(Protocol):
 
     def after_call(self, concrete_function, start: Any) -> None: ...
 
+    def skipped_since(self, start: Any) -> bool:
+        """Whether the loss scale skipped a step since :meth:`before_call` returned ``start`` (a call on trial
+        whose step skipped ran no optimizer update: its time is no step's)."""
+        ...
+
 
 def function_name(concrete_function) -> str:
     """The name of the traced function (its graph's): what reports and log lines call it."""

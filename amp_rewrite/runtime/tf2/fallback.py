@@ -128,6 +128,11 @@ class FloorWatch:
         if reason is not None:
             self.on_hopeless(concrete_function, reason)
 
+    def skipped_since(self, start: Any) -> bool:
+        """Whether a step was skipped since :meth:`before_call` returned ``start``."""
+        after = self.count()
+        return after is not None and after != (start or 0)
+
     def count(self) -> int | None:
         """The skipped-step count now (None before any step was scaled)."""
         if not self.scaling.has_state():

@@ -118,6 +118,9 @@ class FunctionTrial:
     def before_call(self, concrete_function):
         return self.then.before_call(concrete_function) if self.then is not None else None
 
+    def skipped_since(self, start) -> bool:
+        return self.then is not None and self.then.skipped_since(start)
+
     def after_call(self, concrete_function, start) -> None:
         if self.then is not None:
             self.then.after_call(concrete_function, start)
@@ -157,9 +160,13 @@ class FunctionTrial:
             outputs, seconds = self.mixing.profiler(body, call)  # op seconds per node, or None
         else:
             outputs, seconds = self.timer(body, call)
+        # A call whose step the loss scale skipped applied no update: it cost less than a step, so its time or
+        # profile is not recorded and the same body runs again. (Each skip halves the scale; a skip at its floor
+        # makes the watch fall back to float32, which ends the trial.)
+        skipped = self.skipped_since(start)
         if self.then is not None:
             self.then.after_call(cf, start)
-        if self.is_on_trial(cf):  # a fallback during the call ends the trial
+        if self.is_on_trial(cf) and not skipped:  # a fallback during the call ends the trial
             self._record(cf, body, seconds)
         return outputs
 

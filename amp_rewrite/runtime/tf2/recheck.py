@@ -87,6 +87,9 @@ class Recheck:
         if self.watch is not None:
             self.watch.after_call(concrete_function, start)
 
+    def skipped_since(self, start) -> bool:
+        return self.watch is not None and self.watch.skipped_since(start)
+
     def is_watching(self) -> bool:
         """Whether the floor watch runs the calls (a half body's)."""
         return self.watch is not None and self.verdict.is_half

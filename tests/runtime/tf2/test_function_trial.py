@@ -649,6 +649,45 @@ def test_a_float16_step_that_stays_float32_runs_without_its_loss_scaling(amp_run
     assert executed_ops(plain_step) == ops  # the float32 step the script would run without amp-rewrite
 
 
+def test_a_step_the_loss_scale_skipped_is_not_timed_for_the_trial(amp_runtime, tmp_path, caplog):
+    """A skipped step applies no update, so it costs less than a step: timed, it would make half look faster.
+
+    The first scale (2^40) overflows float16, so the first half calls skip
+    while it halves. The test's timer gives a call 1 ms when its step skipped
+    (the loss-scale state says so after the call), else the body's time:
+    half 12 ms, float32 10 ms. Counted, the skipped calls would make half
+    win; not counted, float32 stays, and half ran as many timed calls as
+    float32 once the scale was low enough.
+    """
+    from amp_rewrite.runtime.settings import LossScaleSettings
+
+    amp_runtime(RuntimeSettings(target="float16", is_timing_steps=True, tune_cache_dir=str(tmp_path),
+                                loss_scale=LossScaleSettings(initial_scale=2.0**40)))
+    hook = runtime.current_runtime().tracing
+    scaling = runtime.current_runtime().loss_scaling
+    calls = []
+
+    def timer(body, call):
+        before = int(scaling.state().skipped_steps.numpy()) if scaling.has_state() else 0
+        outputs = call()
+        skipped = scaling.has_state() and int(scaling.state().skipped_steps.numpy()) > before
+        calls.append((body, skipped))
+        return outputs, 0.001 if skipped else {HALF: 0.012, FLOAT32: 0.010}[body]
+
+    hook.trials.timer = timer
+    step, w = scaled_training_loop()
+    with caplog.at_level(logging.INFO, TRACING_LOGGER):
+        for _ in range(4 * CALLS):
+            step()
+    skipped_calls = [body for body, skipped in calls if skipped]
+    assert len(skipped_calls) >= 2 and set(skipped_calls) == {HALF}, calls
+    decided = [line for line in lines(caplog) if line.startswith("amp-rewrite: tf.function step ")]
+    assert decided == ["amp-rewrite: tf.function step stays float32: the step ran 12.0 ms in float16 and 10.0 ms in "
+                       "float32 on this CPU"], decided
+    counted = [body for body, skipped in calls if not skipped]  # half's warm-up is the first call's, untimed
+    assert (counted.count(HALF), counted.count(FLOAT32)) == (CALLS // 2 - 1, CALLS // 2), calls
+
+
 def test_keras3_fit_under_float16_that_stays_float32_calls_a_one_step_body_without_loss_scaling(amp_runtime, tmp_path,
                                                                                                 caplog):
     float32_losses = keras3_fit(2)

@@ -26,9 +26,6 @@ second session's memory.)
 Every step that runs half ops is tried, but two, which keep the rewritten
 plan with an INFO line saying why:
 
-Every step that runs half ops is tried, but two, which keep the rewritten
-plan with an INFO line saying why:
-
 - the step runs collective ops (a distributed step): its workers would
   have to decide together, and a graph-mode job has no coordination
   service to decide through (:mod:`amp_rewrite.runtime.job`); each worker
