@@ -213,6 +213,17 @@ class TrialSchedule:
             self.times[body].append(seconds)
         self.calls += 1
 
+    def skip(self, body: str) -> None:
+        """One call of ``body`` finished whose time says nothing of a step (the loss scale skipped its update).
+
+        It is not timed, and a pair (``body``, then the other) is added at the
+        schedule's end: each body still gets its timed calls, and the calls go
+        on alternating, so while half steps skip, float32 steps between them
+        still train.
+        """
+        self.order += [body, FLOAT32 if body == HALF else HALF]
+        self.calls += 1
+
     def verdict(self) -> StepVerdict | None:
         """Half or float32, by the best times (clear where both halves agree); None while the trial runs or a
         body has no timed call."""

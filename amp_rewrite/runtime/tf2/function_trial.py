@@ -160,15 +160,25 @@ class FunctionTrial:
             outputs, seconds = self.mixing.profiler(body, call)  # op seconds per node, or None
         else:
             outputs, seconds = self.timer(body, call)
-        # A call whose step the loss scale skipped applied no update: it cost less than a step, so its time or
-        # profile is not recorded and the same body runs again. (Each skip halves the scale; a skip at its floor
-        # makes the watch fall back to float32, which ends the trial.)
         skipped = self.skipped_since(start)
         if self.then is not None:
             self.then.after_call(cf, start)
-        if self.is_on_trial(cf) and not skipped:  # a fallback during the call ends the trial
-            self._record(cf, body, seconds)
+        if self.is_on_trial(cf):  # a fallback during the call ends the trial
+            if skipped:
+                self._skip(body)
+            else:
+                self._record(cf, body, seconds)
         return outputs
+
+    def _skip(self, body: str) -> None:
+        """A call whose step the loss scale skipped: it applied no update and cost less than a step, so its time
+        or profile is not kept, and its body runs once more (:meth:`TrialSchedule.skip
+        <amp_rewrite.tune.trial.TrialSchedule.skip>`; a profile is taken again at the next call). Each skip halves
+        the scale, and a skip at its floor makes the watch fall back to float32, which ends the trial."""
+        if self.verdict is None:
+            self.trial.skip(body)
+        elif self.confirmation is not None:
+            self.confirmation.skip(HALF if body == MIXED else FLOAT32)
 
     def next_body(self) -> str:
         """The body the next call runs: the trial's, then each pure one profiled, then the confirmation's."""

@@ -652,17 +652,17 @@ def test_a_float16_step_that_stays_float32_runs_without_its_loss_scaling(amp_run
 def test_a_step_the_loss_scale_skipped_is_not_timed_for_the_trial(amp_runtime, tmp_path, caplog):
     """A skipped step applies no update, so it costs less than a step: timed, it would make half look faster.
 
-    The first scale (2^40) overflows float16, so the first half calls skip
+    The first scale (2^24) overflows float16, so the first half calls skip
     while it halves. The test's timer gives a call 1 ms when its step skipped
     (the loss-scale state says so after the call), else the body's time:
     half 12 ms, float32 10 ms. Counted, the skipped calls would make half
     win; not counted, float32 stays, and half ran as many timed calls as
-    float32 once the scale was low enough.
+    float32 once the scale was low enough, the calls alternating meanwhile.
     """
     from amp_rewrite.runtime.settings import LossScaleSettings
 
     amp_runtime(RuntimeSettings(target="float16", is_timing_steps=True, tune_cache_dir=str(tmp_path),
-                                loss_scale=LossScaleSettings(initial_scale=2.0**40)))
+                                loss_scale=LossScaleSettings(initial_scale=2.0**24)))
     hook = runtime.current_runtime().tracing
     scaling = runtime.current_runtime().loss_scaling
     calls = []
@@ -677,15 +677,18 @@ def test_a_step_the_loss_scale_skipped_is_not_timed_for_the_trial(amp_runtime, t
     hook.trials.timer = timer
     step, w = scaled_training_loop()
     with caplog.at_level(logging.INFO, TRACING_LOGGER):
-        for _ in range(4 * CALLS):
+        for _ in range(6 * CALLS):
             step()
     skipped_calls = [body for body, skipped in calls if skipped]
     assert len(skipped_calls) >= 2 and set(skipped_calls) == {HALF}, calls
     decided = [line for line in lines(caplog) if line.startswith("amp-rewrite: tf.function step ")]
     assert decided == ["amp-rewrite: tf.function step stays float32: the step ran 12.0 ms in float16 and 10.0 ms in "
                        "float32 on this CPU"], decided
-    counted = [body for body, skipped in calls if not skipped]  # half's warm-up is the first call's, untimed
-    assert (counted.count(HALF), counted.count(FLOAT32)) == (CALLS // 2 - 1, CALLS // 2), calls
+    # Each skip added a pair (half, float32) to the schedule; half's warm-up is the first call's, untimed.
+    counted = [body for body, skipped in calls if not skipped]
+    assert (counted.count(HALF), counted.count(FLOAT32)) == (CALLS // 2 - 1, CALLS // 2 + len(skipped_calls)), calls
+    # the calls went on alternating: float32 steps trained between the skipped half ones
+    assert [body for body, _ in calls[:4]] == [FLOAT32, HALF, FLOAT32, FLOAT32], calls
 
 
 def test_keras3_fit_under_float16_that_stays_float32_calls_a_one_step_body_without_loss_scaling(amp_runtime, tmp_path,

@@ -165,14 +165,23 @@ class ShadowKeeper:
             self.trials[step] = check
             self.calls = FastCalls()  # a resolved call would bypass the trial
 
-    def record_trial(self, key: PlanKey, trial: SessionTrial, body: str, seconds: float | None) -> None:
-        """One run of a step on trial finished; once all ran, the winner is the key's plan for good."""
+    def record_trial(self, key: PlanKey, trial: SessionTrial, body: str, seconds: float | None, *,
+                     skipped: bool = False) -> None:
+        """One run of a step on trial finished; once all ran, the winner is the key's plan for good.
+
+        A run whose step the loss scale ``skipped`` applied no update and cost less than a step: it is not timed,
+        and its variant runs once more (:meth:`~amp_rewrite.tune.trial.TrialSchedule.skip`). Each skip halves the
+        scale; a skip at its floor falls back to float32, which starts a shadow without trials.
+        """
         assert self.step_trials is not None
         step = key.step
         with self.lock:
             if self.trials.get(step) is not trial:
                 return  # a new shadow started meanwhile
-            trial.trial.record(body, seconds)
+            if skipped:
+                trial.trial.skip(body)
+            else:
+                trial.trial.record(body, seconds)
             if not trial.trial.is_done:
                 return
             del self.trials[step]

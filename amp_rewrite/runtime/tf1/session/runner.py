@@ -130,11 +130,9 @@ class ShadowRunner:
                 raise
             return keeper.run_failed(exc, retry)
         keeper.has_run = True
-        # A skipped step applied no update and cost less than a step: its time is not recorded, and the same
-        # variant runs next (each skip halves the scale; at its floor the step falls back to float32).
         n_script = len(plan.fetch_dtypes)
-        if not self._log.skips(values[n_script:n_script + plan.reports]):
-            keeper.record_trial(key, trial, body, seconds)
+        skipped = self._log.skips(values[n_script:n_script + plan.reports])
+        keeper.record_trial(key, trial, body, None if skipped else seconds, skipped=skipped)
         return self._results(plan, mapper, fetches, values)
 
     def _run_fast(self, call, feeds, original_run, session, fetches, feed_dict):
