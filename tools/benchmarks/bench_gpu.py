@@ -219,18 +219,24 @@ def keras_worker(workload: str, mode: str, sizes: dict, warmup: int, steps: int,
     measure = Measure()
     losses: list[float] = []
     began: list[int] = []  # the index of the first timed step, once timing began
+    untimed_loss: list[float] = []  # the last untimed step's loss, until timing begins
 
     class Timer(keras.callbacks.Callback):
         def on_train_batch_begin(self, index, logs=None):
             if not began and index >= warmup and (index >= warmup + TRIAL_WAIT or not on_trial()):
                 began.append(index)
+                losses.append(untimed_loss[-1])
                 measure.begin_timed()
             elif began and index == began[0] + steps:
                 measure.end_timed()
                 measure.begin_profile()
 
         def on_train_batch_end(self, index, logs=None):
-            if index == 0 or (began and index in (began[0] - 1, began[0] + steps - 1)):
+            if not began:  # reading a loss waits for its step: only untimed steps are read, and the last timed one
+                untimed_loss[:] = [float(logs["loss"])]
+                if index == 0:
+                    losses.append(untimed_loss[0])
+            elif index == began[0] + steps - 1:
                 losses.append(float(logs["loss"]))
             if began and index == began[0] + steps + PROFILED - 1:
                 measure.end_profile()
