@@ -164,9 +164,9 @@ class FunctionTrial:
         if self.then is not None:
             self.then.after_call(cf, start)
         if self.is_on_trial(cf):  # a fallback during the call ends the trial
-            if skipped:
+            if skipped and self.rounds is None:
                 self._skip(body)
-            else:
+            else:  # a job's workers keep their trials' calls in step: there a skipped call is timed as any
                 self._record(cf, body, seconds)
         return outputs
 
