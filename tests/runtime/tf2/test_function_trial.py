@@ -691,6 +691,41 @@ def test_a_step_the_loss_scale_skipped_is_not_timed_for_the_trial(amp_runtime, t
     assert [body for body, _ in calls[:4]] == [FLOAT32, HALF, FLOAT32, FLOAT32], calls
 
 
+class EverySkipWatch:
+    """A loss-scale floor watch stand-in under which every call's step skipped."""
+
+    def before_call(self, concrete_function):
+        return 0
+
+    def after_call(self, concrete_function, start):
+        pass
+
+    def skipped_since(self, start):
+        return True
+
+
+@pytest.mark.parametrize("in_a_job", [False, True])
+def test_a_skipped_call_adds_a_pair_to_the_schedule_except_in_a_job(in_a_job):
+    """A job's workers must keep their trials' calls in step, so there a skipped call is timed as any."""
+    from amp_rewrite.runtime.tf2.function_trial import FunctionTrial
+
+    step, _ = training_loop()
+    step()
+    cf = step.get_concrete_function()
+    state = tf_internals.concrete_function_state(cf)
+    trial = FunctionTrial(cf, "step", {HALF: state, FLOAT32: state}, on_verdict=lambda *_: None,
+                          then=EverySkipWatch(), timer=timer_of({HALF: 0.005, FLOAT32: 0.010}),
+                          rounds=object() if in_a_job else None)  # three calls: the job is never asked
+    for _ in range(3):
+        trial([], cf.captured_inputs)
+    assert trial.trial.calls == 3
+    if in_a_job:
+        assert len(trial.trial.order) == CALLS and trial.trial.times == {HALF: [0.005], FLOAT32: []}
+    else:
+        assert trial.trial.order[CALLS:] == [HALF, FLOAT32, FLOAT32, HALF, HALF, FLOAT32]
+        assert trial.trial.times == {HALF: [], FLOAT32: []}
+
+
 def test_keras3_fit_under_float16_that_stays_float32_calls_a_one_step_body_without_loss_scaling(amp_runtime, tmp_path,
                                                                                                 caplog):
     float32_losses = keras3_fit(2)
