@@ -201,7 +201,7 @@ def snapshot_writes_before(tensors: Iterable) -> Callable[[], Any] | None:
     tensors = [t for t in tensors if t is not None]
     if not tensors:
         return None
-    written = written_variables(op for op in _ancestors(tensors) if not _in_v1_frame(op))
+    written = written_variables(op for op in ancestors(tensors) if not _in_v1_frame(op))
     if not written:
         return None
     graph = tensors[0].graph
@@ -215,10 +215,10 @@ def snapshot_writes_before(tensors: Iterable) -> Callable[[], Any] | None:
     return restore
 
 
-def _ancestors(tensors: list) -> list:
-    """The ops ``tensors`` depend on, through data and control edges."""
+def ancestors(elements: Iterable) -> list:
+    """Every op the given tensors or ops depend on (themselves included), through data and control edges."""
     seen: dict[str, Any] = {}
-    stack = [t.op for t in tensors]
+    stack = [getattr(element, "op", element) for element in elements]
     while stack:
         op = stack.pop()
         if op.name in seen:

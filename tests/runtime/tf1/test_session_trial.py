@@ -17,12 +17,13 @@ from runners import clean_env
 
 from amp_rewrite import runtime, tf_internals
 from amp_rewrite.graph.facts import called_functions
+from amp_rewrite.runtime.loss_scale.step_writes import ancestors
 from amp_rewrite.runtime.loss_scale.tf1_optimizer import STATE_COLLECTION
 from amp_rewrite.runtime.settings import RuntimeSettings
 from amp_rewrite.runtime.tf1.session import RuntimeRewriteError
 from amp_rewrite.runtime.tf1.session import session_trial as session_trials
 from amp_rewrite.runtime.tf1.session.float32_copy import FLOAT32_SCOPE
-from amp_rewrite.runtime.tf1.session.plans import PlanKey, RunPlan, ancestors
+from amp_rewrite.runtime.tf1.session.plans import PlanKey, RunPlan
 from amp_rewrite.tune.cache import read_file
 from amp_rewrite.tune.trial import CALLS, FLOAT32, HALF, schedule
 

@@ -45,8 +45,9 @@ from typing import Any
 
 from amp_rewrite import tf_internals
 from amp_rewrite.graph.facts import called_functions, node_name, parse_input
+from amp_rewrite.runtime.loss_scale.step_writes import ancestors
 from amp_rewrite.runtime.loss_scale.unscaled import unscaled_function, unscaled_nodes
-from amp_rewrite.runtime.tf1.session.plans import FeedPlan, PlanKey, RunPlan, ancestors, dtype_change
+from amp_rewrite.runtime.tf1.session.plans import FeedPlan, PlanKey, RunPlan, dtype_change
 
 # The ops that hold a variable (as the shadow graph's copy of variables knows them).
 VARIABLE_OPS = ("VarHandleOp", "VariableV2", "Variable")

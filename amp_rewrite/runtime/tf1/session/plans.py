@@ -17,6 +17,7 @@ import numpy as np
 
 from amp_rewrite import tf_internals
 from amp_rewrite.runtime import overflow_probe
+from amp_rewrite.runtime.loss_scale.step_writes import ancestors
 from amp_rewrite.runtime.loss_scale.tf1_optimizer import Report
 
 # A step whatever the graph's version: the names it fetches, and those it feeds.
@@ -116,20 +117,6 @@ def _reports_for(graph, fetch_names, reports: Sequence[Report]) -> list[Report]:
         if op.name in wanted:
             found.append(wanted[op.name])
     return found
-
-
-def ancestors(elements):
-    """Every op the given tensors/ops depend on, through data and control edges."""
-    stack = [getattr(e, "op", e) for e in elements]
-    seen = {}
-    while stack:
-        op = stack.pop()
-        if op.name in seen:
-            continue
-        seen[op.name] = op
-        stack.extend(t.op for t in op.inputs)
-        stack.extend(op.control_inputs)
-    return seen.values()
 
 
 # --- values across the two graphs --------------------------------------------

@@ -63,8 +63,9 @@ from amp_rewrite import tf_internals
 from amp_rewrite.config import Config
 from amp_rewrite.graph.facts import called_functions, node_name
 from amp_rewrite.runtime.job import first_collective
+from amp_rewrite.runtime.loss_scale.step_writes import ancestors
 from amp_rewrite.runtime.tf1.session.float32_copy import NoTrial, float32_plan
-from amp_rewrite.runtime.tf1.session.plans import PlanKey, RunPlan, ancestors
+from amp_rewrite.runtime.tf1.session.plans import PlanKey, RunPlan
 from amp_rewrite.tune import keys
 from amp_rewrite.tune.cache import TuneCache
 from amp_rewrite.tune.trial import (
