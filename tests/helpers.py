@@ -156,6 +156,30 @@ def like_this_grappler():
         painting.SPREAD_RULES = saved
 
 
+def two_region_step(*, all_reduce: bool = False):
+    """A tf.function training step of two MatMuls, ``fast`` and ``slow``, that an Exp (float32) parts into two half
+    regions; it returns its loss, or with ``all_reduce`` an all-reduce of it (a collective of a group of one,
+    which runs in this process alone)."""
+    rng = np.random.default_rng(0)
+    w1 = tf.Variable(rng.normal(0, 0.1, (64, 64)).astype(np.float32))
+    w2 = tf.Variable(rng.normal(0, 0.1, (64, 64)).astype(np.float32))
+    x = tf.constant(rng.normal(0, 1, (16, 64)).astype(np.float32))
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            hidden = tf.exp(tf.nn.relu(tf.matmul(x, w1, name="fast")) * 0.1)
+            loss = tf.reduce_mean(tf.square(tf.matmul(hidden, w2, name="slow")))
+        for w, g in zip((w1, w2), tape.gradient(loss, [w1, w2])):
+            w.assign_sub(0.01 * g)
+        if not all_reduce:
+            return loss
+        return tf.raw_ops.CollectiveReduceV2(input=loss, group_size=1, group_key=1, instance_key=1,
+                                             ordering_token=[], merge_op="Add", final_op="Id")
+
+    return step
+
+
 def rng(seed=0):
     return np.random.default_rng(seed)
 

@@ -14,7 +14,7 @@ import threading
 
 import numpy as np
 import tensorflow as tf
-from helpers import KeyValueStore
+from helpers import KeyValueStore, two_region_step
 
 from amp_rewrite import runtime, tf_internals
 from amp_rewrite.runtime.job import Job
@@ -92,26 +92,8 @@ def start(amp_runtime, tmp_path, clock: Clock, store=None):
 
 
 def collective_step():
-    """A step of two MatMuls, ``fast`` and ``slow``, in two half regions, and an all-reduce of its loss.
-
-    The all-reduce is a collective of a group of one: it runs in this process alone.
-    """
-    rng = np.random.default_rng(0)
-    w1 = tf.Variable(rng.normal(0, 0.1, (64, 64)).astype(np.float32))
-    w2 = tf.Variable(rng.normal(0, 0.1, (64, 64)).astype(np.float32))
-    x = tf.constant(rng.normal(0, 1, (16, 64)).astype(np.float32))
-
-    @tf.function
-    def step():
-        with tf.GradientTape() as tape:
-            hidden = tf.exp(tf.nn.relu(tf.matmul(x, w1, name="fast")) * 0.1)
-            loss = tf.reduce_mean(tf.square(tf.matmul(hidden, w2, name="slow")))
-        for w, g in zip((w1, w2), tape.gradient(loss, [w1, w2])):
-            w.assign_sub(0.01 * g)
-        return tf.raw_ops.CollectiveReduceV2(input=loss, group_size=1, group_key=1, instance_key=1,
-                                             ordering_token=[], merge_op="Add", final_op="Id")
-
-    return step
+    """A step of two MatMuls, ``fast`` and ``slow``, in two half regions, and an all-reduce of its loss."""
+    return two_region_step(all_reduce=True)
 
 
 def running_dtypes(concrete_function) -> dict[str, int]:

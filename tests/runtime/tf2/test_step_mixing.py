@@ -11,6 +11,7 @@ import logging
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import two_region_step
 
 from amp_rewrite import runtime, tf_internals
 from amp_rewrite.runtime.settings import RuntimeSettings
@@ -50,21 +51,7 @@ def start(amp_runtime, tmp_path, clock: Clock):
 
 def training_loop():
     """A step with two MatMuls, ``fast`` and ``slow``, that an Exp (float32) parts into two half regions."""
-    rng = np.random.default_rng(0)
-    w1 = tf.Variable(rng.normal(0, 0.1, (64, 64)).astype(np.float32))
-    w2 = tf.Variable(rng.normal(0, 0.1, (64, 64)).astype(np.float32))
-    x = tf.constant(rng.normal(0, 1, (16, 64)).astype(np.float32))
-
-    @tf.function
-    def step():
-        with tf.GradientTape() as tape:
-            hidden = tf.exp(tf.nn.relu(tf.matmul(x, w1, name="fast")) * 0.1)
-            loss = tf.reduce_mean(tf.square(tf.matmul(hidden, w2, name="slow")))
-        for w, g in zip((w1, w2), tape.gradient(loss, [w1, w2])):
-            w.assign_sub(0.01 * g)
-        return loss
-
-    return step
+    return two_region_step()
 
 
 def running_dtypes(concrete_function) -> dict[str, int]:
