@@ -119,8 +119,7 @@ class FloorWatch:
     def after_call(self, concrete_function, start: Any) -> None:
         """After a call that began with ``start`` skipped steps: calls ``on_hopeless`` if a skipped step shows
         that no scale helps."""
-        after = self.count()
-        if after is None or after == (start or 0):
+        if not self.skipped_since(start):
             return
         last = self.scaling.state().last_skip
         reason = hopeless_reason(skipped=True, scale=float(last.scale.numpy()),
