@@ -110,6 +110,8 @@ STEP_TRIALS = Capability("the step trials", (
     "tensorflow.python.framework.config:is_op_determinism_enabled",
     "tensorflow.python.ops.handle_data_util:get_resource_handle_data",
 ))
+# Marking the ops that join gradients (loss scaling on a GPU), without which they are not joined.
+NODE_ATTRS = Capability("attrs on built ops", (f"{_OPS}:Operation._set_attr",))
 # The modules whose import makes the runtime patch Keras optimizers.
 KERAS3_LOSS_SCALE_MODULE = f"{_KERAS3}.optimizers.loss_scale_optimizer"
 TF_KERAS_LOSS_SCALE_MODULE = f"{_TF_KERAS}.mixed_precision.loss_scale_optimizer"
@@ -252,6 +254,13 @@ def graph_functions(graph) -> dict:
 def set_gradient_function(op, gradient) -> None:
     """Makes ``gradient(op, *output_gradients)`` the gradient of one op (a function call)."""
     op._gradient_function = gradient  # noqa: SLF001
+
+
+def set_string_attr(op, name: str, value: str) -> None:
+    """Sets the string attr ``name`` of a built graph op (an internal attr: ``name`` starts with ``_``)."""
+    from tensorflow.core.framework import attr_value_pb2
+
+    op._set_attr(name, attr_value_pb2.AttrValue(s=value.encode()))  # noqa: SLF001
 
 
 def unfinalize_graph(graph) -> None:

@@ -3,7 +3,8 @@
 :class:`PaintContext` is built once per rewrite, before the rules run, and
 never changes while they run: each node's list colour and whether it may be
 changed at all (preserved, kept float32, placed on another device, an opaque
-call, a restored function's signature), each vertex's dtype, and whether the
+call, a restored function's signature, a node that carries
+:data:`KEEP_FLOAT32_ATTR`), each vertex's dtype, and whether the
 target type is admitted by the OpDef and has a kernel (cached per op, device
 and dtypes). What the caller decided about single nodes (preserved, kept
 float32 by name or by pattern, released from deny, fixed signatures) comes
@@ -26,6 +27,10 @@ from amp_rewrite.paint.op_lists import Colour, OpLists
 # The clear colour as a plain name: the per-node loop compares against it, and
 # an Enum member's lookup through its class costs several times a comparison.
 _CLEAR = Colour.CLEAR
+#: A node attr (a string: the reason) that keeps its node float32 whoever built the graph: the runtime sets
+#: it on the ops its loss scaling joins gradients with, so that a half gradient is cast up before it joins
+#: float32 ones, never they down to half.
+KEEP_FLOAT32_ATTR = "_amp_rewrite_float32"
 # Ops whose half conversion UNSAFE_FORCE_ALL must not force: the loss op
 # has no usable half kernel, and constants are folded instead.
 _NEVER_FORCED = frozenset({"Const", "SoftmaxCrossEntropyWithLogits"})
@@ -114,7 +119,12 @@ class PaintContext:
                 continue
             device = node.device
             dev = device_type_of(device) if device else None
-            append(None if dev is None or dev == self.device_type else f"placed on {dev}")
+            if dev is not None and dev != self.device_type:
+                append(f"placed on {dev}")
+            elif KEEP_FLOAT32_ATTR in node.attr:
+                append(node.attr[KEEP_FLOAT32_ATTR].s.decode(errors="replace") or "kept float32 by its node attr")
+            else:
+                append(None)
         return reasons
 
     def _function_nodes_kept(self) -> set[int]:

@@ -113,7 +113,8 @@ class Decision:
             return settings
         scaling = self.loss_scale or settings.loss_scale
         return replace(settings, target=self.target, is_loss_scaled=self.loss_scale is not None,
-                       loss_scale=replace(scaling, log_every=settings.loss_scale.log_every),
+                       loss_scale=replace(scaling, log_every=settings.loss_scale.log_every,
+                                          grouped=settings.loss_scale.grouped),
                        is_timing_steps=self.is_timed)
 
     def to_dict(self) -> dict:

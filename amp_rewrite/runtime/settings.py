@@ -13,13 +13,14 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from amp_rewrite.environment import (
     DUMP_DIR_ENV,
     FIND_OVERFLOW_ENV,
+    GROUPED_ENV,
     GROWTH_INTERVAL_ENV,
     KEEP_FLOAT32_ENV,
     LOG_EVERY_ENV,
@@ -72,6 +73,11 @@ class LossScaleSettings:
         log_every: a log line every this many training steps (0: only on skips).
         is_asked: loss scaling was asked for by name (``AMP_LOSS_SCALE`` set),
             which turns it on under bfloat16 even with the default values.
+        grouped: unscale and check the gradients joined into a few large
+            tensors rather than one by one (True), or one by one (False);
+            None: joined where TensorFlow sees a GPU. How the step computes
+            what it computes: no part of what a worker shares, nor of
+            whether the settings ask for scaling.
     """
 
     is_dynamic: bool = True
@@ -79,6 +85,7 @@ class LossScaleSettings:
     growth_interval: int = DEFAULT_GROWTH_INTERVAL
     log_every: int = DEFAULT_LOG_EVERY
     is_asked: bool = False
+    grouped: bool | None = field(default=None, compare=False)
 
     def __post_init__(self):
         scale = self.initial_scale
@@ -192,13 +199,26 @@ def _loss_scale_from_env(environ: Mapping[str, str]) -> LossScaleSettings:
     initial = _number(environ, LOSS_SCALE_INIT_ENV, float, DEFAULT_INITIAL_SCALE, minimum=1.0)
     interval = _number(environ, GROWTH_INTERVAL_ENV, int, DEFAULT_GROWTH_INTERVAL, minimum=1)
     log_every = _number(environ, LOG_EVERY_ENV, int, DEFAULT_LOG_EVERY, minimum=0)
+    grouped = _switch(environ, GROUPED_ENV)
     if mode == "dynamic":
-        return LossScaleSettings(True, initial, interval, log_every, is_asked)
+        return LossScaleSettings(True, initial, interval, log_every, is_asked, grouped)
     fixed = _parse(LOSS_SCALE_ENV, mode, float)
     if not (_is_float32(fixed) and fixed > 0 and float(np.float32(fixed)) > 0):
         raise UsageError(f"{LOSS_SCALE_ENV}={mode!r}: use 'dynamic' or a finite number > 0 that float32 can hold "
                          f"(at most {FLOAT32_MAX:.4g})")
-    return LossScaleSettings(False, fixed, interval, log_every, is_asked)
+    return LossScaleSettings(False, fixed, interval, log_every, is_asked, grouped)
+
+
+def _switch(environ: Mapping[str, str], name: str) -> bool | None:
+    """A variable that is on (1/true/yes/on), off (0/false/no/off) or unset (None); anything else is an error."""
+    text = environ.get(name, "").strip()
+    if not text:
+        return None
+    if is_true(text):
+        return True
+    if is_false(text):
+        return False
+    raise UsageError(f"{name}={text!r}: use 1 or 0 (unset: chosen for the device)")
 
 
 def _number(environ, name, kind, default, *, minimum):

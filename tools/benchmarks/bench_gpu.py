@@ -29,7 +29,10 @@ The modes, each in a process of its own:
   (the switch ``TF_ENABLE_AUTO_MIXED_PRECISION=1`` set in NVIDIA's TF1
   containers; with amp-rewrite installed that variable turns on amp-rewrite,
   so this tool sets the option itself);
-- ``policy``: Keras's ``mixed_float16`` global policy (Keras models only).
+- ``policy``: Keras's ``mixed_float16`` global policy (Keras models only);
+- ``amp-unjoined`` (only when ``--modes`` names it): ``amp`` with the loss
+  scaling's gradients unscaled and checked one by one
+  (``AMP_LOSS_SCALE_GROUPED=0``), what joining them saves on this GPU.
 
 Per workload, a first process in ``amp`` mode warms the machine up (the
 CUDA context, cuBLAS's and cuDNN's algorithm choices, anything the driver
@@ -61,7 +64,7 @@ cannot hold (judged from the workload's warm-up process).
 nothing.
 
 Usage: ``python tools/benchmarks/bench_gpu.py OUT_DIR [--workloads resnet50 transformer gpt bert lstm]
-[--modes float32 amp grappler policy] [--rounds 2] [--steps 20] [--budget-s 420] [--smoke] [--xla]``
+[--modes float32 amp grappler policy amp-unjoined] [--rounds 2] [--steps 20] [--budget-s 420] [--smoke] [--xla]``
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -85,6 +89,8 @@ from bench_keras_policy import rotated  # noqa: E402
 KERAS = ("resnet50", "gpt", "lstm")
 WORKLOADS = ("resnet50", "transformer", "gpt", "bert", "lstm")
 MODES = ("float32", "amp", "grappler", "policy")
+#: Not run unless named: amp with the loss scaling's gradients unscaled and checked one by one (a CPU's way).
+UNJOINED = "amp-unjoined"
 KERAS_ONLY = ("policy",)
 AMP_ENV = {"ENABLE_AUTO_MP": "1"}
 SMOKE_AMP_ENV = {"ENABLE_AUTO_MP": "1", "AMP_REWRITE_TARGET": "float16"}
@@ -180,7 +186,10 @@ class Measure:
     def result(self, steps: int, profiled: int) -> dict:
         memory = gpu_memory()
         timed_peak = memory["peak"] if memory else None
-        types = kernel_types(self.logdir, profiled)
+        try:
+            types = kernel_types(self.logdir, profiled)
+        finally:
+            shutil.rmtree(self.logdir, ignore_errors=True)
         return {"wall_ms": 1e3 * self.wall_s / steps, "kernel_ms": sum(row["ms"] for row in types.values()),
                 "kernel_types": types, "peak_timed_bytes": timed_peak,
                 "peak_bytes": max(timed_peak, self.peak_before or 0) if timed_peak is not None else None}
@@ -374,8 +383,10 @@ def worker(args) -> None:
 
 def environment(mode: str, smoke: bool, cache_dir: str) -> dict[str, str]:
     env = {"AMP_REWRITE_TUNE_CACHE": cache_dir}
-    if mode == "amp":
+    if mode in ("amp", UNJOINED):
         env.update(SMOKE_AMP_ENV if smoke else AMP_ENV)
+    if mode == UNJOINED:
+        env["AMP_LOSS_SCALE_GROUPED"] = "0"
     return env
 
 
@@ -485,7 +496,7 @@ class Run:
 
 
 MODE_LABELS = {"float32": "float32", "amp": "`ENABLE_AUTO_MP=1`", "grappler": "Grappler `auto_mixed_precision`",
-               "policy": "Keras `mixed_float16`"}
+               "policy": "Keras `mixed_float16`", UNJOINED: "`ENABLE_AUTO_MP=1`, gradients one by one"}
 
 
 def cell(runs: list[dict]) -> dict:
@@ -549,7 +560,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", nargs="?", help="where bench_gpu.json and bench_gpu.md go")
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
-    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=(*MODES, UNJOINED))
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, help=f"timed steps per process (default {STEPS}; {SMOKE_STEPS} with "
                                                   "--smoke)")

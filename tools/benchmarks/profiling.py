@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -64,14 +65,14 @@ def profile_calls(call: Callable[[], object], times: int) -> dict[str, dict[str,
     """Runs ``call`` ``times`` times under the profiler; its op types per call, as :func:`per_step` gives them."""
     import tensorflow as tf
 
-    logdir = tempfile.mkdtemp(prefix="amp_rewrite_profile_")
-    tf.profiler.experimental.start(logdir)
-    try:
-        for _ in range(times):
-            call()
-    finally:
-        tf.profiler.experimental.stop()
-    return per_step(op_types(logdir), times)
+    with tempfile.TemporaryDirectory(prefix="amp_rewrite_profile_") as logdir:
+        tf.profiler.experimental.start(logdir)
+        try:
+            for _ in range(times):
+                call()
+        finally:
+            tf.profiler.experimental.stop()
+        return per_step(op_types(logdir), times)
 
 
 # --- the Keras callback ----------------------------------------------------------------------------
@@ -123,7 +124,10 @@ def step_timer(*, warmup: int, profile_epoch: int, profile_batch: int, profiled:
             import tensorflow as tf
 
             tf.profiler.experimental.stop()
-            self.op_types = per_step(op_types(self.logdir), profiled)
+            try:
+                self.op_types = per_step(op_types(self.logdir), profiled)
+            finally:
+                shutil.rmtree(self.logdir, ignore_errors=True)  # a trace is megabytes; a run takes dozens
             self.op_ms = sum(row["ms"] for row in self.op_types.values())
             self.logdir = None
 

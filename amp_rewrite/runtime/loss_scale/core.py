@@ -148,6 +148,127 @@ def unscale(grad, inverse):
         return tf.math.multiply_no_nan(grad, tf.cast(inverse, grad.dtype))
 
 
+# --- the gradients joined (a GPU step) ---------------------------------------------------
+
+#: The most elements one joined tensor holds (64 MB of float32): a few kernels cover a large model's
+#: gradients, and joining them costs at most this much more memory at a time per dtype.
+GROUP_ELEMENTS = 2 ** 24
+#: Why the painting leaves a joining op float32 (the node attr's value, shown by ``explain``).
+JOINED_REASON = "loss scaling's joined gradients: kept float32"
+
+
+def is_grouped(settings: LossScaleSettings) -> bool:
+    """Whether the gradients are unscaled and checked joined: as ``settings.grouped`` says, else on a GPU.
+
+    One op per gradient is one kernel launch per gradient: ResNet-50's 214
+    gradients cost ~850 launches to unscale and check, which a GPU step bound
+    by launches pays in full; joined, a handful. On a CPU an op is cheap and
+    joining copies every gradient twice more, so it is left one by one.
+    """
+    from amp_rewrite import tf_internals
+
+    if settings.grouped is False or tf_internals.missing(tf_internals.NODE_ATTRS):
+        return False
+    if settings.grouped:
+        return True
+    import tensorflow as tf
+
+    return bool(tf.config.list_logical_devices("GPU"))
+
+
+def unscale_all(grads: list, inverse, *, grouped: bool) -> list:
+    """:func:`unscale` of each of ``grads`` (a flat list); ``grouped``: one multiply per group (:func:`_groups`).
+
+    A gradient no group takes (an ``IndexedSlices``, a dynamic shape, the only
+    one of its dtype) is unscaled alone. The values are those :func:`unscale`
+    gives, bit for bit: the same multiply, on the same elements.
+    """
+    if not grouped:
+        return [unscale(g, inverse) for g in grads]
+    import tensorflow as tf
+
+    groups = _groups(grads)
+    in_groups = {i for group in groups for i in group}
+    out = [None if i in in_groups else unscale(g, inverse) for i, g in enumerate(grads)]
+    with tf.name_scope(UNSCALE_SCOPE):
+        for group in groups:
+            tensors = [grads[i] for i in group]
+            scaled = _kept(tf.math.multiply_no_nan(_joined(tensors), tf.cast(inverse, tensors[0].dtype)))
+            parts = tf.split(scaled, [t.shape.num_elements() for t in tensors], name="parts")
+            _kept(parts[0])
+            for i, tensor, part in zip(group, tensors, parts):
+                out[i] = tf.reshape(part, tensor.shape)
+    return out
+
+
+def nonfinite_joined(grads) -> object:
+    """A float32 scalar: 1 when any of ``grads`` holds an inf or NaN, else 0; the groups checked joined.
+
+    What :func:`count_nonfinite` says but for how many: two ops per group, not
+    three per gradient. Which gradients were at fault is
+    :func:`nonfinite_flags`' to say, when a skip needs their names.
+    """
+    import tensorflow as tf
+
+    grads = list(grads)
+    groups = _groups(grads)
+    grouped_indices = {i for group in groups for i in group}
+    tensors = [_joined([grads[i] for i in group]) for group in groups]
+    tensors += [g.values if isinstance(g, tf.IndexedSlices) else g
+                for i, g in enumerate(grads) if g is not None and i not in grouped_indices]
+    if not tensors:
+        return tf.constant(0.0)
+    finite = [_kept(tf.reduce_all(_kept(tf.math.is_finite(t)))) for t in tensors]
+    every = finite[0] if len(finite) == 1 else tf.reduce_all(tf.stack(finite))
+    return tf.cast(tf.logical_not(every), tf.float32)
+
+
+def _groups(grads: list) -> list[list[int]]:
+    """Indices of the dense gradients of static shape, in groups of one dtype and :data:`GROUP_ELEMENTS` at most.
+
+    In order; a group of one (a gradient larger than the bound, the only one
+    of its dtype) is no group: joining one tensor would only copy it.
+    """
+    import tensorflow as tf
+
+    groups: list[list[int]] = []
+    open_groups: dict = {}  # dtype -> (indices, elements) of the group being filled
+    for i, grad in enumerate(grads):
+        if grad is None or isinstance(grad, tf.IndexedSlices) or not grad.shape.is_fully_defined():
+            continue
+        size = grad.shape.num_elements()
+        indices, elements = open_groups.get(grad.dtype, ([], 0))
+        if indices and elements + size > GROUP_ELEMENTS:
+            groups.append(indices)
+            indices, elements = [], 0
+        open_groups[grad.dtype] = (indices + [i], elements + size)
+    groups.extend(indices for indices, _ in open_groups.values())
+    return sorted(group for group in groups if len(group) > 1)
+
+
+def _joined(tensors: list):
+    """``tensors`` flattened and concatenated into one vector, kept float32 by the painting."""
+    import tensorflow as tf
+
+    return _kept(tf.concat([tf.reshape(t, [-1]) for t in tensors], 0, name="joined"))
+
+
+def _kept(tensor):
+    """``tensor``, whose op the painting leaves float32 (:data:`~amp_rewrite.paint.context.KEEP_FLOAT32_ATTR`).
+
+    Joined gradients mix half and float32 producers: painted half, a joining
+    op would cast float32 gradients down. Eager ops have no attrs, and no rewrite.
+    """
+    import tensorflow as tf
+
+    from amp_rewrite import tf_internals
+    from amp_rewrite.paint.context import KEEP_FLOAT32_ATTR
+
+    if not tf.executing_eagerly():
+        tf_internals.set_string_attr(tensor.op, KEEP_FLOAT32_ATTR, JOINED_REASON)
+    return tensor
+
+
 # --- when no scale helps ---------------------------------------------------------------
 
 FIX_HINT = ("AMP_REWRITE_FIND_OVERFLOW=1 names the op; keep it float32 with "
@@ -203,20 +324,21 @@ def next_scale_state(state, is_finite, settings: LossScaleSettings):
     """
     import tensorflow as tf
 
-    finite = tf.cast(is_finite, tf.float32)
-    finite_int = tf.cast(is_finite, tf.int64)
+    # Selects rather than arithmetic on 0/1 factors: each op is a kernel launch on a GPU, every step.
+    is_finite = tf.convert_to_tensor(is_finite)
     scale = tf.convert_to_tensor(state.scale)
-    good = (tf.convert_to_tensor(state.good_steps) + 1) * finite_int
+    counted = tf.convert_to_tensor(state.good_steps) + 1
+    zero = tf.zeros_like(counted)
     if settings.is_dynamic:
-        grow_int = tf.cast(good >= settings.growth_interval, tf.int64)
-        grow = tf.cast(grow_int, tf.float32)
+        grow = counted >= settings.growth_interval
         grown = tf.minimum(scale * 2.0, MAX_SCALE)
         shrunk = tf.maximum(scale * 0.5, 1.0)
-        new_scale = finite * (grow * grown + (1.0 - grow) * scale) + (1.0 - finite) * shrunk
-        good = good * (1 - grow_int)
+        new_scale = tf.where(is_finite, tf.where(grow, grown, scale), shrunk)
+        good = tf.where(tf.logical_and(is_finite, tf.logical_not(grow)), counted, zero)
     else:
         new_scale = scale
-    skipped = tf.convert_to_tensor(state.skipped_steps) + (1 - finite_int)
+        good = tf.where(is_finite, counted, zero)
+    skipped = tf.convert_to_tensor(state.skipped_steps) + tf.cast(tf.logical_not(is_finite), tf.int64)
     return new_scale, good, skipped
 
 
@@ -237,14 +359,14 @@ def nonfinite_flags(grads) -> object:
     """A float32 vector, one entry per gradient: 1 where it holds an inf or NaN (0 for None)."""
     import tensorflow as tf
 
-    flags = []
+    finite = []
     for grad in grads:
         if grad is None:
-            flags.append(tf.constant(False))
+            finite.append(tf.constant(True))
             continue
         values = grad.values if isinstance(grad, tf.IndexedSlices) else grad
-        flags.append(tf.logical_not(tf.reduce_all(tf.math.is_finite(values))))
-    return tf.cast(tf.stack(flags), tf.float32)
+        finite.append(tf.reduce_all(tf.math.is_finite(values)))
+    return tf.cast(tf.logical_not(tf.stack(finite)), tf.float32)  # one negation for all, not one each
 
 
 def count_nonfinite(grads) -> object:

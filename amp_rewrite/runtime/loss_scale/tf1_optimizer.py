@@ -55,8 +55,10 @@ from amp_rewrite.runtime.loss_scale.core import (
     in_cross_replica_context,
     inverse_of,
     is_finite_loss,
+    is_grouped,
+    nonfinite_joined,
     seed_gradient,
-    unscale,
+    unscale_all,
 )
 from amp_rewrite.runtime.loss_scale.step_writes import snapshot_writes_before
 from amp_rewrite.runtime.records import ObjectRecords
@@ -135,7 +137,8 @@ def scaled_compute_gradients(original, scaling: TF1LossScaling, optimizer, loss,
     grad_loss = seed_gradient(loss, state.scale, user_grad_loss)
     grads_and_vars = original(optimizer, loss, *positional, grad_loss=grad_loss, **kwargs)
     inverse = inverse_of(state.scale)
-    return [(unscale(g, inverse), v) for g, v in grads_and_vars]
+    grads = unscale_all([g for g, _ in grads_and_vars], inverse, grouped=is_grouped(scaling.settings))
+    return [(g, v) for g, (_, v) in zip(grads, grads_and_vars)]
 
 
 def _pop_argument(args: list, kwargs: dict, name: str, *, position: int):
@@ -158,7 +161,8 @@ def guarded_apply_gradients(original, scaling: TF1LossScaling, optimizer,
         return original(optimizer, grads_and_vars, global_step, name, **kwargs)
     grads_and_vars = tuple(grads_and_vars)
     state = state_for_graph(scaling.settings)
-    nonfinite = count_nonfinite([g for g, _ in grads_and_vars])
+    grads = [g for g, _ in grads_and_vars]
+    nonfinite = nonfinite_joined(grads) if is_grouped(scaling.settings) else count_nonfinite(grads)
     guarded = _GuardedTrainOp(original, optimizer, global_step, name, state, scaling)
     return guarded.build_for_all_replicas(nonfinite, grads_and_vars)
 

@@ -15,8 +15,14 @@ import logging
 from amp_rewrite import tf_internals
 from amp_rewrite.errors import first_line
 from amp_rewrite.runtime.loss_scale import tf2_state as shared
-from amp_rewrite.runtime.loss_scale.core import APPLY_SCOPE, IS_FINITE, GuardedStep
-from amp_rewrite.runtime.loss_scale.core import nonfinite_flags as _nonfinite_flags
+from amp_rewrite.runtime.loss_scale.core import (
+    APPLY_SCOPE,
+    IS_FINITE,
+    GuardedStep,
+    is_grouped,
+    nonfinite_flags,
+    nonfinite_joined,
+)
 from amp_rewrite.runtime.loss_scale.tf2_state import TF2LossScaling
 
 logger = logging.getLogger(shared.LOGGER_NAME)
@@ -56,11 +62,15 @@ def _guard(scaling: TF2LossScaling, optimizer, apply, grads, variables) -> None:
     loss_scale = scaling.state()
     scaling.track(optimizer, loss_scale)
     scaling.note_guarded_apply()
-    flags = _nonfinite_flags(grads)
+    # Joined, one scalar says whether to skip; a skip asks which gradients (the replicas sum per-gradient flags).
+    import tensorflow as tf
+
+    joined = is_grouped(scaling.loss_scale) and not tf.distribute.has_strategy()
+    nonfinite = nonfinite_joined(grads) if joined else nonfinite_flags(grads)
     names = [_variable_name(v) for v in variables]
     guarded = _GuardedKerasApply(apply, loss_scale, names, scaling.loss_scale,
                                  names_overflow_finder=not scaling.is_finding_overflow)
-    guarded.build_for_all_replicas(flags, grads, variables)
+    guarded.build_for_all_replicas(nonfinite, grads, variables)
 
 
 def _variable_name(variable) -> str:
@@ -77,14 +87,19 @@ class _GuardedKerasApply(GuardedStep):
         self.names = names
         self.names_overflow_finder = names_overflow_finder
 
-    def build(self, distribution, grads, variables, flags):
+    def build(self, distribution, grads, variables, nonfinite):
+        """``nonfinite``: one flag per gradient, or (joined) one scalar, whose skip branch flags them itself."""
         import tensorflow as tf
 
-        flags = self.first_replica(distribution, flags)
+        nonfinite = self.first_replica(distribution, nonfinite)
+
+        def flags():
+            return nonfinite if nonfinite.shape.rank else nonfinite_flags(grads)
+
         # XLA cannot print or handle strings: a compiled step is skipped and counted, not said.
-        skip = None if self._is_compiled() else lambda: self._skip(flags)
+        skip = None if self._is_compiled() else lambda: self._skip(flags())
         with tf.name_scope(APPLY_SCOPE):
-            is_finite = tf.equal(tf.reduce_sum(flags), 0.0, name=IS_FINITE)
+            is_finite = tf.equal(tf.reduce_sum(nonfinite), 0.0, name=IS_FINITE)
             applied = self.apply_or_skip(distribution, is_finite, self.apply, (grads, variables), skip=skip)
             with tf.control_dependencies([applied]):
                 self.update(is_finite)

@@ -19,8 +19,9 @@ from amp_rewrite.runtime.loss_scale.core import (
     count_non_finite_losses,
     inverse_of,
     is_finite_loss,
+    is_grouped,
     seed_gradient,
-    unscale,
+    unscale_all,
 )
 from amp_rewrite.runtime.loss_scale.tf2_state import TF2LossScaling
 
@@ -47,7 +48,8 @@ def scaled_gradient(original, scaling: TF2LossScaling, tape, target, sources, ou
     grads = original(tape, target, sources, output_gradients, *args, **kwargs)
     with _not_recorded(tape):
         inverse = inverse_of(scale)
-        grads = tf.nest.map_structure(lambda g: unscale(g, inverse), grads)
+        flat = unscale_all(tf.nest.flatten(grads), inverse, grouped=is_grouped(scaling.loss_scale))
+        grads = tf.nest.pack_sequence_as(grads, flat)
         losses = loss_scale.last_skip.non_finite_losses
         with tf.name_scope(UPDATE_SCOPE):  # state a float32 step leaves alone
             losses.assign(count_non_finite_losses(losses, is_finite_loss(target)))

@@ -310,7 +310,7 @@ def test_a_failing_guard_warns_and_applies_unguarded(amp_runtime, monkeypatch, c
     def broken(grads):
         raise ValueError("no flags today")
 
-    monkeypatch.setattr(tf2_guarded_apply, "_nonfinite_flags", broken)
+    monkeypatch.setattr(tf2_guarded_apply, "nonfinite_flags", broken)
     model, (x, y) = small_model(), batch()
     for is_strict in (False, True):
         runtime.disable()
