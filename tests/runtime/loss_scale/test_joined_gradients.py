@@ -133,10 +133,11 @@ def test_the_painting_leaves_a_node_carrying_the_keep_attr_float32():
 # --- a training step, joined and one by one --------------------------------------------------------
 
 
-def keras_step(grouped: bool, initial_scale: float, steps: int = 6):
+def keras_step(grouped: bool | None, initial_scale: float, steps: int = 6):
     """A small Keras 3 conv net trained by a tf.function step under the float16 runtime.
 
-    Returns its losses, its weights after, and the rewritten step's graph and FunctionDef.
+    ``grouped``: the gradients joined, one by one, or (None) as the machine's default. Returns the
+    losses, the weights after, and the rewritten step's graph and FunctionDef.
     """
     import keras
 
@@ -225,6 +226,19 @@ def test_a_joined_step_skips_and_names_the_same_variables_as_the_one_by_one_step
     assert joined_losses == one_losses
     for got, want in zip(joined_weights, one_weights):
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.gpu
+def test_gpu_joins_the_gradients_unasked_and_trains_and_skips_as_one_by_one(amp_runtime, capfd):
+    """On a GPU the default joins them; cuDNN's kernels need not repeat bit for bit, so the losses are close."""
+    one_losses, _, (one_graph, _) = keras_step(False, 2.0 ** 24, steps=12)
+    one_lines = skip_lines(capfd.readouterr().err)
+    joined_losses, _, (joined_graph, _) = keras_step(None, 2.0 ** 24, steps=12)
+    joined_lines = skip_lines(capfd.readouterr().err)
+    assert top_level_types(one_graph).count("MulNoNan") == 6 and top_level_types(joined_graph).count("MulNoNan") == 1
+    assert one_lines and joined_lines == one_lines
+    np.testing.assert_allclose(joined_losses, one_losses, rtol=1e-2)
+    assert joined_losses[-1] < joined_losses[0]
 
 
 # --- a TF1 session -----------------------------------------------------------------------------------
