@@ -29,7 +29,7 @@ FLOAT = tf.float32.as_datatype_enum
 def gradients():
     """Dense float32 gradients of several shapes, a float16 pair, an IndexedSlices and a None."""
     r = rng(3)
-    dense = [tf.constant(r.normal(size=shape).astype(np.float32) * 1e4) for shape in ((3, 4), (5,), (2, 2, 2), ())]
+    dense = [tf.constant((r.normal(size=shape) * 1e4).astype(np.float32)) for shape in ((3, 4), (5,), (2, 2, 2), ())]
     halves = [tf.constant(r.normal(size=shape).astype(np.float16)) for shape in ((3,), (2, 3))]
     sliced = tf.IndexedSlices(tf.constant(r.normal(size=(2, 4)).astype(np.float32)), tf.constant([0, 3]),
                               tf.constant([5, 4]))
