@@ -118,7 +118,7 @@ class Decision:
                        is_timing_steps=self.is_timed)
 
     def to_dict(self) -> dict:
-        return {"target": self.target, "loss_scale": asdict(self.loss_scale) if self.loss_scale else None,
+        return {"target": self.target, "loss_scale": _shared_fields(self.loss_scale) if self.loss_scale else None,
                 "is_timed": self.is_timed}
 
     @classmethod
@@ -128,6 +128,13 @@ class Decision:
 
 
 FLOAT32 = Decision()
+
+
+def _shared_fields(scaling: LossScaleSettings) -> dict:
+    """The settings as published: whether a worker joins its gradients is its own (its device's) business."""
+    fields = asdict(scaling)
+    del fields["grouped"]
+    return fields
 
 
 def _policy(scaling: LossScaleSettings) -> LossScaleSettings:

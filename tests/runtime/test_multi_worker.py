@@ -94,6 +94,7 @@ def test_decisions_differ_by_target_and_by_loss_scaling_but_not_by_logging(monke
         return Decision.of(settings, TargetChoice(target, "asked"))
 
     assert decision("float16") == decision("float16", AMP_LOSS_SCALE_LOG_STEPS="5")
+    assert decision("float16") == decision("float16", AMP_LOSS_SCALE_GROUPED="1")  # a device's way, not a policy
     assert decision("float16") != decision("float16", AMP_LOSS_SCALE="128")
     assert decision("float16") != decision("float16", AMP_LOSS_SCALE_INIT="1024")
     assert decision("float16", AMP_LOSS_SCALE="128") == decision("float16", AMP_LOSS_SCALE="128",
@@ -125,6 +126,16 @@ def test_following_a_decision_gives_the_settings_that_run_it(monkeypatch, job, l
     # What this worker now runs is the job's decision, and its log cadence stays its own.
     assert Decision.of(followed, TargetChoice(job.target, "job")) == job
     assert followed.loss_scale.log_every == local.loss_scale.log_every
+
+
+def test_a_worker_joins_its_gradients_as_its_own_device_says_whatever_the_chief_publishes():
+    chief = Decision("float16", replace(DYNAMIC, grouped=True))
+    published = json.loads(Setting(chief).to_json())["decision"]["loss_scale"]
+    assert "grouped" not in published  # a peer of any version reads what it shares
+    assert Setting.from_json(Setting(chief).to_json()).decision == chief
+    for local in (None, False, True):
+        settings = RuntimeSettings(target="float16", loss_scale=LossScaleSettings(grouped=local))
+        assert chief.settings_for(settings).loss_scale.grouped is local
 
 
 # --- the exchange ---------------------------------------------------------------------------
