@@ -180,6 +180,19 @@ def two_region_step(*, all_reduce: bool = False):
     return step
 
 
+def unscaled_graph_def(graph_def):
+    """A TF1 step's GraphDef without its loss scaling: the float32 variant a session trial runs (it must hold some)."""
+    from amp_rewrite.runtime.loss_scale.unscaled import unscaled_nodes
+
+    nodes = unscaled_nodes(graph_def.node)
+    assert nodes is not None
+    out = type(graph_def)()
+    out.CopyFrom(graph_def)
+    del out.node[:]
+    out.node.extend(nodes)
+    return out
+
+
 def rng(seed=0):
     return np.random.default_rng(seed)
 

@@ -7,7 +7,7 @@ loss) and run here without it, in plain sessions.
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import rng, tf1
+from helpers import rng, tf1, unscaled_graph_def
 
 from amp_rewrite.runtime.loss_scale.tf1_optimizer import STATE_COLLECTION
 from amp_rewrite.runtime.loss_scale.unscaled import unscaled_function, unscaled_nodes
@@ -61,16 +61,6 @@ def scaled_graph_def(amp_runtime, *, use_v1_control_flow: bool = False):
     assert graph.get_collection(STATE_COLLECTION)
     runtime.disable()
     return graph.as_graph_def()
-
-
-def unscaled_graph_def(graph_def):
-    nodes = unscaled_nodes(graph_def.node)
-    assert nodes is not None
-    out = type(graph_def)()
-    out.CopyFrom(graph_def)
-    del out.node[:]
-    out.node.extend(nodes)
-    return out
 
 
 @pytest.mark.parametrize("use_v1_control_flow", [False, True], ids=["If", "Switch"])
