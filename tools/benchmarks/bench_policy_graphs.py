@@ -104,9 +104,8 @@ def run_mode(model_name: str, mode: str, work: Path, target: str) -> tuple[bytes
     out = str(work / f"{model_name}-{mode}-{target}.pb")
     env = clean_environment()
     env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONHASHSEED="0")
-    dump = work / f"{model_name}-{target}-dump"
+    dump = work / f"{model_name}-{target}-{mode}-dump"
     if mode.startswith("ours"):
-        dump = dump.with_name(f"{dump.name}-{mode}")
         # no step trial: the profiled steps run the rewritten step, whatever this machine would choose
         env.update(ENABLE_AUTO_MP="1", AMP_REWRITE_TARGET=target, AMP_REWRITE_DUMP_DIR=str(dump),
                    AMP_LOSS_SCALE_GROUPED="1" if mode == JOINED else "0", AMP_REWRITE_TUNE="0")

@@ -132,7 +132,7 @@ class ShadowRunner:
         keeper.has_run = True
         n_script = len(plan.fetch_dtypes)
         skipped = self._log.skips(values[n_script:n_script + plan.reports])
-        keeper.record_trial(key, trial, body, None if skipped else seconds, skipped=skipped)
+        keeper.record_trial(key, trial, body, seconds, skipped=skipped)
         return self._results(plan, mapper, fetches, values)
 
     def _run_fast(self, call, feeds, original_run, session, fetches, feed_dict):
